@@ -1,0 +1,195 @@
+package consumer
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Config configures a Runtime. The zero value of every optional field selects
+// a documented default; New validates the rest.
+type Config struct {
+	// Name is the consumer's name and its dedup scope: two consumers with
+	// different names each apply a message once. Required; at most 200
+	// bytes.
+	Name string
+	// Source delivers the messages. Required. The runtime closes it when
+	// Run returns.
+	Source Source
+	// DB begins the per-message transactions, typically a *pgxpool.Pool
+	// sized to at least Concurrency connections. Required.
+	DB DB
+	// Store records claims. Required; use processed.New.
+	Store Store
+	// Handler applies a message's effect. Required.
+	Handler Handler
+	// Middleware wraps Handler, first outermost.
+	Middleware []Middleware
+	// DeadLetterer receives messages that cannot be applied. Required:
+	// failed messages must be stored somewhere durable before they are
+	// acked.
+	DeadLetterer DeadLetterer
+
+	// MessageID extracts the dedup id. Defaults to IDFromMessage (the
+	// broker's message id).
+	MessageID MessageIDFunc
+	// Concurrency is the number of messages handled at once. Defaults to
+	// 8. Messages with the same Key are still handled one at a time.
+	Concurrency int
+	// MaxBodyBytes is the largest body handled; larger ones are
+	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
+	// limit.
+	MaxBodyBytes int
+	// HandlerTimeout bounds each handler attempt. Defaults to 0: no
+	// timeout.
+	HandlerTimeout time.Duration
+
+	// Retry bounds in-process retries of handler errors.
+	Retry RetryConfig
+
+	// ShutdownTimeout is how long Run waits, once its context is done, for
+	// in-flight messages to finish. Then their contexts are cancelled with
+	// cause ErrShutdown, their transactions roll back and they are
+	// requeued. Defaults to 30s.
+	ShutdownTimeout time.Duration
+
+	// Retention, if positive, runs a janitor that calls Purger.Purge with
+	// it every JanitorInterval. Defaults to 0: no janitor.
+	Retention time.Duration
+	// Purger is what the janitor calls; usually the same *processed.Store
+	// as Store. Defaults to Store if it implements Purger.
+	Purger Purger
+	// JanitorInterval is the time between purges. Defaults to 10m.
+	JanitorInterval time.Duration
+
+	// Logger receives the runtime's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+	// Hooks receive events for metrics and tracing; see Hook.
+	Hooks []Hook
+}
+
+// RetryConfig bounds retries of handler errors. Errors made by Permanent and
+// handler panics are never retried. Each attempt runs in a fresh transaction.
+type RetryConfig struct {
+	// MaxAttempts is the total number of handler attempts, the first
+	// included. Defaults to 5; 1 disables retries.
+	MaxAttempts int
+	// InitialInterval is the first backoff delay. Defaults to 100ms.
+	InitialInterval time.Duration
+	// MaxInterval caps each delay. Defaults to 5s.
+	MaxInterval time.Duration
+	// MaxElapsed caps the time spent retrying one message. Defaults to 1m.
+	MaxElapsed time.Duration
+}
+
+// Defaults for Config.
+const (
+	DefaultConcurrency     = 8
+	DefaultMaxBodyBytes    = 1 << 20
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultJanitorInterval = 10 * time.Minute
+	DefaultMaxAttempts     = 5
+	DefaultInitialInterval = 100 * time.Millisecond
+	DefaultMaxInterval     = 5 * time.Second
+	DefaultMaxElapsed      = time.Minute
+	maxNameLen             = 200
+)
+
+// withDefaults returns a copy of c with defaults filled in.
+func (c Config) withDefaults() Config {
+	if c.MessageID == nil {
+		c.MessageID = IDFromMessage
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.JanitorInterval == 0 {
+		c.JanitorInterval = DefaultJanitorInterval
+	}
+	if c.Purger == nil {
+		if p, ok := c.Store.(Purger); ok {
+			c.Purger = p
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Retry = c.Retry.withDefaults()
+	return c
+}
+
+func (r RetryConfig) withDefaults() RetryConfig {
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = DefaultMaxAttempts
+	}
+	if r.InitialInterval == 0 {
+		r.InitialInterval = DefaultInitialInterval
+	}
+	if r.MaxInterval == 0 {
+		r.MaxInterval = DefaultMaxInterval
+	}
+	if r.MaxElapsed == 0 {
+		r.MaxElapsed = DefaultMaxElapsed
+	}
+	return r
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Name == "":
+		return bad("Name", "required: it is the dedup scope")
+	case len(c.Name) > maxNameLen:
+		return bad("Name", "%d bytes, more than %d", len(c.Name), maxNameLen)
+	case c.Source == nil:
+		return bad("Source", "required")
+	case c.DB == nil:
+		return bad("DB", "required")
+	case c.Store == nil:
+		return bad("Store", "required")
+	case c.Handler == nil:
+		return bad("Handler", "required")
+	case c.DeadLetterer == nil:
+		return bad("DeadLetterer", "required: failed messages must be stored durably before they are acked")
+	case c.Concurrency < 1:
+		return bad("Concurrency", "%d, must be at least 1", c.Concurrency)
+	case c.MaxBodyBytes < -1:
+		return bad("MaxBodyBytes", "%d, must be positive, or -1 for no limit", c.MaxBodyBytes)
+	case c.HandlerTimeout < 0:
+		return bad("HandlerTimeout", "negative")
+	case c.ShutdownTimeout < 0:
+		return bad("ShutdownTimeout", "negative")
+	case c.Retention < 0:
+		return bad("Retention", "negative")
+	case c.Retention > 0 && c.Purger == nil:
+		return bad("Purger", "required when Retention is set, and Store is not a Purger")
+	case c.JanitorInterval < 0:
+		return bad("JanitorInterval", "negative")
+	case c.Retry.MaxAttempts < 1:
+		return bad("Retry.MaxAttempts", "%d, must be at least 1", c.Retry.MaxAttempts)
+	case c.Retry.InitialInterval < 0 || c.Retry.MaxInterval < 0 || c.Retry.MaxElapsed < 0:
+		return bad("Retry", "negative interval")
+	case c.Retry.MaxInterval < c.Retry.InitialInterval:
+		return bad("Retry.MaxInterval", "%s is less than InitialInterval %s", c.Retry.MaxInterval, c.Retry.InitialInterval)
+	}
+	for i, mw := range c.Middleware {
+		if mw == nil {
+			return bad(fmt.Sprintf("Middleware[%d]", i), "nil")
+		}
+	}
+	for i, h := range c.Hooks {
+		if !recognised(h) {
+			return bad(fmt.Sprintf("Hooks[%d]", i), "%T implements no Hook interface", h)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// FailureClass says why a message was dead-lettered. The values are part of
+// the DLQ header contract.
+type FailureClass string
+
+// Failure classes.
+const (
+	// ClassRetryableExhausted: the handler kept failing until the retry
+	// budget ran out.
+	ClassRetryableExhausted FailureClass = "retryable-exhausted"
+	// ClassPermanent: the handler returned an error made by Permanent.
+	ClassPermanent FailureClass = "permanent"
+	// ClassPanic: the handler panicked. Panics are not retried.
+	ClassPanic FailureClass = "panic"
+	// ClassMissingID: no message id could be extracted.
+	ClassMissingID FailureClass = "missing-id"
+	// ClassFingerprintMismatch: the id was applied before with a
+	// different payload.
+	ClassFingerprintMismatch FailureClass = "fingerprint-mismatch"
+	// ClassTooLarge: the body is over Config.MaxBodyBytes.
+	ClassTooLarge FailureClass = "too-large"
+	// ClassTimeout: the last attempt ran over Config.HandlerTimeout.
+	ClassTimeout FailureClass = "timeout"
+)
+
+// Failure describes why a message is being dead-lettered.
+type Failure struct {
+	// Consumer is the name of the consumer that gave up.
+	Consumer string
+	// MessageID is the extracted dedup id; empty for ClassMissingID.
+	MessageID string
+	// Class is the failure class.
+	Class FailureClass
+	// Err is the last error.
+	Err error
+	// Attempts is the number of handler attempts made (0 when the
+	// handler never ran).
+	Attempts int
+	// FirstFailure and LastFailure bound the failed attempts.
+	FirstFailure time.Time
+	LastFailure  time.Time
+}
+
+// DeadLetterer durably stores a copy of a failed message with the reason.
+// The runtime acks the original only after DeadLetter returned nil, so
+// DeadLetter must return only once the copy is durable (a confirmed
+// publish, a committed row). If it returns an error the original is
+// requeued. Package dlq implements it for RabbitMQ and Kafka; the memory
+// broker has its own for tests.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, msg *Message, f Failure) error
+}
+
+// DeadLettererFunc adapts a function to DeadLetterer.
+type DeadLettererFunc func(ctx context.Context, msg *Message, f Failure) error
+
+// DeadLetter calls f.
+func (f DeadLettererFunc) DeadLetter(ctx context.Context, msg *Message, fl Failure) error {
+	return f(ctx, msg, fl)
+}

@@ -1,0 +1,20 @@
+// Package consumer is the idemq runtime: it turns an at-least-once queue
+// consumer into one whose effects are applied exactly once per message id.
+//
+// A user writes a [Handler], a plain function that receives the message and a
+// pgx transaction. For every delivery the [Runtime]:
+//
+//  1. begins a transaction (with synchronous_commit forced on);
+//  2. claims the message id in the dedup store ([Store.Claim], an
+//     INSERT ... ON CONFLICT DO NOTHING); a duplicate skips the handler;
+//  3. runs the handler in that same transaction;
+//  4. commits, and only then acks the delivery.
+//
+// A crash anywhere leaves both the dedup row and the effect, or neither, so a
+// redelivery is either applied once or recognised as a duplicate and acked.
+//
+// Brokers plug in through the tiny [Source] and [Delivery] interfaces; the
+// Postgres dedup store lives in package processed, the in-memory, RabbitMQ and
+// Kafka brokers under brokers/, and dead-lettering under dlq/. This package
+// imports none of them.
+package consumer

@@ -1,0 +1,86 @@
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// Hook is a value implementing any of the Hook* interfaces below. The runtime
+// detects each by type assertion once, at New, so a hook implements only the
+// events it cares about. Hooks are called synchronously on the message's
+// goroutine and must be fast and safe for concurrent use.
+type Hook any
+
+// HookReceived is called when a delivery is received.
+type HookReceived interface {
+	OnReceived(ctx context.Context, msg *Message)
+}
+
+// HookApplied is called after the transaction holding a new message's
+// effect committed. handler is the handler's duration, commit the commit's.
+type HookApplied interface {
+	OnApplied(ctx context.Context, msg *Message, handler, commit time.Duration)
+}
+
+// HookDuplicate is called when a message is skipped as already applied.
+// processedAt is when the original was committed: now minus it is the
+// duplicate's age, a guide to the retention window.
+type HookDuplicate interface {
+	OnDuplicate(ctx context.Context, msg *Message, processedAt time.Time)
+}
+
+// HookRetry is called before a failed handler attempt is retried.
+type HookRetry interface {
+	OnRetry(ctx context.Context, msg *Message, attempt int, err error, delay time.Duration)
+}
+
+// HookDeadLettered is called after a message's dead-letter copy was accepted.
+type HookDeadLettered interface {
+	OnDeadLettered(ctx context.Context, msg *Message, f Failure)
+}
+
+// HookAckFailed is called when an ack fails after a successful commit. The
+// broker will redeliver and dedup absorbs it.
+type HookAckFailed interface {
+	OnAckFailed(ctx context.Context, msg *Message, err error)
+}
+
+type hooks struct {
+	received     []HookReceived
+	applied      []HookApplied
+	duplicate    []HookDuplicate
+	retry        []HookRetry
+	deadLettered []HookDeadLettered
+	ackFailed    []HookAckFailed
+}
+
+func newHooks(hs []Hook) hooks {
+	var h hooks
+	for _, x := range hs {
+		if v, ok := x.(HookReceived); ok {
+			h.received = append(h.received, v)
+		}
+		if v, ok := x.(HookApplied); ok {
+			h.applied = append(h.applied, v)
+		}
+		if v, ok := x.(HookDuplicate); ok {
+			h.duplicate = append(h.duplicate, v)
+		}
+		if v, ok := x.(HookRetry); ok {
+			h.retry = append(h.retry, v)
+		}
+		if v, ok := x.(HookDeadLettered); ok {
+			h.deadLettered = append(h.deadLettered, v)
+		}
+		if v, ok := x.(HookAckFailed); ok {
+			h.ackFailed = append(h.ackFailed, v)
+		}
+	}
+	return h
+}
+
+// recognised reports whether x implements at least one hook interface.
+func recognised(x Hook) bool {
+	h := newHooks([]Hook{x})
+	return len(h.received)+len(h.applied)+len(h.duplicate)+len(h.retry)+len(h.deadLettered)+len(h.ackFailed) > 0
+}

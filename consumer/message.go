@@ -1,0 +1,92 @@
+package consumer
+
+import (
+	"crypto/sha256"
+	"time"
+)
+
+// Message is one message as the runtime and handlers see it. Brokers fill it
+// in; handlers must treat it as read-only.
+type Message struct {
+	// ID is the message id the broker carried (for example the AMQP
+	// MessageId property). The id used for deduplication is chosen by
+	// Config.MessageID, which defaults to this field.
+	ID string
+	// Key orders messages: messages with the same non-empty key are handled
+	// one at a time, in delivery order. Messages with an empty key are not
+	// ordered relative to each other.
+	Key string
+	// Body is the payload. Its sha256 is the message's fingerprint.
+	Body []byte
+	// Headers are the message's application headers.
+	Headers map[string]string
+	// Source names where the message came from: a queue or a topic.
+	Source string
+	// Partition is the Kafka partition, or -1 where the broker has none.
+	Partition int32
+	// Offset is the Kafka offset, or -1 where the broker has none.
+	Offset int64
+	// Redelivered reports that the broker delivered this message before.
+	Redelivered bool
+	// Attempt is the 1-based in-process attempt number of the current
+	// handler call. The runtime sets it before each call.
+	Attempt int
+	// Timestamp is when the message was produced, if the broker knows.
+	Timestamp time.Time
+	// Metadata carries broker-specific details (routing key, exchange,
+	// delivery tag and so on) for logs and forensics.
+	Metadata map[string]string
+}
+
+// Header returns the value of header name, or "" if it is absent.
+func (m *Message) Header(name string) string {
+	if m == nil || m.Headers == nil {
+		return ""
+	}
+	return m.Headers[name]
+}
+
+// Fingerprint returns the sha256 of the message body. The dedup store keeps
+// it so that a second message with the same id but a different payload is
+// detected instead of being silently skipped.
+func (m *Message) Fingerprint() [32]byte {
+	return sha256.Sum256(m.Body)
+}
+
+// Clone returns a deep copy of m.
+func (m *Message) Clone() *Message {
+	if m == nil {
+		return nil
+	}
+	c := *m
+	c.Body = append([]byte(nil), m.Body...)
+	c.Headers = cloneMap(m.Headers)
+	c.Metadata = cloneMap(m.Metadata)
+	return &c
+}
+
+func cloneMap(in map[string]string) map[string]string {
+	if in == nil {
+		return nil
+	}
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+// MessageIDFunc extracts the deduplication id from a message. An empty
+// string or an error means the message has no usable id: it is dead-lettered
+// with [ClassMissingID] and the handler never runs.
+type MessageIDFunc func(*Message) (string, error)
+
+// IDFromMessage uses Message.ID, the id the broker carried. It is the
+// default MessageIDFunc.
+func IDFromMessage(m *Message) (string, error) { return m.ID, nil }
+
+// IDFromHeader returns a MessageIDFunc that reads the id from the named
+// header, for example "Idempotency-Key".
+func IDFromHeader(name string) MessageIDFunc {
+	return func(m *Message) (string, error) { return m.Header(name), nil }
+}

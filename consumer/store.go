@@ -1,0 +1,81 @@
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DB begins transactions. *pgxpool.Pool, *pgx.Conn and pgx.Tx (which begins a
+// savepoint) all satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Claim asks the dedup store to record that a consumer is applying a message.
+type Claim struct {
+	// Consumer is the dedup scope: the consumer's name.
+	Consumer string
+	// MessageID is the id being claimed.
+	MessageID string
+	// Fingerprint is the sha256 of the payload.
+	Fingerprint [32]byte
+	// Source, Partition and Offset are kept for forensics only.
+	Source    string
+	Partition int32
+	Offset    int64
+}
+
+// ClaimOutcome says what a claim found.
+type ClaimOutcome int
+
+const (
+	// ClaimNew: the id was not yet recorded; the row is now inserted in
+	// the caller's transaction and the handler should run.
+	ClaimNew ClaimOutcome = iota + 1
+	// ClaimDuplicate: the id was already committed with the same
+	// fingerprint. The handler must not run; the message is acked.
+	ClaimDuplicate
+	// ClaimMismatch: the id was already committed with a different
+	// fingerprint: the same id for a different payload, a producer bug.
+	// The message is dead-lettered, never applied silently.
+	ClaimMismatch
+)
+
+// String returns "new", "duplicate" or "mismatch".
+func (o ClaimOutcome) String() string {
+	switch o {
+	case ClaimNew:
+		return "new"
+	case ClaimDuplicate:
+		return "duplicate"
+	case ClaimMismatch:
+		return "mismatch"
+	default:
+		return "unknown"
+	}
+}
+
+// ClaimResult is the answer to a Claim.
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	// ProcessedAt is when the existing row was committed, for duplicates
+	// and mismatches. It is zero for ClaimNew.
+	ProcessedAt time.Time
+}
+
+// Store is the dedup store. Package processed provides the Postgres
+// implementation; other implementations must give the same guarantee:
+// Claim inserts in the caller's transaction, so the claim commits or rolls
+// back together with the handler's effect, and a concurrent claim of the same
+// id waits for the first transaction to finish rather than both succeeding.
+type Store interface {
+	Claim(ctx context.Context, tx pgx.Tx, c Claim) (ClaimResult, error)
+}
+
+// Purger deletes dedup rows older than a retention window. The runtime's
+// optional janitor calls it; *processed.Store implements it.
+type Purger interface {
+	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
+}
