@@ -1,0 +1,153 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+type nopSource struct{}
+
+func (nopSource) Receive(ctx context.Context) (Delivery, error) { <-ctx.Done(); return nil, ctx.Err() }
+func (nopSource) Close() error                                   { return nil }
+
+type nopDB struct{}
+
+func (nopDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("nop") }
+
+type nopStore struct{}
+
+func (nopStore) Claim(context.Context, pgx.Tx, Claim) (ClaimResult, error) {
+	return ClaimResult{}, errors.New("nop")
+}
+
+type nopPurgeStore struct{ nopStore }
+
+func (nopPurgeStore) Purge(context.Context, time.Duration) (int64, error) { return 0, nil }
+
+type hookOnlyRetry struct{}
+
+func (hookOnlyRetry) OnRetry(context.Context, *Message, int, error, time.Duration) {}
+
+func validConfig() Config {
+	return Config{
+		Name:         "payments",
+		Source:       nopSource{},
+		DB:           nopDB{},
+		Store:        nopStore{},
+		Handler:      func(context.Context, pgx.Tx, *Message) error { return nil },
+		DeadLetterer: DeadLettererFunc(func(context.Context, *Message, Failure) error { return nil }),
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	rt, err := New(validConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rt.cfg
+	if c.Concurrency != DefaultConcurrency || c.MaxBodyBytes != DefaultMaxBodyBytes ||
+		c.ShutdownTimeout != DefaultShutdownTimeout || c.Retry.MaxAttempts != DefaultMaxAttempts ||
+		c.Retry.InitialInterval != DefaultInitialInterval || c.Retry.MaxInterval != DefaultMaxInterval ||
+		c.Retry.MaxElapsed != DefaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"Name", func(c *Config) { c.Name = "" }},
+		{"Name", func(c *Config) { c.Name = strings.Repeat("n", 201) }},
+		{"Source", func(c *Config) { c.Source = nil }},
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"Store", func(c *Config) { c.Store = nil }},
+		{"Handler", func(c *Config) { c.Handler = nil }},
+		{"DeadLetterer", func(c *Config) { c.DeadLetterer = nil }},
+		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
+		{"MaxBodyBytes", func(c *Config) { c.MaxBodyBytes = -2 }},
+		{"HandlerTimeout", func(c *Config) { c.HandlerTimeout = -time.Second }},
+		{"ShutdownTimeout", func(c *Config) { c.ShutdownTimeout = -time.Second }},
+		{"Retention", func(c *Config) { c.Retention = -time.Hour }},
+		{"Purger", func(c *Config) { c.Retention = time.Hour }},
+		{"Retry.MaxAttempts", func(c *Config) { c.Retry.MaxAttempts = -3 }},
+		{"Retry.MaxInterval", func(c *Config) { c.Retry.InitialInterval = time.Minute; c.Retry.MaxInterval = time.Second }},
+		{"Middleware[0]", func(c *Config) { c.Middleware = []Middleware{nil} }},
+		{"Hooks[0]", func(c *Config) { c.Hooks = []Hook{42} }},
+	}
+	for _, tc := range cases {
+		cfg := validConfig()
+		tc.mod(&cfg)
+		_, err := New(cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want a ConfigError for field %s", tc.field, err, tc.field)
+		}
+	}
+
+	cfg := validConfig()
+	cfg.Store = nopPurgeStore{}
+	cfg.Retention = time.Hour
+	cfg.Hooks = []Hook{hookOnlyRetry{}}
+	if _, err := New(cfg); err != nil {
+		t.Fatalf("Store that is a Purger should satisfy Retention: %v", err)
+	}
+}
+
+func TestPermanent(t *testing.T) {
+	t.Parallel()
+	base := errors.New("unknown account")
+	err := Permanent(base)
+	if !IsPermanent(err) || !errors.Is(err, base) || !errors.Is(err, &PermanentError{}) {
+		t.Fatalf("Permanent(%v) = %v: not recognised", base, err)
+	}
+	wrapped := errors.Join(errors.New("ctx"), err)
+	if !IsPermanent(wrapped) {
+		t.Fatal("wrapped permanent error not recognised")
+	}
+	if Permanent(nil) != nil || IsPermanent(base) {
+		t.Fatal("Permanent(nil) must be nil and plain errors not permanent")
+	}
+}
+
+func TestChainOrder(t *testing.T) {
+	t.Parallel()
+	var trace []string
+	mw := func(name string) Middleware {
+		return func(next Handler) Handler {
+			return func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				trace = append(trace, name)
+				return next(ctx, tx, m)
+			}
+		}
+	}
+	h := Chain(func(context.Context, pgx.Tx, *Message) error { trace = append(trace, "h"); return nil }, mw("a"), mw("b"))
+	_ = h(context.Background(), nil, &Message{})
+	if strings.Join(trace, ",") != "a,b,h" {
+		t.Fatalf("order %v", trace)
+	}
+}
+
+func TestIDFromHeader(t *testing.T) {
+	t.Parallel()
+	m := &Message{ID: "broker", Headers: map[string]string{"Idempotency-Key": "k1"}}
+	if id, _ := IDFromHeader("Idempotency-Key")(m); id != "k1" {
+		t.Fatalf("got %q", id)
+	}
+	if id, _ := IDFromMessage(m); id != "broker" {
+		t.Fatalf("got %q", id)
+	}
+	c := m.Clone()
+	c.Headers["Idempotency-Key"] = "changed"
+	if m.Header("Idempotency-Key") != "k1" {
+		t.Fatal("Clone shares headers")
+	}
+}

@@ -1,0 +1,543 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// settleTimeout bounds an ack, nack, rollback or dead-letter call. They run
+// on a context detached from shutdown so that a drained message is still
+// settled properly.
+const settleTimeout = 30 * time.Second
+
+// Runtime runs a Handler over a Source with exactly-once effects. Create one
+// with New and start it with Run.
+type Runtime struct {
+	cfg     Config
+	handler Handler
+	hooks   hooks
+	log     *slog.Logger
+	running atomic.Bool
+	stats   stats
+}
+
+// Stats are a Runtime's counters since it was created.
+type Stats struct {
+	// Received counts deliveries taken from the Source.
+	Received int64
+	// Applied counts messages whose effect committed.
+	Applied int64
+	// Duplicates counts messages skipped as already applied.
+	Duplicates int64
+	// Retries counts handler attempts that failed and were retried.
+	Retries int64
+	// DeadLettered counts messages whose dead-letter copy was accepted.
+	DeadLettered int64
+	// AckFailures counts acks that failed after a commit or dead-letter.
+	AckFailures int64
+	// Requeued counts messages given back to the broker unsettled (at
+	// shutdown, or because dead-lettering failed).
+	Requeued int64
+	// InFlight is the number of deliveries received and not yet settled.
+	InFlight int64
+}
+
+type stats struct {
+	received, applied, duplicates, retries, deadLettered, ackFailures, requeued, inFlight atomic.Int64
+}
+
+// New validates cfg, fills in its defaults and returns a Runtime.
+func New(cfg Config) (*Runtime, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Runtime{
+		cfg:     cfg,
+		handler: Chain(cfg.Handler, cfg.Middleware...),
+		hooks:   newHooks(cfg.Hooks),
+		log:     cfg.Logger.With("consumer", cfg.Name),
+	}, nil
+}
+
+// Stats returns a snapshot of the runtime's counters.
+func (r *Runtime) Stats() Stats {
+	return Stats{
+		Received:     r.stats.received.Load(),
+		Applied:      r.stats.applied.Load(),
+		Duplicates:   r.stats.duplicates.Load(),
+		Retries:      r.stats.retries.Load(),
+		DeadLettered: r.stats.deadLettered.Load(),
+		AckFailures:  r.stats.ackFailures.Load(),
+		Requeued:     r.stats.requeued.Load(),
+		InFlight:     r.stats.inFlight.Load(),
+	}
+}
+
+// Run receives and handles messages until ctx is done or the Source fails
+// for good. Then it stops receiving, waits up to ShutdownTimeout for
+// in-flight messages (a soft stop), cancels the rest with cause ErrShutdown
+// (a hard stop: their transactions roll back and they are requeued), closes
+// the Source and returns.
+//
+// Run returns nil after a stop through ctx, and an error wrapping
+// ErrSourceClosed if the Source closed underneath it. A Runtime runs once at
+// a time.
+func (r *Runtime) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("idemq: Runtime.Run called while already running")
+	}
+	defer r.running.Store(false)
+
+	workCtx, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hardStop(nil)
+
+	var wg sync.WaitGroup
+	if r.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.janitor(ctx)
+		}()
+	}
+
+	d := &dispatcher{r: r, ctx: workCtx, slots: make(chan struct{}, r.cfg.Concurrency), keys: map[string][]Delivery{}}
+	runErr := r.receiveLoop(ctx, d)
+
+	r.log.Debug("idemq: stopping; draining in-flight messages", "in_flight", r.stats.inFlight.Load())
+	drained := make(chan struct{})
+	go func() {
+		d.wg.Wait()
+		close(drained)
+	}()
+	timer := time.NewTimer(r.cfg.ShutdownTimeout)
+	select {
+	case <-drained:
+		timer.Stop()
+	case <-timer.C:
+		r.log.Warn("idemq: shutdown timeout; cancelling in-flight handlers", "in_flight", r.stats.inFlight.Load())
+		hardStop(ErrShutdown)
+		<-drained
+	}
+	wg.Wait()
+	if err := r.cfg.Source.Close(); err != nil && !errors.Is(err, ErrSourceClosed) {
+		r.log.Warn("idemq: closing source", "error", err)
+	}
+	return runErr
+}
+
+// receiveLoop takes deliveries until ctx is done or the source is closed.
+func (r *Runtime) receiveLoop(ctx context.Context, d *dispatcher) error {
+	var failures int
+	for {
+		select {
+		case d.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		del, err := r.cfg.Source.Receive(ctx)
+		if err != nil {
+			<-d.slots
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(err, ErrSourceClosed):
+				return fmt.Errorf("idemq: receive: %w", err)
+			}
+			failures++
+			wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
+			r.log.Error("idemq: receive failed; retrying", "error", err, "wait", wait)
+			if !sleepCtx(ctx, wait) {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		r.stats.received.Add(1)
+		r.stats.inFlight.Add(1)
+		for _, h := range r.hooks.received {
+			h.OnReceived(ctx, del.Message())
+		}
+		d.dispatch(del)
+	}
+}
+
+// dispatcher runs deliveries concurrently, one at a time per key. Each
+// delivery holds a slot from receipt to settlement, which bounds the number
+// in memory to Concurrency.
+type dispatcher struct {
+	r     *Runtime
+	ctx   context.Context
+	slots chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	keys  map[string][]Delivery // busy keys and the deliveries waiting on them
+}
+
+func (d *dispatcher) dispatch(del Delivery) {
+	key := del.Message().Key
+	if key != "" {
+		d.mu.Lock()
+		if waiting, busy := d.keys[key]; busy {
+			d.keys[key] = append(waiting, del)
+			d.mu.Unlock()
+			return
+		}
+		d.keys[key] = nil
+		d.mu.Unlock()
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		for del != nil {
+			d.r.process(d.ctx, del)
+			<-d.slots
+			del = d.next(key)
+		}
+	}()
+}
+
+// next pops the next delivery waiting on key, or marks key idle.
+func (d *dispatcher) next(key string) Delivery {
+	if key == "" {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	waiting := d.keys[key]
+	if len(waiting) == 0 {
+		delete(d.keys, key)
+		return nil
+	}
+	d.keys[key] = waiting[1:]
+	return waiting[0]
+}
+
+// outcome is the result of one attempt at a message.
+type outcome int
+
+const (
+	outApplied outcome = iota
+	outDuplicate
+	outMismatch
+	outHandlerErr // the handler (or a definite commit failure) failed
+	outInfraErr   // the database failed or the commit is ambiguous: retry, do not count
+)
+
+type attemptResult struct {
+	out         outcome
+	err         error
+	processedAt time.Time
+	handlerDur  time.Duration
+	commitDur   time.Duration
+	timedOut    bool
+}
+
+// process settles one delivery: applied and acked, skipped and acked,
+// dead-lettered and acked, or requeued.
+func (r *Runtime) process(ctx context.Context, del Delivery) {
+	defer r.stats.inFlight.Add(-1)
+	msg := del.Message()
+	log := r.log.With("source", msg.Source)
+
+	if ctx.Err() != nil {
+		r.requeue(del, log)
+		return
+	}
+	id, err := r.cfg.MessageID(msg)
+	if err == nil && id == "" {
+		err = errors.New("message has no id")
+	}
+	if err != nil {
+		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
+		return
+	}
+	log = log.With("message_id", id)
+	if r.cfg.MaxBodyBytes >= 0 && len(msg.Body) > r.cfg.MaxBodyBytes {
+		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
+			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
+		return
+	}
+
+	claim := Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
+		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset}
+	retry := r.newRetryBackOff()
+	infra := newInfraBackOff()
+	var attempts int
+	var first, last time.Time
+	for {
+		if ctx.Err() != nil {
+			r.requeue(del, log)
+			return
+		}
+		res := r.attempt(ctx, msg, claim, attempts+1)
+		switch res.out {
+		case outApplied:
+			r.stats.applied.Add(1)
+			for _, h := range r.hooks.applied {
+				h.OnApplied(ctx, msg, res.handlerDur, res.commitDur)
+			}
+			r.ack(del, log)
+			return
+		case outDuplicate:
+			r.stats.duplicates.Add(1)
+			log.Debug("idemq: duplicate skipped", "processed_at", res.processedAt)
+			for _, h := range r.hooks.duplicate {
+				h.OnDuplicate(ctx, msg, res.processedAt)
+			}
+			r.ack(del, log)
+			return
+		case outMismatch:
+			r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassFingerprintMismatch,
+				Err: fmt.Errorf("message id %q was applied at %s with a different payload", id, res.processedAt.Format(time.RFC3339Nano))})
+			return
+		case outInfraErr:
+			if ctx.Err() != nil {
+				continue // requeued at the top of the loop
+			}
+			wait := infra.NextBackOff()
+			log.Warn("idemq: database error; retrying", "error", res.err, "wait", wait)
+			sleepCtx(ctx, wait)
+			continue
+		}
+
+		// A handler error.
+		attempts++
+		now := time.Now()
+		if first.IsZero() {
+			first = now
+		}
+		last = now
+		if ctx.Err() != nil {
+			continue // shutdown, not the message's fault
+		}
+		fail := Failure{MessageID: id, Err: res.err, Attempts: attempts, FirstFailure: first, LastFailure: last}
+		var pe *PanicError
+		switch {
+		case errors.As(res.err, &pe):
+			log.Error("idemq: handler panicked", "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+			fail.Class = ClassPanic
+		case IsPermanent(res.err):
+			fail.Class = ClassPermanent
+		default:
+			wait := retry.NextBackOff()
+			if attempts < r.cfg.Retry.MaxAttempts && wait != backoff.Stop {
+				r.stats.retries.Add(1)
+				log.Info("idemq: handler failed; retrying", "error", res.err, "attempt", attempts, "wait", wait)
+				for _, h := range r.hooks.retry {
+					h.OnRetry(ctx, msg, attempts, res.err, wait)
+				}
+				sleepCtx(ctx, wait)
+				continue
+			}
+			fail.Class = ClassRetryableExhausted
+			if res.timedOut {
+				fail.Class = ClassTimeout
+			}
+		}
+		r.deadLetter(ctx, del, log, fail)
+		return
+	}
+}
+
+// attempt runs one transaction: begin, claim, handler, commit.
+func (r *Runtime) attempt(ctx context.Context, msg *Message, claim Claim, attempt int) attemptResult {
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return attemptResult{out: outInfraErr, err: fmt.Errorf("begin: %w", err)}
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx) // a no-op after Commit
+	}()
+	// Acks depend on the commit being durable, whatever the server or
+	// role default for synchronous_commit is.
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+		return attemptResult{out: outInfraErr, err: fmt.Errorf("set synchronous_commit: %w", err)}
+	}
+	res, err := r.cfg.Store.Claim(ctx, tx, claim)
+	if err != nil {
+		return attemptResult{out: outInfraErr, err: fmt.Errorf("claim: %w", err)}
+	}
+	switch res.Outcome {
+	case ClaimDuplicate:
+		return attemptResult{out: outDuplicate, processedAt: res.ProcessedAt}
+	case ClaimMismatch:
+		return attemptResult{out: outMismatch, processedAt: res.ProcessedAt}
+	case ClaimNew:
+	default:
+		return attemptResult{out: outInfraErr, err: fmt.Errorf("claim: unknown outcome %d", res.Outcome)}
+	}
+
+	hctx := ctx
+	if r.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithTimeout(ctx, r.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	msg.Attempt = attempt
+	start := time.Now()
+	err = r.callHandler(hctx, tx, msg)
+	handlerDur := time.Since(start)
+	if err != nil {
+		if connLost(tx) {
+			return attemptResult{out: outInfraErr, err: fmt.Errorf("handler: database connection lost: %w", err)}
+		}
+		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		return attemptResult{out: outHandlerErr, err: err, timedOut: timedOut}
+	}
+
+	start = time.Now()
+	err = tx.Commit(ctx)
+	commitDur := time.Since(start)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			// The server answered: the transaction definitely rolled
+			// back (a deferred constraint, a serialization failure).
+			return attemptResult{out: outHandlerErr, err: fmt.Errorf("commit: %w", err)}
+		}
+		// The outcome is unknown. Never ack on it: the next attempt's
+		// claim finds out whether it committed.
+		return attemptResult{out: outInfraErr, err: fmt.Errorf("commit outcome unknown: %w", err)}
+	}
+	return attemptResult{out: outApplied, handlerDur: handlerDur, commitDur: commitDur}
+}
+
+// callHandler runs the handler, turning a panic into a *PanicError.
+func (r *Runtime) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return r.handler(ctx, tx, msg)
+}
+
+// connLost reports whether tx's connection died, which makes a handler
+// error the database's fault rather than the message's.
+func connLost(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.IsClosed()
+}
+
+func (r *Runtime) ack(del Delivery, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	if err := del.Ack(ctx); err != nil {
+		// The effect is committed; the broker will redeliver and the
+		// claim will find the duplicate.
+		r.stats.ackFailures.Add(1)
+		log.Warn("idemq: ack failed after commit; the redelivery will be skipped as a duplicate", "error", err)
+		for _, h := range r.hooks.ackFailed {
+			h.OnAckFailed(ctx, del.Message(), err)
+		}
+	}
+}
+
+func (r *Runtime) requeue(del Delivery, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	r.stats.requeued.Add(1)
+	if err := del.Nack(ctx, true); err != nil {
+		// The broker redelivers unsettled messages anyway once the
+		// source closes.
+		log.Debug("idemq: requeue failed", "error", err)
+	}
+}
+
+// deadLetter stores a failed message through the DeadLetterer, then acks it.
+// If the dead-letter copy cannot be stored the message is requeued, never
+// acked.
+func (r *Runtime) deadLetter(ctx context.Context, del Delivery, log *slog.Logger, f Failure) {
+	msg := del.Message()
+	f.Consumer = r.cfg.Name
+	if f.LastFailure.IsZero() {
+		f.LastFailure = time.Now()
+		f.FirstFailure = f.LastFailure
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	b := newInfraBackOff()
+	var err error
+	for try := 1; try <= 3; try++ {
+		if err = r.cfg.DeadLetterer.DeadLetter(dctx, msg.Clone(), f); err == nil {
+			break
+		}
+		if try < 3 && !sleepCtx(dctx, b.NextBackOff()) {
+			break
+		}
+	}
+	if err != nil {
+		log.Error("idemq: dead-letter failed; requeueing", "class", f.Class, "reason", f.Err, "error", err)
+		r.requeue(del, log)
+		return
+	}
+	r.stats.deadLettered.Add(1)
+	log.Warn("idemq: message dead-lettered", "class", f.Class, "reason", f.Err, "attempts", f.Attempts)
+	for _, h := range r.hooks.deadLettered {
+		h.OnDeadLettered(ctx, msg, f)
+	}
+	r.ack(del, log)
+}
+
+func (r *Runtime) janitor(ctx context.Context) {
+	t := time.NewTicker(r.cfg.JanitorInterval)
+	defer t.Stop()
+	for {
+		n, err := r.cfg.Purger.Purge(ctx, r.cfg.Retention)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.Error("idemq: purge failed", "error", err)
+		case n > 0:
+			r.log.Info("idemq: purged processed messages", "rows", n, "older_than", r.cfg.Retention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Runtime) newRetryBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = r.cfg.Retry.InitialInterval
+	b.MaxInterval = r.cfg.Retry.MaxInterval
+	b.MaxElapsedTime = r.cfg.Retry.MaxElapsed
+	b.Reset()
+	return b
+}
+
+// newInfraBackOff paces retries of database failures. It never gives up:
+// the message stays unacked until the database is back or the runtime stops.
+func newInfraBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 50 * time.Millisecond
+	b.MaxInterval = 5 * time.Second
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
