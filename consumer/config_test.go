@@ -13,7 +13,7 @@ import (
 type nopSource struct{}
 
 func (nopSource) Receive(ctx context.Context) (Delivery, error) { <-ctx.Done(); return nil, ctx.Err() }
-func (nopSource) Close() error                                   { return nil }
+func (nopSource) Close() error                                  { return nil }
 
 type nopDB struct{}
 
