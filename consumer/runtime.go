@@ -391,10 +391,12 @@ func (r *Runtime) attempt(ctx context.Context, msg *Message, claim Claim, attemp
 	err = r.callHandler(hctx, tx, msg)
 	handlerDur := time.Since(start)
 	if err != nil {
-		if connLost(tx) {
+		// pgx closes a connection whose query was cancelled, so check
+		// for a timeout before blaming the database.
+		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+		if !timedOut && connLost(tx) {
 			return attemptResult{out: outInfraErr, err: fmt.Errorf("handler: database connection lost: %w", err)}
 		}
-		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		return attemptResult{out: outHandlerErr, err: err, timedOut: timedOut}
 	}
 
