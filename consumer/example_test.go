@@ -1,0 +1,129 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// Example runs a consumer over the memory broker: a redelivered message is
+// skipped, and a permanent failure is dead-lettered with its reason.
+func Example() {
+	ctx := context.Background()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example CASCADE`)
+	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example CASCADE`)
+
+	store, err := processed.New(pool, processed.Config{Schema: "idemq_example"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := store.Migrate(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, _ = pool.Exec(ctx, `CREATE TABLE idemq_example.greetings (name text)`)
+
+	broker := memory.NewBroker()
+	_ = broker.Publish(ctx, "greetings",
+		&consumer.Message{ID: "m1", Body: []byte("Ada")},
+		&consumer.Message{ID: "m2", Body: []byte("Grace")},
+		&consumer.Message{ID: "m1", Body: []byte("Ada")}, // redelivered
+		&consumer.Message{ID: "m3", Body: []byte("")},
+	)
+	sub, _ := broker.Subscribe("greetings", memory.SubscribeOptions{})
+
+	rt, err := consumer.New(consumer.Config{
+		Name:   "greeter",
+		Source: sub,
+		DB:     pool,
+		Store:  store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			if len(msg.Body) == 0 {
+				return consumer.Permanent(errors.New("empty name"))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO idemq_example.greetings VALUES ($1)`, string(msg.Body))
+			return err
+		},
+		DeadLetterer: broker.DeadLetterer("greetings.dlq"),
+		Concurrency:  1,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- rt.Run(runCtx) }()
+	_ = broker.WaitFor(ctx, "greetings", memory.Drained)
+	for rt.Stats().InFlight > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	<-done
+
+	s := rt.Stats()
+	fmt.Printf("applied=%d duplicates=%d dead-lettered=%d\n", s.Applied, s.Duplicates, s.DeadLettered)
+	dl := broker.Messages("greetings.dlq")[0]
+	fmt.Println(dl.Header(memory.HeaderErrorClass), dl.Header(memory.HeaderError))
+	// Output:
+	// applied=2 duplicates=1 dead-lettered=1
+	// permanent permanent: empty name
+}
+
+// ExamplePermanent marks input that can never succeed, so it is
+// dead-lettered without retries.
+func ExamplePermanent() {
+	err := consumer.Permanent(fmt.Errorf("unknown account %q", "acct-99"))
+	fmt.Println(consumer.IsPermanent(err), err)
+	fmt.Println(consumer.IsPermanent(errors.New("deadlock detected")))
+	// Output:
+	// true permanent: unknown account "acct-99"
+	// false
+}
+
+// ExampleIDFromHeader dedupes on an id the producer put in a header.
+func ExampleIDFromHeader() {
+	idFunc := consumer.IDFromHeader("Idempotency-Key")
+	id, _ := idFunc(&consumer.Message{Headers: map[string]string{"Idempotency-Key": "order-7/charge"}})
+	fmt.Println(id)
+	// Output: order-7/charge
+}
+
+// ExampleChain wraps a handler with middleware; the first is outermost.
+func ExampleChain() {
+	logging := func(next consumer.Handler) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			fmt.Println("handling", msg.ID)
+			return next(ctx, tx, msg)
+		}
+	}
+	h := consumer.Chain(func(context.Context, pgx.Tx, *consumer.Message) error {
+		fmt.Println("applied")
+		return nil
+	}, logging)
+	_ = h(context.Background(), nil, &consumer.Message{ID: "m1"})
+	// Output:
+	// handling m1
+	// applied
+}
