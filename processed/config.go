@@ -1,0 +1,74 @@
+package processed
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Defaults for Config.
+const (
+	DefaultSchema         = "public"
+	DefaultTable          = "processed_messages"
+	DefaultPurgeBatchSize = 1000
+)
+
+// MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
+// leaves room for the suffixes the store appends (such as "_migrations")
+// within Postgres's 63-byte identifier limit.
+const MaxIdentifierLen = 48
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Config configures a Store. The zero value selects public.processed_messages.
+type Config struct {
+	// Schema holds the dedup table. Migrate creates it if it is missing.
+	// It must be a plain identifier (letters, digits and underscores, not
+	// starting with a digit, at most MaxIdentifierLen bytes); it is always
+	// quoted, so it is case-sensitive. Defaults to "public".
+	Schema string
+	// Table is the dedup table's name, with the same rules as Schema. The
+	// store also uses Table+"_migrations" to track applied migrations.
+	// Defaults to "processed_messages".
+	Table string
+	// PurgeBatchSize is the number of rows Purge deletes per statement;
+	// each batch is its own short transaction. Defaults to 1000.
+	PurgeBatchSize int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.PurgeBatchSize == 0 {
+		c.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := validIdent("Schema", c.Schema); err != nil {
+		return err
+	}
+	if err := validIdent("Table", c.Table); err != nil {
+		return err
+	}
+	if c.PurgeBatchSize < 1 {
+		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}
+	}
+	return nil
+}
+
+func validIdent(field, s string) error {
+	switch {
+	case len(s) > MaxIdentifierLen:
+		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%d bytes, more than %d", len(s), MaxIdentifierLen)}
+	case !identRE.MatchString(s):
+		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits and underscores, not starting with a digit)", s)}
+	}
+	return nil
+}

@@ -1,0 +1,197 @@
+package processed_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/processed"
+)
+
+func TestMigrationsEmbedded(t *testing.T) {
+	t.Parallel()
+	ms := processed.Migrations()
+	if len(ms) == 0 || processed.LatestVersion() != len(ms) {
+		t.Fatalf("Migrations: %d, LatestVersion %d", len(ms), processed.LatestVersion())
+	}
+	for i, m := range ms {
+		if m.Version != i+1 || m.Name == "" || !strings.Contains(m.SQL, "{{table}}") {
+			t.Errorf("migration %d: %+v", i, m)
+		}
+	}
+}
+
+func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	s, err := processed.New(pool, processed.Config{Schema: testdb.Schema(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.Version(ctx(t)); err != nil || v != 0 {
+		t.Fatalf("Version before: %d, %v", v, err)
+	}
+	for i := range 2 {
+		if err := s.Migrate(ctx(t)); err != nil {
+			t.Fatalf("Migrate #%d: %v", i+1, err)
+		}
+		if v, err := s.Version(ctx(t)); err != nil || v != processed.LatestVersion() {
+			t.Fatalf("Version after #%d: %d, %v", i+1, v, err)
+		}
+	}
+	applied, err := s.Applied(ctx(t))
+	if err != nil || len(applied) != processed.LatestVersion() || applied[0].Version != 1 || applied[0].Name != "create" || applied[0].AppliedAt.IsZero() {
+		t.Fatalf("Applied: %+v, %v", applied, err)
+	}
+}
+
+// dropSchemaLater drops a schema the test creates through Migrate.
+func dropSchemaLater(t *testing.T, schema string) {
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := testdb.Pool(t).Exec(c, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+}
+
+func TestMigrateConcurrent(t *testing.T) {
+	t.Parallel()
+	// A schema that does not exist yet, so the racers also race to create it.
+	schema := testdb.Schema(t) + "_race"
+	dropSchemaLater(t, schema)
+
+	const n = 8
+	tables := []string{processed.DefaultTable, "other_dedup"}
+	conns := make([]*pgx.Conn, n)
+	for i := range conns {
+		c, err := pgx.Connect(ctx(t), testdb.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+	}
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			// Two tables, so migrators holding different table locks
+			// race to create the schema too.
+			s, err := processed.New(c, processed.Config{Schema: schema, Table: tables[i%2]})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			<-start
+			errs[i] = s.Migrate(ctx(t))
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migrator %d: %v", i, err)
+		}
+	}
+
+	for _, table := range tables {
+		var versions int
+		if err := testdb.Pool(t).QueryRow(ctx(t),
+			"SELECT count(*) FROM "+pgx.Identifier{schema, table + "_migrations"}.Sanitize()).Scan(&versions); err != nil {
+			t.Fatal(err)
+		}
+		if versions != processed.LatestVersion() {
+			t.Errorf("%s: %d migration rows, want %d", table, versions, processed.LatestVersion())
+		}
+	}
+	var n2 int
+	if err := testdb.Pool(t).QueryRow(ctx(t),
+		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n2); err != nil {
+		t.Fatal(err)
+	}
+	if n2 != 4 {
+		t.Errorf("%d tables in %s, want 4", n2, schema)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	long := strings.Repeat("a", 64)
+	for _, tc := range []struct {
+		name  string
+		cfg   processed.Config
+		field string
+	}{
+		{"injection", processed.Config{Table: "x; drop table y"}, "Table"},
+		{"quote", processed.Config{Table: `a"b`}, "Table"},
+		{"schema injection", processed.Config{Schema: `public"; drop schema public; --`}, "Schema"},
+		{"dot", processed.Config{Table: "public.t"}, "Table"},
+		{"leading digit", processed.Config{Table: "1t"}, "Table"},
+		{"space", processed.Config{Schema: "my schema"}, "Schema"},
+		{"unicode", processed.Config{Table: "tëst"}, "Table"},
+		{"64 bytes", processed.Config{Table: long}, "Table"},
+		{"49 bytes", processed.Config{Schema: long[:49]}, "Schema"},
+		{"negative batch", processed.Config{PurgeBatchSize: -1}, "PurgeBatchSize"},
+	} {
+		_, err := processed.New(pool, tc.cfg)
+		var ce *consumer.ConfigError
+		if !errors.Is(err, consumer.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: New(%+v) = %v, want a ConfigError for %s", tc.name, tc.cfg, err, tc.field)
+		}
+	}
+	if _, err := processed.New(nil, processed.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("New(nil): %v", err)
+	}
+	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}} {
+		s, err := processed.New(pool, cfg)
+		if err != nil {
+			t.Errorf("New(%+v): %v", cfg, err)
+			continue
+		}
+		if cfg == (processed.Config{}) && (s.Schema() != "public" || s.Table() != "processed_messages") {
+			t.Errorf("defaults: %s", s)
+		}
+	}
+}
+
+func TestCustomNames(t *testing.T) {
+	t.Parallel()
+	schema := "Idemq_Custom_" + strings.TrimPrefix(testdb.Schema(t), "idemq_test_")
+	dropSchemaLater(t, schema)
+	table := strings.Repeat("T", 48)
+	s, pool := setup(t, processed.Config{Schema: schema, Table: table})
+
+	if v, err := s.Version(ctx(t)); err != nil || v != processed.LatestVersion() {
+		t.Fatalf("Version: %d, %v", v, err)
+	}
+	if got := claimTx(t, pool, s, claimOf("a", "1", "x")); got.Outcome != consumer.ClaimNew {
+		t.Fatalf("claim: %v", got.Outcome)
+	}
+	if got := claimTx(t, pool, s, claimOf("a", "1", "x")); got.Outcome != consumer.ClaimDuplicate {
+		t.Fatalf("claim again: %v", got.Outcome)
+	}
+	var names []string
+	rows, err := pool.Query(ctx(t), "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND (c.relkind = 'r' OR c.relname = $2) ORDER BY relname", schema, table+"_processed_at")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{table, table + "_migrations", table + "_processed_at"}
+	if strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Errorf("relations in %s:\n got %v\nwant %v", schema, names, want)
+	}
+}
