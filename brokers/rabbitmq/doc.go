@@ -1,0 +1,24 @@
+// Package rabbitmq connects idemq to RabbitMQ through amqp091-go.
+//
+// [Source] implements [consumer.Source]: it consumes one queue with manual
+// acks and a bounded prefetch, maps each AMQP delivery to a
+// [consumer.Message], acks and nacks on the channel that delivered the
+// message, and reconnects with backoff inside Receive when the connection or
+// channel is lost. Deliveries received on a channel that has since died are
+// never acked on its replacement: their Ack and Nack return an error wrapping
+// [consumer.ErrDeliveryStale], RabbitMQ redelivers them, and the runtime's
+// dedup store absorbs the redelivery. (An Ack that returns nil was written to
+// the connection; if the connection dies before the broker reads it, the
+// broker redelivers the message all the same, and dedup covers that too.)
+// [Source.Stats] counts abandoned deliveries and reconnections. A broker's
+// consumer_timeout, which closes the channel with 406 PRECONDITION_FAILED, is
+// recovered like any other channel loss.
+//
+// [Publisher] publishes with publisher confirms, persistent delivery and the
+// mandatory flag, so Publish returns only once the broker has taken
+// responsibility for every message, and an unroutable message is an error
+// ([ErrUnroutable]) instead of a silent drop.
+//
+// [DeclareTopology] optionally declares a durable work queue (classic or
+// quorum) with a dead-letter exchange and a dead-letter queue.
+package rabbitmq

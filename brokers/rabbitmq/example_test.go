@@ -1,0 +1,87 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// A payment consumer: each payment message is applied exactly once, however
+// often RabbitMQ delivers it.
+func ExampleNewSource() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	if err := rabbitmq.DeclareTopology(ctx, rabbitmq.DefaultURL, rabbitmq.Topology{Queue: "payments"}); err != nil {
+		log.Fatal(err)
+	}
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{Queue: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := processed.New(pool, processed.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	dlq, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dlq.Close()
+
+	rt, err := consumer.New(consumer.Config{
+		Name:   "payments",
+		Source: src,
+		DB:     pool,
+		Store:  store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + $1 WHERE id = $2",
+				string(msg.Body), msg.Header("account"))
+			return err
+		},
+		// A sketch: package dlq does this properly, with failure headers.
+		DeadLetterer: consumer.DeadLettererFunc(func(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
+			return dlq.Publish(ctx, "payments.dlx", "", msg)
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := rt.Run(ctx); err != nil { // closes src when it returns
+		log.Fatal(err)
+	}
+}
+
+func ExamplePublisher_Publish() {
+	ctx := context.Background()
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	// Returns once the broker has persisted the message; an unroutable
+	// message is an error wrapping rabbitmq.ErrUnroutable.
+	err = pub.Publish(ctx, "", "payments", &consumer.Message{
+		ID:      "payment-42",
+		Body:    []byte("100"),
+		Headers: map[string]string{"account": "acct-7"},
+	})
+	fmt.Println(err)
+}

@@ -1,0 +1,33 @@
+package rabbitmq
+
+import "errors"
+
+// BreakChannel makes the broker close s's current channel with 406
+// PRECONDITION_FAILED, as it does on consumer_timeout, by acking a delivery
+// tag the channel never issued. The connection stays up.
+func BreakChannel(s *Source) error {
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	if sess == nil {
+		return errors.New("no live session")
+	}
+	return sess.ch.Ack(1<<40, false)
+}
+
+// PublisherConnClosed reports whether p has noticed that its connection is
+// gone (or has none).
+func PublisherConnClosed(p *Publisher) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn == nil || p.conn.IsClosed()
+}
+
+// SourceConnLost reports whether s has noticed that its connection is gone
+// (or has no session).
+func SourceConnLost(s *Source) bool {
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	return sess == nil || sess.conn.IsClosed()
+}

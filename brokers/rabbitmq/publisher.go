@@ -1,0 +1,373 @@
+package rabbitmq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// DefaultPublisherChannels is PublisherConfig.Channels' default.
+const DefaultPublisherChannels = 4
+
+// returnBuffer is the capacity of each channel's basic.return queue. Publish
+// drains it while it waits for confirms.
+const returnBuffer = 64
+
+// PublisherConfig configures a Publisher. The zero value of every optional
+// field selects a documented default.
+type PublisherConfig struct {
+	// URL is the broker's AMQP URL. Defaults to DefaultURL,
+	// amqp://guest:guest@127.0.0.1:5672/.
+	URL string
+	// ConnectionName is shown by the broker's management tools. Defaults
+	// to none.
+	ConnectionName string
+	// KeyHeader, if set, carries Message.Key in this header (read it back
+	// with Config.KeyHeader). Defaults to none: the key is not sent.
+	KeyHeader string
+	// Channels is the most Publish calls in flight at once; each uses a
+	// channel of its own. Defaults to 4.
+	Channels int
+	// DialTimeout bounds each connection attempt, handshake included.
+	// Defaults to 30s.
+	DialTimeout time.Duration
+	// Logger receives connection logs. Defaults to a logger that discards
+	// everything.
+	Logger *slog.Logger
+}
+
+func (c PublisherConfig) withDefaults() PublisherConfig {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Channels == 0 {
+		c.Channels = DefaultPublisherChannels
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c PublisherConfig) validate() error {
+	switch {
+	case c.Channels < 1:
+		return configError("Channels", "%d, must be at least 1", c.Channels)
+	case c.DialTimeout < 0:
+		return configError("DialTimeout", "negative")
+	}
+	if _, err := amqp.ParseURI(c.URL); err != nil {
+		return configError("URL", "%v", err)
+	}
+	return nil
+}
+
+// Publisher publishes messages with publisher confirms, persistent delivery
+// and the mandatory flag. It keeps one connection, opened again on the next
+// Publish after it is lost. It is safe for concurrent use; create it with
+// NewPublisher.
+type Publisher struct {
+	cfg PublisherConfig
+	log *slog.Logger
+	sem chan struct{} // Channels slots
+
+	mu     sync.Mutex
+	conn   *amqp.Connection
+	idle   []*pubChannel
+	closed bool
+}
+
+// pubChannel is a confirm-mode channel used by one Publish call at a time.
+type pubChannel struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closes  chan *amqp.Error
+	// closeReason is what came on closes, once read.
+	closeReason string
+}
+
+// NewPublisher validates cfg and connects.
+func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := &Publisher{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.Channels)}
+	conn, err := dial(ctx, cfg.URL, cfg.ConnectionName, cfg.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	p.conn = conn
+	return p, nil
+}
+
+// Publish publishes msgs, in order, to exchange with routingKey, and returns
+// once the broker has confirmed every one of them: for a durable queue, once
+// it is persisted. Use exchange "" and the queue's name as routingKey to
+// publish straight to a queue.
+//
+// Message.ID becomes the AMQP MessageId, Headers the headers (plus Key in
+// PublisherConfig.KeyHeader, if set), Timestamp the timestamp; the delivery
+// mode is persistent. A message that no queue receives is an error wrapping
+// ErrUnroutable, a broker nack one wrapping ErrNacked, and a connection lost
+// before the confirm one wrapping ErrUnconfirmed. Each failed message gets a
+// *PublishError; they are joined with errors.Join. Publishing the failed
+// messages again is safe: consumers deduplicate by id.
+func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, msgs ...*consumer.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("rabbitmq: publish: message %d is nil", i)
+		}
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: publish: %w", ctx.Err())
+	}
+	defer func() { <-p.sem }()
+
+	pc, err := p.channel(ctx)
+	if err != nil {
+		return err
+	}
+	healthy := false
+	defer func() {
+		if healthy {
+			p.release(pc)
+		} else {
+			_ = pc.ch.Close()
+		}
+	}()
+
+	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	for i, m := range msgs {
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, p.publishing(m))
+		if err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return fmt.Errorf("rabbitmq: publish: %w", ctxErr)
+			}
+			return &PublishError{Index: i, MessageID: m.ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(err))}
+		}
+		confirms[i] = dc
+	}
+
+	// A basic.return reaches pc.returns before the confirm of the same
+	// message completes, so once every confirm is in, every return for
+	// this call has been queued. The channel serves one call at a time,
+	// so they all belong to this call.
+	var returns []amqp.Return
+	retCh := pc.returns // nil once amqp091 closes it with the channel
+	for _, dc := range confirms {
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			case r, ok := <-retCh:
+				if !ok {
+					retCh = nil
+					continue
+				}
+				returns = append(returns, r)
+			case <-ctx.Done():
+				// Returns still due would be misattributed to the
+				// next call: the channel is discarded.
+				return fmt.Errorf("rabbitmq: publish: waiting for confirms: %w", ctx.Err())
+			}
+		}
+	}
+drain:
+	for retCh != nil {
+		select {
+		case r, ok := <-retCh:
+			if !ok {
+				break drain
+			}
+			returns = append(returns, r)
+		default:
+			break drain
+		}
+	}
+
+	returned := matchReturns(msgs, returns)
+	lost := pc.ch.IsClosed()
+	var errs []error
+	for i, dc := range confirms {
+		var reason error
+		switch {
+		case returned[i] != nil:
+			reason = fmt.Errorf("%w: exchange %q, routing key %q: %d %s", ErrUnroutable, exchange, routingKey, returned[i].ReplyCode, returned[i].ReplyText)
+		case dc.Acked():
+			continue
+		case lost:
+			// amqp091 resolves pending confirms as nacks when the
+			// channel closes.
+			reason = fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(nil))
+		default:
+			reason = ErrNacked
+		}
+		errs = append(errs, &PublishError{Index: i, MessageID: msgs[i].ID, Err: reason})
+	}
+	healthy = !lost
+	return errors.Join(errs...)
+}
+
+// Close closes the connection. Publish calls in flight fail with
+// ErrUnconfirmed; later ones with ErrPublisherClosed. Close is idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	for _, pc := range p.idle {
+		_ = pc.ch.Close()
+	}
+	p.idle = nil
+	if p.conn != nil && !p.conn.IsClosed() {
+		if err := p.conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow)); err != nil && !isClosed(err) {
+			return fmt.Errorf("rabbitmq: close publisher: %w", err)
+		}
+	}
+	return nil
+}
+
+// channel returns an idle confirm-mode channel, or opens one, reconnecting
+// first if the connection was lost.
+func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPublisherClosed
+	}
+	for len(p.idle) > 0 {
+		pc := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if pc.conn == p.conn && !pc.ch.IsClosed() {
+			return pc, nil
+		}
+		_ = pc.ch.Close()
+	}
+	if p.conn == nil || p.conn.IsClosed() {
+		p.idle = nil
+		p.log.Info("rabbitmq: publisher reconnecting", slog.String("url", redact(p.cfg.URL)))
+		conn, err := dial(ctx, p.cfg.URL, p.cfg.ConnectionName, p.cfg.DialTimeout)
+		if err != nil {
+			return nil, err
+		}
+		p.conn = conn
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: publisher: open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("rabbitmq: publisher: enable confirms: %w", err)
+	}
+	return &pubChannel{
+		conn:    p.conn,
+		ch:      ch,
+		returns: ch.NotifyReturn(make(chan amqp.Return, returnBuffer)),
+		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
+}
+
+// release returns a healthy channel to the idle list.
+func (p *Publisher) release(pc *pubChannel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || pc.conn != p.conn || pc.ch.IsClosed() {
+		_ = pc.ch.Close()
+		return
+	}
+	p.idle = append(p.idle, pc)
+}
+
+func (p *Publisher) publishing(m *consumer.Message) amqp.Publishing {
+	var headers amqp.Table
+	if len(m.Headers) > 0 || (p.cfg.KeyHeader != "" && m.Key != "") {
+		headers = make(amqp.Table, len(m.Headers)+1)
+		for k, v := range m.Headers {
+			headers[k] = v
+		}
+		if p.cfg.KeyHeader != "" && m.Key != "" {
+			headers[p.cfg.KeyHeader] = m.Key
+		}
+	}
+	return amqp.Publishing{
+		Headers:      headers,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.ID,
+		Timestamp:    m.Timestamp,
+		Body:         m.Body,
+	}
+}
+
+// reason describes why pc's channel closed, for errors.
+func (pc *pubChannel) reason(err error) string {
+	if pc.closeReason == "" {
+		select {
+		case e, ok := <-pc.closes:
+			if ok && e != nil {
+				pc.closeReason = e.Error()
+			}
+		default:
+		}
+	}
+	switch {
+	case pc.closeReason != "":
+		return pc.closeReason
+	case err != nil:
+		return err.Error()
+	default:
+		return "channel closed"
+	}
+}
+
+// matchReturns attributes each returned message to a distinct message of
+// msgs: first by id and body, then by id, then to any message not yet
+// attributed. All of msgs went to the same exchange and routing key, so
+// messages that cannot be told apart are equally unroutable.
+func matchReturns(msgs []*consumer.Message, returns []amqp.Return) []*amqp.Return {
+	out := make([]*amqp.Return, len(msgs))
+	for ri := range returns {
+		r := &returns[ri]
+		match := -1
+		for pass := 0; pass < 3 && match < 0; pass++ {
+			for i, m := range msgs {
+				if out[i] != nil {
+					continue
+				}
+				if pass == 0 && (m.ID != r.MessageId || !bytes.Equal(m.Body, r.Body)) {
+					continue
+				}
+				if pass == 1 && m.ID != r.MessageId {
+					continue
+				}
+				match = i
+				break
+			}
+		}
+		if match >= 0 {
+			out[match] = r
+		}
+	}
+	return out
+}

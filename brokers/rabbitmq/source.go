@@ -1,0 +1,591 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Keys of consumer.Message.Metadata set by Source.
+const (
+	MetaRoutingKey  = "routing_key"
+	MetaExchange    = "exchange"
+	MetaDeliveryTag = "delivery_tag"
+	MetaConsumerTag = "consumer_tag"
+)
+
+// Defaults for Config.
+const (
+	DefaultConcurrency        = consumer.DefaultConcurrency
+	DefaultReconnectInitial   = 100 * time.Millisecond
+	DefaultReconnectMax       = 30 * time.Second
+	maxPrefetch               = 65535 // basic.qos prefetch-count is a short
+	consumerCancelCloseWindow = 5 * time.Second
+)
+
+// Config configures a Source. The zero value of every optional field selects
+// a documented default.
+type Config struct {
+	// URL is the broker's AMQP URL. Defaults to DefaultURL,
+	// amqp://guest:guest@127.0.0.1:5672/.
+	URL string
+	// Queue is the queue to consume. Required. It must exist; see
+	// DeclareTopology.
+	Queue string
+	// Concurrency is the consumer runtime's Concurrency, used only to size
+	// the default Prefetch. Defaults to 8, the runtime's default.
+	Concurrency int
+	// Prefetch is the most deliveries the broker sends without an ack
+	// (basic.qos prefetch-count). Defaults to 2*Concurrency, so that a
+	// message is waiting whenever a worker frees up. AMQP reads a
+	// prefetch of 0 as unbounded, which idemq never asks for: here 0
+	// selects the default, and there is no way to ask for unbounded.
+	// At most 65535; negative values are rejected.
+	Prefetch int
+	// ConsumerTag names the consumer on the broker. Defaults to a
+	// generated "idemq-<queue>-<random>" tag.
+	ConsumerTag string
+	// ConnectionName is shown by the broker's management tools. Defaults
+	// to none.
+	ConnectionName string
+
+	// MessageIDHeader, if set, takes Message.ID from this header instead
+	// of the AMQP MessageId property, which is the default.
+	MessageIDHeader string
+	// MessageIDFunc, if set, computes Message.ID from the raw delivery.
+	// Set at most one of MessageIDHeader and MessageIDFunc.
+	MessageIDFunc func(amqp.Delivery) string
+	// KeyHeader, if set, takes Message.Key (the ordering key) from this
+	// header. Defaults to none: messages are not ordered by key.
+	KeyHeader string
+
+	// Reconnect paces reconnection after the connection or channel is
+	// lost.
+	Reconnect ReconnectConfig
+	// DialTimeout bounds each connection attempt, handshake included.
+	// Defaults to 30s.
+	DialTimeout time.Duration
+	// Logger receives reconnection and error logs. Defaults to a logger
+	// that discards everything.
+	Logger *slog.Logger
+}
+
+// ReconnectConfig is an exponential backoff between reconnection attempts.
+// Attempts go on until they succeed, Receive's context is done, or the
+// Source is closed.
+type ReconnectConfig struct {
+	// InitialInterval is the first delay. Defaults to 100ms.
+	InitialInterval time.Duration
+	// MaxInterval caps each delay. Defaults to 30s.
+	MaxInterval time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Prefetch == 0 && c.Concurrency > 0 {
+		c.Prefetch = min(2*c.Concurrency, maxPrefetch)
+	}
+	if c.Reconnect.InitialInterval == 0 {
+		c.Reconnect.InitialInterval = DefaultReconnectInitial
+	}
+	if c.Reconnect.MaxInterval == 0 {
+		c.Reconnect.MaxInterval = max(DefaultReconnectMax, c.Reconnect.InitialInterval)
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func configError(field, format string, args ...any) error {
+	return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks a config that has had its defaults applied.
+func (c Config) validate() error {
+	switch {
+	case c.Queue == "":
+		return configError("Queue", "required")
+	case c.Concurrency < 1:
+		return configError("Concurrency", "%d, must be at least 1", c.Concurrency)
+	case c.Prefetch < 0:
+		return configError("Prefetch", "%d is negative; 0 selects the default of 2*Concurrency", c.Prefetch)
+	case c.Prefetch > maxPrefetch:
+		return configError("Prefetch", "%d, at most %d", c.Prefetch, maxPrefetch)
+	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
+		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
+	case c.Reconnect.InitialInterval < 0 || c.Reconnect.MaxInterval < 0:
+		return configError("Reconnect", "negative interval")
+	case c.Reconnect.MaxInterval < c.Reconnect.InitialInterval:
+		return configError("Reconnect.MaxInterval", "%s is less than InitialInterval %s", c.Reconnect.MaxInterval, c.Reconnect.InitialInterval)
+	case c.DialTimeout < 0:
+		return configError("DialTimeout", "negative")
+	}
+	if _, err := amqp.ParseURI(c.URL); err != nil {
+		return configError("URL", "%v", err)
+	}
+	return nil
+}
+
+// Stats are a Source's counters since it was created.
+type Stats struct {
+	// Received counts deliveries returned by Receive.
+	Received int64
+	// Acked and Nacked count successful Ack and Nack calls.
+	Acked  int64
+	Nacked int64
+	// Abandoned counts Ack and Nack calls on deliveries whose channel was
+	// gone (lost or closed): the broker redelivers those messages.
+	Abandoned int64
+	// Reconnects counts sessions opened after a lost one.
+	Reconnects int64
+}
+
+// Source consumes one RabbitMQ queue. It implements consumer.Source; create
+// it with NewSource. It is safe for concurrent use.
+type Source struct {
+	cfg Config
+	log *slog.Logger
+
+	life     context.Context // done once Close starts
+	stop     context.CancelFunc
+	stopOnce sync.Once
+	closeErr error
+
+	// connecting is a one-slot semaphore held by whoever opens a session,
+	// and by Close while it tears the last one down.
+	connecting chan struct{}
+	bo         backoff.BackOff // guarded by connecting
+	opened     int64           // sessions opened; guarded by connecting
+
+	mu   sync.Mutex
+	sess *session // nil when there is no live session
+
+	received, acked, nacked, abandoned, reconnects atomic.Int64
+}
+
+// session is one connection, channel and consumer. Deliveries belong to the
+// session that received them.
+type session struct {
+	conn       *amqp.Connection
+	ch         *amqp.Channel
+	tag        string
+	deliveries <-chan amqp.Delivery
+	closes     chan *amqp.Error // the channel's NotifyClose, buffered
+	dead       atomic.Bool      // set once the session is known lost or closed
+}
+
+// NewSource validates cfg and opens a connection, channel and consumer on
+// cfg.Queue. It fails if the broker cannot be reached or the queue cannot be
+// consumed; later losses are recovered by Receive.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(cfg.Reconnect.InitialInterval),
+		backoff.WithMaxInterval(cfg.Reconnect.MaxInterval),
+		backoff.WithMaxElapsedTime(0),
+	)
+	life, stop := context.WithCancel(context.Background())
+	s := &Source{
+		cfg:        cfg,
+		log:        cfg.Logger.With(slog.String("queue", cfg.Queue)),
+		life:       life,
+		stop:       stop,
+		connecting: make(chan struct{}, 1),
+		bo:         bo,
+	}
+	sess, err := s.open(ctx)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	s.opened++
+	s.sess = sess
+	return s, nil
+}
+
+// Receive returns the next delivery. If the connection or channel has been
+// lost it reconnects, with backoff, until it succeeds, ctx is done or the
+// Source is closed. After Close it returns an error wrapping
+// consumer.ErrSourceClosed.
+func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
+	for {
+		if err := s.closedErr(); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sess, err := s.session(ctx)
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case d, ok := <-sess.deliveries:
+			if !ok {
+				s.lost(sess)
+				continue
+			}
+			s.received.Add(1)
+			return s.newDelivery(sess, d), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.life.Done():
+			return nil, s.closedErr()
+		}
+	}
+}
+
+// Close cancels the consumer and closes the channel and connection. The
+// broker requeues every delivery that was not acked, for the next consumer.
+// Ack and Nack on deliveries received before Close then return errors
+// wrapping consumer.ErrSourceClosed. Close is idempotent.
+func (s *Source) Close() error {
+	s.stopOnce.Do(func() {
+		s.stop()
+		// Wait for a reconnection in progress; it sees life is done and
+		// discards what it opened.
+		s.connecting <- struct{}{}
+		defer func() { <-s.connecting }()
+		s.mu.Lock()
+		sess := s.sess
+		s.sess = nil
+		s.mu.Unlock()
+		if sess != nil {
+			s.closeErr = sess.shutdown(true)
+		}
+	})
+	return s.closeErr
+}
+
+// Stats returns the Source's counters.
+func (s *Source) Stats() Stats {
+	return Stats{
+		Received:   s.received.Load(),
+		Acked:      s.acked.Load(),
+		Nacked:     s.nacked.Load(),
+		Abandoned:  s.abandoned.Load(),
+		Reconnects: s.reconnects.Load(),
+	}
+}
+
+func (s *Source) closedErr() error {
+	if s.life.Err() != nil {
+		return fmt.Errorf("rabbitmq: queue %q: %w", s.cfg.Queue, consumer.ErrSourceClosed)
+	}
+	return nil
+}
+
+// session returns the live session, opening a new one (with backoff) if
+// there is none.
+func (s *Source) session(ctx context.Context) (*session, error) {
+	s.mu.Lock()
+	sess := s.sess
+	s.mu.Unlock()
+	if sess != nil {
+		return sess, nil
+	}
+	select {
+	case s.connecting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.life.Done():
+		return nil, s.closedErr()
+	}
+	defer func() { <-s.connecting }()
+	for {
+		if err := s.closedErr(); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		sess = s.sess
+		s.mu.Unlock()
+		if sess != nil {
+			return sess, nil
+		}
+		fresh, err := s.open(ctx)
+		if err == nil {
+			s.mu.Lock()
+			if s.life.Err() != nil {
+				s.mu.Unlock()
+				_ = fresh.shutdown(false)
+				return nil, s.closedErr()
+			}
+			s.sess = fresh
+			s.mu.Unlock()
+			s.opened++
+			if s.opened > 1 {
+				s.reconnects.Add(1)
+			}
+			s.bo.Reset()
+			s.log.Info("rabbitmq: consumer reconnected", slog.String("consumer_tag", fresh.tag))
+			return fresh, nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		if s.life.Err() != nil {
+			return nil, s.closedErr()
+		}
+		wait := s.bo.NextBackOff()
+		s.log.Warn("rabbitmq: reconnect failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-s.life.Done():
+			t.Stop()
+			return nil, s.closedErr()
+		}
+	}
+}
+
+// open dials and starts consuming. It opens a fresh connection each time:
+// a lost channel usually means a lost connection, and a fresh one is
+// simplest to reason about.
+func (s *Source) open(ctx context.Context) (*session, error) {
+	// Dialing stops when either ctx or the Source's life ends.
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopAfter := context.AfterFunc(s.life, cancel)
+	defer stopAfter()
+
+	conn, err := dial(dctx, s.cfg.URL, s.cfg.ConnectionName, s.cfg.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(step string, err error) (*session, error) {
+		_ = conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow))
+		return nil, fmt.Errorf("rabbitmq: queue %q: %s: %w", s.cfg.Queue, step, err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fail("open channel", err)
+	}
+	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
+		return fail("set prefetch", err)
+	}
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	tag := s.cfg.ConsumerTag
+	if tag == "" {
+		tag = "idemq-" + s.cfg.Queue + "-" + randomHex(6)
+	}
+	deliveries, err := ch.Consume(s.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fail("consume", err)
+	}
+	return &session{conn: conn, ch: ch, tag: tag, deliveries: deliveries, closes: closes}, nil
+}
+
+// lost retires a session whose delivery stream ended: the channel or
+// connection closed, or the broker cancelled the consumer.
+func (s *Source) lost(sess *session) {
+	if !sess.dead.CompareAndSwap(false, true) {
+		return
+	}
+	s.mu.Lock()
+	if s.sess == sess {
+		s.sess = nil
+	}
+	s.mu.Unlock()
+	if s.life.Err() == nil {
+		reason := "consumer cancelled by the broker"
+		select {
+		case e := <-sess.closes:
+			if e != nil {
+				// consumer_timeout and other soft errors arrive as a
+				// channel close (406 PRECONDITION_FAILED): handled like
+				// any other loss.
+				reason = e.Error()
+			}
+		default:
+		}
+		s.log.Warn("rabbitmq: consumer lost; reconnecting", slog.String("reason", reason), slog.String("consumer_tag", sess.tag))
+	}
+	_ = sess.shutdown(false)
+}
+
+// shutdown closes the session. With cancel, it first cancels the consumer so
+// that the broker stops sending; closing the channel then requeues every
+// unacked delivery.
+func (sess *session) shutdown(cancel bool) error {
+	sess.dead.Store(true)
+	var firstErr error
+	keep := func(err error) {
+		if err != nil && !isClosed(err) && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if cancel && !sess.ch.IsClosed() {
+		keep(sess.ch.Cancel(sess.tag, false))
+	}
+	if !sess.ch.IsClosed() {
+		keep(sess.ch.Close())
+	}
+	if !sess.conn.IsClosed() {
+		keep(sess.conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow)))
+	}
+	if firstErr != nil {
+		return fmt.Errorf("rabbitmq: close: %w", firstErr)
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// delivery implements consumer.Delivery for one AMQP delivery.
+type delivery struct {
+	src     *Source
+	sess    *session
+	d       amqp.Delivery
+	msg     *consumer.Message
+	settled atomic.Bool
+}
+
+func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
+	headers := make(map[string]string, len(d.Headers))
+	for k, v := range d.Headers {
+		headers[k] = headerString(v)
+	}
+	id := d.MessageId
+	switch {
+	case s.cfg.MessageIDFunc != nil:
+		id = s.cfg.MessageIDFunc(d)
+	case s.cfg.MessageIDHeader != "":
+		id = headers[s.cfg.MessageIDHeader]
+	}
+	var key string
+	if s.cfg.KeyHeader != "" {
+		key = headers[s.cfg.KeyHeader]
+	}
+	msg := &consumer.Message{
+		ID:          id,
+		Key:         key,
+		Body:        d.Body,
+		Headers:     headers,
+		Source:      s.cfg.Queue,
+		Partition:   -1,
+		Offset:      -1,
+		Redelivered: d.Redelivered,
+		Timestamp:   d.Timestamp,
+		Metadata: map[string]string{
+			MetaRoutingKey:  d.RoutingKey,
+			MetaExchange:    d.Exchange,
+			MetaDeliveryTag: strconv.FormatUint(d.DeliveryTag, 10),
+			MetaConsumerTag: d.ConsumerTag,
+		},
+	}
+	return &delivery{src: s, sess: sess, d: d, msg: msg}
+}
+
+// Message returns the delivered message.
+func (d *delivery) Message() *consumer.Message { return d.msg }
+
+// Ack acks the delivery on the channel that delivered it.
+func (d *delivery) Ack(ctx context.Context) error {
+	return d.settle("ack", func() error { return d.d.Ack(false) }, &d.src.acked)
+}
+
+// Nack nacks the delivery on the channel that delivered it.
+func (d *delivery) Nack(ctx context.Context, requeue bool) error {
+	return d.settle("nack", func() error { return d.d.Nack(false, requeue) }, &d.src.nacked)
+}
+
+func (d *delivery) settle(op string, f func() error, counter *atomic.Int64) error {
+	if !d.settled.CompareAndSwap(false, true) {
+		return fmt.Errorf("rabbitmq: %s delivery %d: already settled: %w", op, d.d.DeliveryTag, consumer.ErrDeliveryStale)
+	}
+	// A dead session's tags mean nothing on any other channel; the
+	// broker has requeued the message or will when it notices.
+	if d.sess.dead.Load() {
+		return d.abandon(op, nil)
+	}
+	if err := f(); err != nil {
+		return d.abandon(op, err)
+	}
+	counter.Add(1)
+	return nil
+}
+
+func (d *delivery) abandon(op string, cause error) error {
+	d.src.abandoned.Add(1)
+	sentinel := consumer.ErrDeliveryStale
+	what := "channel lost"
+	if d.src.life.Err() != nil {
+		sentinel = consumer.ErrSourceClosed
+		what = "source closed"
+	}
+	if cause != nil {
+		// Not wrapped: amqp091's errors stay behind the boundary.
+		what += " (" + cause.Error() + ")"
+	}
+	return fmt.Errorf("rabbitmq: %s delivery %d of queue %q: %s: %w", op, d.d.DeliveryTag, d.src.cfg.Queue, what, sentinel)
+}
+
+// headerString renders an AMQP header value as a string.
+func headerString(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case bool:
+		return strconv.FormatBool(v)
+	case int8:
+		return strconv.FormatInt(int64(v), 10)
+	case int16:
+		return strconv.FormatInt(int64(v), 10)
+	case int32:
+		return strconv.FormatInt(int64(v), 10)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case int:
+		return strconv.Itoa(v)
+	case uint8:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint16:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint32:
+		return strconv.FormatUint(uint64(v), 10)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'g', -1, 32)
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	default:
+		return fmt.Sprint(v)
+	}
+}

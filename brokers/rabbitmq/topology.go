@@ -1,0 +1,102 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Topology describes a durable work queue whose rejected messages go to a
+// dead-letter queue through a dead-letter exchange.
+type Topology struct {
+	// Queue is the work queue's name. Required.
+	Queue string
+	// DeadLetterExchange is the fanout exchange the work queue
+	// dead-letters to (its x-dead-letter-exchange). Defaults to
+	// Queue + ".dlx".
+	DeadLetterExchange string
+	// DeadLetterQueue is bound to DeadLetterExchange and receives the
+	// dead-lettered messages. Defaults to Queue + ".dlq".
+	DeadLetterQueue string
+	// Quorum declares both queues as quorum queues (x-queue-type:
+	// quorum) rather than classic ones.
+	Quorum bool
+	// DeliveryLimit, for quorum queues only, is the x-delivery-limit:
+	// after that many redeliveries the broker dead-letters a message.
+	// Defaults to 0: no limit set, which leaves the broker's default.
+	// Setting it on a classic queue is an error.
+	DeliveryLimit int
+}
+
+func (t Topology) withDefaults() Topology {
+	if t.DeadLetterExchange == "" {
+		t.DeadLetterExchange = t.Queue + ".dlx"
+	}
+	if t.DeadLetterQueue == "" {
+		t.DeadLetterQueue = t.Queue + ".dlq"
+	}
+	return t
+}
+
+func (t Topology) validate() error {
+	switch {
+	case t.Queue == "":
+		return configError("Queue", "required")
+	case t.DeliveryLimit < 0:
+		return configError("DeliveryLimit", "%d is negative", t.DeliveryLimit)
+	case t.DeliveryLimit > 0 && !t.Quorum:
+		return configError("DeliveryLimit", "x-delivery-limit needs a quorum queue; set Quorum")
+	case t.DeadLetterQueue == t.Queue:
+		return configError("DeadLetterQueue", "must differ from Queue")
+	}
+	return nil
+}
+
+// DeclareTopology connects to url (DefaultURL if empty) and declares t: the
+// dead-letter exchange (durable fanout), the dead-letter queue bound to it,
+// and the durable work queue with x-dead-letter-exchange set. Declaring is
+// idempotent, but it fails if a queue already exists with other arguments.
+func DeclareTopology(ctx context.Context, url string, t Topology) error {
+	t = t.withDefaults()
+	if err := t.validate(); err != nil {
+		return err
+	}
+	if url == "" {
+		url = DefaultURL
+	}
+	conn, err := dial(ctx, url, "", DefaultDialTimeout)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare topology: open channel: %w", err)
+	}
+	queueArgs := func() amqp.Table {
+		a := amqp.Table{}
+		if t.Quorum {
+			a[amqp.QueueTypeArg] = amqp.QueueTypeQuorum
+		}
+		return a
+	}
+	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("rabbitmq: declare exchange %q: %w", t.DeadLetterExchange, err)
+	}
+	if _, err := ch.QueueDeclare(t.DeadLetterQueue, true, false, false, false, queueArgs()); err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %q: %w", t.DeadLetterQueue, err)
+	}
+	if err := ch.QueueBind(t.DeadLetterQueue, "", t.DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("rabbitmq: bind queue %q to %q: %w", t.DeadLetterQueue, t.DeadLetterExchange, err)
+	}
+	args := queueArgs()
+	args["x-dead-letter-exchange"] = t.DeadLetterExchange
+	if t.DeliveryLimit > 0 {
+		args["x-delivery-limit"] = int64(t.DeliveryLimit)
+	}
+	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, args); err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %q: %w", t.Queue, err)
+	}
+	return nil
+}
