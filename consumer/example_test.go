@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -85,7 +86,7 @@ func Example() {
 	s := rt.Stats()
 	fmt.Printf("applied=%d duplicates=%d dead-lettered=%d\n", s.Applied, s.Duplicates, s.DeadLettered)
 	dl := broker.Messages("greetings.dlq")[0]
-	fmt.Println(dl.Header(memory.HeaderErrorClass), dl.Header(memory.HeaderError))
+	fmt.Println(dl.Header(dlq.HeaderErrorClass), dl.Header(dlq.HeaderError))
 	// Output:
 	// applied=2 duplicates=1 dead-lettered=1
 	// permanent permanent: empty name

@@ -8,6 +8,7 @@ package brokertest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -46,4 +47,79 @@ type Config struct {
 	Features Features
 	// NewHarness makes a harness on a fresh queue or topic for one test.
 	NewHarness func(t *testing.T) Harness
+
+	// Timeout bounds each subtest: every Receive, Publish, Ack and Nack
+	// in it runs under a context with this deadline. Defaults to 30s.
+	Timeout time.Duration
+	// QuietWait is how long the suite waits to conclude that nothing more
+	// arrives on a source (after acks, say). Longer is stricter but
+	// slower. Defaults to 500ms.
+	QuietWait time.Duration
+}
+
+// Defaults for Config.
+const (
+	DefaultTimeout   = 30 * time.Second
+	DefaultQuietWait = 500 * time.Millisecond
+)
+
+func (c Config) withDefaults() Config {
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.QuietWait <= 0 {
+		c.QuietWait = DefaultQuietWait
+	}
+	return c
+}
+
+// Run runs the conformance suite: one subtest per behaviour that cfg.Features
+// says the broker has, each on a fresh harness from cfg.NewHarness. Every
+// subtest is bounded by cfg.Timeout and fails, rather than hangs, when the
+// broker misbehaves.
+func Run(t *testing.T, cfg Config) {
+	t.Helper()
+	if cfg.NewHarness == nil {
+		t.Fatal("brokertest: Config.NewHarness is nil")
+	}
+	cfg = cfg.withDefaults()
+	f := cfg.Features
+
+	tests := []struct {
+		name string
+		run  func(t *testing.T, s *suite)
+		when bool
+	}{
+		{"PublishReceiveAck", testPublishReceiveAck, true},
+		{"NackRequeue", testNackRequeue, f.NackRequeue},
+		{"CloseRequeuesUnacked", testCloseRequeuesUnacked, true},
+		{"OrderSingleConsumer", testOrderSingleConsumer, true},
+		{"CompetingConsumers", testCompetingConsumers, f.CompetingConsumers},
+		{"ManyMessages", testManyMessages, true},
+		{"ReceiveAfterClose", testReceiveAfterClose, true},
+		{"ReceiveHonoursContext", testReceiveHonoursContext, true},
+		{"DoubleAck", testDoubleAck, true},
+	}
+	for _, tc := range tests {
+		if !tc.when {
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+			t.Cleanup(cancel)
+			h := cfg.NewHarness(t)
+			if h == nil {
+				t.Fatal("brokertest: NewHarness returned nil")
+			}
+			tc.run(t, &suite{cfg: cfg, f: f, h: h, ctx: ctx})
+		})
+	}
+}
+
+// suite is the state one subtest works with.
+type suite struct {
+	cfg Config
+	f   Features
+	h   Harness
+	ctx context.Context
 }

@@ -1,0 +1,166 @@
+package dlq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// Lookuper finds a message's dedup row; *processed.Store implements it.
+type Lookuper interface {
+	Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+}
+
+// Verdict is what a replay would do with one message.
+type Verdict string
+
+// Verdicts.
+const (
+	// VerdictAlreadyApplied: the id is in the dedup table with the same
+	// fingerprint; replay skips it and removes it from the queue.
+	VerdictAlreadyApplied Verdict = "already-applied"
+	// VerdictWillApply: the id is not in the dedup table; replay runs the
+	// handler.
+	VerdictWillApply Verdict = "will-apply"
+	// VerdictMismatch: the id is in the dedup table with a different
+	// fingerprint; replay dead-letters it again.
+	VerdictMismatch Verdict = "fingerprint-mismatch"
+	// VerdictMissingID: the message has no dedup id; replay dead-letters it
+	// again.
+	VerdictMissingID Verdict = "missing-id"
+)
+
+// Item is one classified message.
+type Item struct {
+	Record  Record  `json:"record"`
+	Verdict Verdict `json:"verdict"`
+	// AppliedAt is the dedup row's time, for already-applied and
+	// mismatched messages.
+	AppliedAt time.Time `json:"applied_at,omitzero"`
+	// BeyondHorizon reports that the message is older than the retention
+	// window: replay refuses it without Force.
+	BeyondHorizon bool `json:"beyond_horizon"`
+}
+
+// Classification is the result of a dry run.
+type Classification struct {
+	Items          []Item `json:"items"`
+	Scanned        int    `json:"scanned"`
+	AlreadyApplied int    `json:"already_applied"`
+	WillApply      int    `json:"will_apply"`
+	Mismatch       int    `json:"fingerprint_mismatch"`
+	MissingID      int    `json:"missing_id"`
+	BeyondHorizon  int    `json:"beyond_horizon"`
+	Malformed      int    `json:"malformed"`
+}
+
+// ClassifyConfig configures Classify.
+type ClassifyConfig struct {
+	// Browser reads the dead-letter queue. Required. Classify closes it,
+	// which gives every message back: a dry run consumes nothing.
+	Browser Browser
+	// Store answers whether an id was applied. Required.
+	Store Lookuper
+	// Consumer is the dedup scope to check. Defaults to each message's
+	// HeaderConsumer.
+	Consumer string
+	// Filter, Limit and Retention are as for Replay.
+	Filter    Filter
+	Limit     int
+	Retention time.Duration
+	// Progress, if set, is called after each classified message.
+	Progress func(Classification)
+}
+
+// Classify is the dry run of Replay: it reads the dead-letter queue, checks
+// each selected message against the dedup table and reports what a replay
+// would do. It acks nothing.
+func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
+	var out Classification
+	if cfg.Browser == nil || cfg.Store == nil {
+		return out, &consumer.ConfigError{Field: "Browser/Store", Reason: "required"}
+	}
+	defer cfg.Browser.Close()
+	filter := cfg.Filter
+	if cfg.Consumer != "" {
+		filter.Consumer = cfg.Consumer
+	}
+	now := time.Now()
+	for cfg.Limit <= 0 || len(out.Items) < cfg.Limit {
+		d, err := cfg.Browser.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return out, fmt.Errorf("dlq: read dead-letter queue: %w", err)
+		}
+		out.Scanned++
+		msg := d.Message()
+		rec, err := readRecord(msg)
+		if err != nil {
+			out.Malformed++
+			continue
+		}
+		if !filter.Match(rec) {
+			continue
+		}
+		it := Item{Record: rec, BeyondHorizon: beyondHorizon(rec, msg, cfg.Retention, now)}
+		scope := cfg.Consumer
+		if scope == "" {
+			scope = rec.Consumer
+		}
+		id := rec.MessageID
+		if id == "" {
+			id = msg.ID
+		}
+		if id == "" {
+			it.Verdict = VerdictMissingID
+		} else if it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope, id, msg); err != nil {
+			return out, err
+		}
+		out.add(it)
+		if cfg.Progress != nil {
+			cfg.Progress(out)
+		}
+	}
+	return out, nil
+}
+
+func (c *Classification) add(it Item) {
+	c.Items = append(c.Items, it)
+	switch it.Verdict {
+	case VerdictAlreadyApplied:
+		c.AlreadyApplied++
+	case VerdictWillApply:
+		c.WillApply++
+	case VerdictMismatch:
+		c.Mismatch++
+	case VerdictMissingID:
+		c.MissingID++
+	}
+	if it.BeyondHorizon {
+		c.BeyondHorizon++
+	}
+}
+
+// lookupVerdict checks one id against the dedup table.
+func lookupVerdict(ctx context.Context, store Lookuper, scope, id string, msg *consumer.Message) (Verdict, time.Time, error) {
+	row, err := store.Lookup(ctx, scope, id)
+	switch {
+	case errors.Is(err, processed.ErrNotFound):
+		return VerdictWillApply, time.Time{}, nil
+	case err != nil:
+		return "", time.Time{}, fmt.Errorf("dlq: look up %q: %w", id, err)
+	}
+	fp := msg.Fingerprint()
+	if !bytes.Equal(row.Fingerprint, fp[:]) {
+		return VerdictMismatch, row.ProcessedAt, nil
+	}
+	return VerdictAlreadyApplied, row.ProcessedAt, nil
+}

@@ -1,0 +1,21 @@
+// Package dlq is idemq's dead-letter handling: the failure envelope written
+// on every dead-lettered message, a consumer.DeadLetterer that publishes it
+// to any broker, and safe replay.
+//
+// # The envelope
+//
+// A dead-lettered message keeps its body and its headers unchanged, and gains
+// the Header* headers below describing the failure. If the message had been
+// dead-lettered before, the previous failure is moved into HeaderHistory (a
+// JSON array, oldest first, at most Options.MaxHistory entries), so the
+// copy carries its whole story.
+//
+// # Replay
+//
+// Replay reads a dead-letter queue through a Browser and runs the messages
+// through a consumer.Runtime under the same consumer name, so through the
+// same dedup scope: a message already applied is skipped and acked, a fixed
+// one applies exactly once, and one that still fails goes back to the
+// dead-letter queue with its history grown. Classify does a dry run: it
+// reads the queue, consumes nothing, and says what a replay would do.
+package dlq

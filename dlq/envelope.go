@@ -1,0 +1,266 @@
+package dlq
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// The header contract of a dead-lettered message. Every broker adapter
+// carries these as string headers. Times are RFC 3339 with nanoseconds, in
+// UTC.
+const (
+	// HeaderConsumer is the name of the consumer that gave up: the dedup
+	// scope a replay must use.
+	HeaderConsumer = "x-idemq-consumer"
+	// HeaderMessageID is the dedup id extracted from the message; empty
+	// for class missing-id.
+	HeaderMessageID = "x-idemq-message-id"
+	// HeaderErrorClass is the consumer.FailureClass.
+	HeaderErrorClass = "x-idemq-error-class"
+	// HeaderError is the last error's text, truncated to
+	// Options.MaxErrorBytes.
+	HeaderError = "x-idemq-error"
+	// HeaderAttempts is the number of handler attempts, in decimal.
+	HeaderAttempts = "x-idemq-attempts"
+	// HeaderFirstFailure is when the first attempt failed.
+	HeaderFirstFailure = "x-idemq-first-failure"
+	// HeaderLastFailure is when the last attempt failed.
+	HeaderLastFailure = "x-idemq-last-failure"
+	// HeaderSource is the original queue or topic.
+	HeaderSource = "x-idemq-source"
+	// HeaderPartition is the original Kafka partition; absent elsewhere.
+	HeaderPartition = "x-idemq-partition"
+	// HeaderOffset is the original Kafka offset; absent elsewhere.
+	HeaderOffset = "x-idemq-offset"
+	// HeaderHost is the host name of the process that dead-lettered it.
+	HeaderHost = "x-idemq-host"
+	// HeaderDeadLetters counts how many times the message was
+	// dead-lettered, this time included.
+	HeaderDeadLetters = "x-idemq-dead-letters"
+	// HeaderHistory is a JSON array of the earlier failures (Entry
+	// objects), oldest first.
+	HeaderHistory = "x-idemq-history"
+)
+
+// Defaults for Options.
+const (
+	DefaultMaxErrorBytes = 1024
+	DefaultMaxHistory    = 10
+)
+
+// Options tune the envelope. The zero value is ready to use.
+type Options struct {
+	// Host is written to HeaderHost. Defaults to os.Hostname().
+	Host string
+	// MaxErrorBytes truncates error texts. Defaults to 1024.
+	MaxErrorBytes int
+	// MaxHistory bounds HeaderHistory; the oldest entries are dropped
+	// first. Defaults to 10.
+	MaxHistory int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Host == "" {
+		o.Host, _ = os.Hostname()
+	}
+	if o.MaxErrorBytes == 0 {
+		o.MaxErrorBytes = DefaultMaxErrorBytes
+	}
+	if o.MaxHistory == 0 {
+		o.MaxHistory = DefaultMaxHistory
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	switch {
+	case o.MaxErrorBytes < 16:
+		return &consumer.ConfigError{Field: "MaxErrorBytes", Reason: fmt.Sprintf("%d, must be at least 16", o.MaxErrorBytes)}
+	case o.MaxHistory < 0:
+		return &consumer.ConfigError{Field: "MaxHistory", Reason: "negative"}
+	}
+	return nil
+}
+
+// Entry is one failure as recorded in the envelope.
+type Entry struct {
+	Consumer     string                `json:"consumer"`
+	MessageID    string                `json:"message_id,omitempty"`
+	Class        consumer.FailureClass `json:"class"`
+	Error        string                `json:"error"`
+	Attempts     int                   `json:"attempts"`
+	FirstFailure time.Time             `json:"first_failure,omitzero"`
+	LastFailure  time.Time             `json:"last_failure,omitzero"`
+	Source       string                `json:"source,omitempty"`
+	Partition    int32                 `json:"partition"`
+	Offset       int64                 `json:"offset"`
+	Host         string                `json:"host,omitempty"`
+}
+
+// Record is a parsed envelope: the latest failure and the ones before it.
+type Record struct {
+	Entry
+	// DeadLetters counts the times the message was dead-lettered.
+	DeadLetters int
+	// History holds the earlier failures, oldest first (possibly
+	// truncated to Options.MaxHistory).
+	History []Entry
+}
+
+// ErrNoEnvelope is returned by Parse for a message without idemq failure
+// headers.
+var ErrNoEnvelope = errors.New("dlq: message has no idemq failure envelope")
+
+// Envelope returns the dead-letter copy of msg: body and headers unchanged,
+// plus headers describing f. A previous envelope on msg is moved into the
+// history. Source, Partition and Offset come from an earlier envelope if
+// there is one (a replayed message keeps its original source), else from msg.
+func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer.Message {
+	opts = opts.withDefaults()
+	m := msg.Clone()
+	h := make(map[string]string, len(m.Headers)+12)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	cur := Entry{
+		Consumer: f.Consumer, MessageID: f.MessageID, Class: f.Class, Attempts: f.Attempts,
+		FirstFailure: f.FirstFailure.UTC(), LastFailure: f.LastFailure.UTC(),
+		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset, Host: opts.Host,
+	}
+	if f.Err != nil {
+		cur.Error = truncate(f.Err.Error(), opts.MaxErrorBytes)
+	}
+	deadLetters := 1
+	if prev, err := Parse(msg); err == nil {
+		if prev.Source != "" {
+			cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset
+		}
+		history := append(prev.History, prev.Entry)
+		if n := len(history) - opts.MaxHistory; n > 0 {
+			history = history[n:]
+		}
+		deadLetters = prev.DeadLetters + 1
+		if b, err := json.Marshal(history); err == nil && opts.MaxHistory > 0 {
+			h[HeaderHistory] = string(b)
+		}
+	}
+	h[HeaderConsumer] = cur.Consumer
+	h[HeaderMessageID] = cur.MessageID
+	h[HeaderErrorClass] = string(cur.Class)
+	h[HeaderError] = cur.Error
+	h[HeaderAttempts] = strconv.Itoa(cur.Attempts)
+	h[HeaderFirstFailure] = formatTime(cur.FirstFailure)
+	h[HeaderLastFailure] = formatTime(cur.LastFailure)
+	h[HeaderSource] = cur.Source
+	delete(h, HeaderPartition)
+	delete(h, HeaderOffset)
+	if cur.Partition >= 0 && cur.Offset >= 0 {
+		h[HeaderPartition] = strconv.Itoa(int(cur.Partition))
+		h[HeaderOffset] = strconv.FormatInt(cur.Offset, 10)
+	}
+	h[HeaderHost] = cur.Host
+	h[HeaderDeadLetters] = strconv.Itoa(deadLetters)
+	m.Headers = h
+	return m
+}
+
+// Parse reads the envelope of a dead-lettered message. It returns
+// ErrNoEnvelope if msg carries none, and an error describing the first
+// malformed header otherwise.
+func Parse(msg *consumer.Message) (Record, error) {
+	h := msg.Headers
+	class, ok := h[HeaderErrorClass]
+	if !ok {
+		return Record{}, ErrNoEnvelope
+	}
+	r := Record{Entry: Entry{
+		Consumer: h[HeaderConsumer], MessageID: h[HeaderMessageID], Class: consumer.FailureClass(class),
+		Error: h[HeaderError], Source: h[HeaderSource], Host: h[HeaderHost], Partition: -1, Offset: -1,
+	}, DeadLetters: 1}
+	var err error
+	bad := func(name string, e error) error { return fmt.Errorf("dlq: header %s: %w", name, e) }
+	if v := h[HeaderAttempts]; v != "" {
+		if r.Attempts, err = strconv.Atoi(v); err != nil {
+			return r, bad(HeaderAttempts, err)
+		}
+	}
+	if r.FirstFailure, err = parseTime(h[HeaderFirstFailure]); err != nil {
+		return r, bad(HeaderFirstFailure, err)
+	}
+	if r.LastFailure, err = parseTime(h[HeaderLastFailure]); err != nil {
+		return r, bad(HeaderLastFailure, err)
+	}
+	if v := h[HeaderPartition]; v != "" {
+		p, err := strconv.ParseInt(v, 10, 32)
+		if err != nil {
+			return r, bad(HeaderPartition, err)
+		}
+		r.Partition = int32(p)
+	}
+	if v := h[HeaderOffset]; v != "" {
+		if r.Offset, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return r, bad(HeaderOffset, err)
+		}
+	}
+	if v := h[HeaderDeadLetters]; v != "" {
+		if r.DeadLetters, err = strconv.Atoi(v); err != nil {
+			return r, bad(HeaderDeadLetters, err)
+		}
+	}
+	if v := h[HeaderHistory]; v != "" {
+		if err := json.Unmarshal([]byte(v), &r.History); err != nil {
+			return r, bad(HeaderHistory, err)
+		}
+	}
+	return r, nil
+}
+
+// Restore returns the message as its consumer first saw it, for replay: the
+// dedup id, source, partition and offset come back from the envelope. The
+// envelope headers stay, so a second failure grows the history.
+func Restore(msg *consumer.Message, r Record) *consumer.Message {
+	m := msg.Clone()
+	if r.MessageID != "" {
+		m.ID = r.MessageID
+	}
+	if r.Source != "" {
+		m.Source, m.Partition, m.Offset = r.Source, r.Partition, r.Offset
+	}
+	m.Redelivered = true
+	return m
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// truncate cuts s to at most n bytes, marking the cut, without splitting a
+// UTF-8 sequence.
+func truncate(s string, n int) string {
+	const mark = "…[truncated]"
+	if len(s) <= n {
+		return s
+	}
+	n -= len(mark)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + mark
+}

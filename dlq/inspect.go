@@ -1,0 +1,91 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Group is the dead-lettered messages sharing an error class and error text.
+type Group struct {
+	Class     consumer.FailureClass `json:"class"`
+	Error     string                `json:"error"`
+	Count     int                   `json:"count"`
+	FirstSeen time.Time             `json:"first_seen,omitzero"`
+	LastSeen  time.Time             `json:"last_seen,omitzero"`
+	Consumers []string              `json:"consumers"`
+	Sources   []string              `json:"sources"`
+	// Sample holds up to five message ids of the group.
+	Sample []string `json:"sample_ids"`
+}
+
+// Report is what Inspect found.
+type Report struct {
+	Total     int     `json:"total"`
+	Malformed int     `json:"malformed"`
+	Groups    []Group `json:"groups"`
+}
+
+// Inspect reads the dead-letter queue, as it was at the start, and groups its
+// messages by error class and error text, largest group first. It consumes
+// nothing: it closes the browser, which gives every message back.
+func Inspect(ctx context.Context, b Browser, filter Filter, limit int) (Report, error) {
+	var rep Report
+	if b == nil {
+		return rep, &consumer.ConfigError{Field: "Browser", Reason: "required"}
+	}
+	defer b.Close()
+	index := map[[2]string]int{}
+	for limit <= 0 || rep.Total < limit {
+		d, err := b.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return rep, fmt.Errorf("dlq: read dead-letter queue: %w", err)
+		}
+		rec, err := readRecord(d.Message())
+		if err != nil {
+			rep.Malformed++
+			continue
+		}
+		if !filter.Match(rec) {
+			continue
+		}
+		rep.Total++
+		k := [2]string{string(rec.Class), rec.Error}
+		i, ok := index[k]
+		if !ok {
+			i = len(rep.Groups)
+			index[k] = i
+			rep.Groups = append(rep.Groups, Group{Class: rec.Class, Error: rec.Error})
+		}
+		g := &rep.Groups[i]
+		g.Count++
+		if t := rec.FirstSeen(); !t.IsZero() && (g.FirstSeen.IsZero() || t.Before(g.FirstSeen)) {
+			g.FirstSeen = t
+		}
+		if t := rec.LastFailure; t.After(g.LastSeen) {
+			g.LastSeen = t
+		}
+		g.Consumers = addUnique(g.Consumers, rec.Consumer)
+		g.Sources = addUnique(g.Sources, rec.Source)
+		if len(g.Sample) < 5 && rec.MessageID != "" {
+			g.Sample = append(g.Sample, rec.MessageID)
+		}
+	}
+	slices.SortStableFunc(rep.Groups, func(a, b Group) int { return b.Count - a.Count })
+	return rep, nil
+}
+
+func addUnique(list []string, s string) []string {
+	if s == "" || slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}

@@ -1,0 +1,242 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// ReplayConfig configures Replay.
+type ReplayConfig struct {
+	// Browser reads the dead-letter queue. Required. Replay closes it.
+	Browser Browser
+	// Consumer is the live consumer's configuration: the same Name (the
+	// dedup scope), DB, Store, Handler and MessageID, and a DeadLetterer
+	// for messages that fail again (normally the same dead-letter queue).
+	// Its Source is replaced by the browser.
+	Consumer consumer.Config
+	// Filter selects what to replay. Filter.Consumer is forced to
+	// Consumer.Name. Messages that do not match stay in the queue.
+	Filter Filter
+	// Limit is the most messages to replay. Defaults to 0: no limit.
+	Limit int
+	// Rate caps replayed messages per second. Defaults to 0: no cap.
+	Rate float64
+	// Retention is the dedup store's retention window. A message first
+	// seen longer ago than it may have lost its dedup row, so replaying it
+	// could apply it twice: it is left in the queue unless Force is set.
+	// Defaults to 0: no guard.
+	Retention time.Duration
+	// Force replays messages beyond the retention horizon too.
+	Force bool
+	// Progress, if set, is called after each replayed message settles.
+	Progress func(Result)
+}
+
+// Result counts what a replay or dry run saw and did.
+type Result struct {
+	// Scanned counts messages read from the dead-letter queue.
+	Scanned int64 `json:"scanned"`
+	// Matched counts messages that passed the filter and the horizon guard.
+	Matched int64 `json:"matched"`
+	// Applied counts messages whose effect was applied now.
+	Applied int64 `json:"applied"`
+	// Skipped counts messages already applied before: acked, no effect.
+	Skipped int64 `json:"skipped_already_applied"`
+	// FailedAgain counts messages that failed again and went back to the
+	// dead-letter queue with their history grown.
+	FailedAgain int64 `json:"failed_again"`
+	// Mismatched counts messages whose id was applied with a different
+	// payload: dead-lettered again as fingerprint-mismatch.
+	Mismatched int64 `json:"mismatched"`
+	// BeyondHorizon counts messages left in the queue by the retention
+	// guard.
+	BeyondHorizon int64 `json:"beyond_horizon"`
+	// Unsettled counts matched messages that stayed in the queue because
+	// they could not be settled (for example the dead-letter publish
+	// failed) or the replay stopped early.
+	Unsettled int64 `json:"unsettled"`
+	// Malformed counts messages with an unreadable envelope, left in the
+	// queue.
+	Malformed int64 `json:"malformed"`
+}
+
+// errEnd marks the end of the dead-letter queue to the runtime.
+var errEnd = errors.New("dlq: end of dead-letter queue")
+
+// Replay runs the dead-lettered messages selected by cfg through a
+// consumer.Runtime built from cfg.Consumer, so through the same dedup path as
+// the live consumer: already-applied messages are acked and counted as
+// skipped, fixed ones apply exactly once, and those that still fail go back
+// to the dead-letter queue. It returns when the queue, as it was at the
+// start, has been read, or when ctx is done.
+func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
+	if cfg.Browser == nil {
+		return Result{}, &consumer.ConfigError{Field: "Browser", Reason: "required"}
+	}
+	if cfg.Limit < 0 || cfg.Rate < 0 || cfg.Retention < 0 {
+		_ = cfg.Browser.Close()
+		return Result{}, &consumer.ConfigError{Field: "Limit/Rate/Retention", Reason: "negative"}
+	}
+	filter := cfg.Filter
+	filter.Consumer = cfg.Consumer.Name
+	src := &replaySource{browser: cfg.Browser, filter: filter, limit: cfg.Limit, retention: cfg.Retention,
+		force: cfg.Force, rate: newLimiter(cfg.Rate)}
+
+	cc := cfg.Consumer
+	cc.Source = src
+	idFunc := cc.MessageID
+	if idFunc == nil {
+		idFunc = consumer.IDFromMessage
+	}
+	// The envelope holds the id the live consumer extracted; prefer it,
+	// so a replay dedupes on exactly the same id.
+	cc.MessageID = func(m *consumer.Message) (string, error) {
+		if id := m.Header(HeaderMessageID); id != "" {
+			return id, nil
+		}
+		return idFunc(m)
+	}
+	counter := &replayCounter{src: src, progress: cfg.Progress}
+	cc.Hooks = append(append([]consumer.Hook(nil), cc.Hooks...), counter)
+	rt, err := consumer.New(cc)
+	if err != nil {
+		_ = cfg.Browser.Close()
+		return Result{}, fmt.Errorf("dlq: replay: %w", err)
+	}
+	err = rt.Run(ctx)
+	res := src.result()
+	res.Unsettled = res.Matched - res.Applied - res.Skipped - res.FailedAgain - res.Mismatched
+	switch {
+	case errors.Is(err, errEnd):
+		err = nil
+	case err != nil:
+		err = fmt.Errorf("dlq: replay: %w", err)
+	case ctx.Err() != nil:
+		err = fmt.Errorf("dlq: replay stopped: %w", context.Cause(ctx))
+	}
+	if src.err != nil && err == nil {
+		err = src.err
+	}
+	return res, err
+}
+
+// replaySource feeds the runtime the matching messages of a Browser.
+type replaySource struct {
+	browser   Browser
+	filter    Filter
+	limit     int
+	retention time.Duration
+	force     bool
+	rate      *limiter
+
+	mu  sync.Mutex // guards res and err against the hooks
+	res Result
+	err error
+}
+
+func (s *replaySource) result() Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res
+}
+
+func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
+	for {
+		s.mu.Lock()
+		done := s.limit > 0 && s.res.Matched >= int64(s.limit)
+		s.mu.Unlock()
+		if done {
+			return nil, fmt.Errorf("%w: limit reached: %w", errEnd, consumer.ErrSourceClosed)
+		}
+		d, err := s.browser.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: %w", errEnd, consumer.ErrSourceClosed)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				// A broken browser ends the replay; what was not
+				// acked stays in the queue.
+				s.mu.Lock()
+				s.err = fmt.Errorf("dlq: read dead-letter queue: %w", err)
+				s.mu.Unlock()
+				return nil, fmt.Errorf("%w: %w", errEnd, consumer.ErrSourceClosed)
+			}
+			return nil, err
+		}
+		msg := d.Message()
+		rec, perr := readRecord(msg)
+		s.mu.Lock()
+		s.res.Scanned++
+		switch {
+		case perr != nil:
+			s.res.Malformed++
+			s.mu.Unlock()
+			continue // left unacked: back in the queue at Close
+		case !s.filter.Match(rec):
+			s.mu.Unlock()
+			continue
+		case !s.force && beyondHorizon(rec, msg, s.retention, time.Now()):
+			s.res.BeyondHorizon++
+			s.mu.Unlock()
+			continue
+		}
+		s.res.Matched++
+		s.mu.Unlock()
+		if err := s.rate.wait(ctx); err != nil {
+			return nil, err
+		}
+		return &replayDelivery{Delivery: d, msg: Restore(msg, rec)}, nil
+	}
+}
+
+func (s *replaySource) Close() error { return s.browser.Close() }
+
+type replayDelivery struct {
+	consumer.Delivery
+	msg *consumer.Message
+}
+
+func (d *replayDelivery) Message() *consumer.Message { return d.msg }
+
+// replayCounter is the hook that turns runtime events into Result counts.
+type replayCounter struct {
+	src      *replaySource
+	progress func(Result)
+}
+
+func (c *replayCounter) bump(f func(*Result)) {
+	c.src.mu.Lock()
+	f(&c.src.res)
+	snapshot := c.src.res
+	c.src.mu.Unlock()
+	if c.progress != nil {
+		c.progress(snapshot)
+	}
+}
+
+// OnApplied implements consumer.HookApplied.
+func (c *replayCounter) OnApplied(context.Context, *consumer.Message, time.Duration, time.Duration) {
+	c.bump(func(r *Result) { r.Applied++ })
+}
+
+// OnDuplicate implements consumer.HookDuplicate.
+func (c *replayCounter) OnDuplicate(context.Context, *consumer.Message, time.Time) {
+	c.bump(func(r *Result) { r.Skipped++ })
+}
+
+// OnDeadLettered implements consumer.HookDeadLettered.
+func (c *replayCounter) OnDeadLettered(_ context.Context, _ *consumer.Message, f consumer.Failure) {
+	c.bump(func(r *Result) {
+		if f.Class == consumer.ClassFingerprintMismatch {
+			r.Mismatched++
+		} else {
+			r.FailedAgain++
+		}
+	})
+}

@@ -1,0 +1,145 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// PublishToFunc publishes msg to the named queue or topic and returns once
+// the broker durably accepted it.
+type PublishToFunc func(ctx context.Context, destination string, msg *consumer.Message) error
+
+// RequeueConfig configures Requeue.
+type RequeueConfig struct {
+	// Browser reads the dead-letter queue. Required. Requeue closes it.
+	Browser Browser
+	// Publish sends a message back to its original queue or topic.
+	// Required.
+	Publish PublishToFunc
+	// Destination overrides where messages go. Defaults to each
+	// message's original source (HeaderSource).
+	Destination string
+	// Store, if set, is checked first: already-applied messages are
+	// removed from the dead-letter queue without being republished, and
+	// fingerprint mismatches stay in it. Without it every selected message
+	// is republished, which is still safe: the consumer dedupes.
+	Store Lookuper
+	// Consumer is the dedup scope for Store. Defaults to each message's
+	// HeaderConsumer.
+	Consumer string
+	// Filter, Limit, Rate, Retention and Force are as for Replay.
+	Filter    Filter
+	Limit     int
+	Rate      float64
+	Retention time.Duration
+	Force     bool
+	// Progress, if set, is called after each message.
+	Progress func(RequeueResult)
+}
+
+// RequeueResult counts what Requeue did.
+type RequeueResult struct {
+	Scanned       int64 `json:"scanned"`
+	Republished   int64 `json:"republished"`
+	Skipped       int64 `json:"skipped_already_applied"`
+	Mismatched    int64 `json:"mismatched_left"`
+	BeyondHorizon int64 `json:"beyond_horizon"`
+	Malformed     int64 `json:"malformed"`
+}
+
+// Requeue is the alternative replay mode: instead of running a handler here,
+// it publishes each selected dead-lettered message back to its original
+// queue or topic, where the live consumer applies it through its dedup path,
+// and then removes it from the dead-letter queue. The publish is confirmed
+// before the dead-letter copy is acked, so nothing is lost; a crash in
+// between yields a duplicate that the consumer skips.
+func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
+	var res RequeueResult
+	if cfg.Browser == nil || cfg.Publish == nil {
+		return res, &consumer.ConfigError{Field: "Browser/Publish", Reason: "required"}
+	}
+	defer cfg.Browser.Close()
+	rate := newLimiter(cfg.Rate)
+	filter := cfg.Filter
+	if cfg.Consumer != "" {
+		filter.Consumer = cfg.Consumer
+	}
+	progress := func() {
+		if cfg.Progress != nil {
+			cfg.Progress(res)
+		}
+	}
+	for done := int64(0); cfg.Limit <= 0 || done < int64(cfg.Limit); {
+		d, err := cfg.Browser.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return res, nil
+		}
+		if err != nil {
+			return res, fmt.Errorf("dlq: read dead-letter queue: %w", err)
+		}
+		res.Scanned++
+		msg := d.Message()
+		rec, err := readRecord(msg)
+		switch {
+		case err != nil:
+			res.Malformed++
+			continue
+		case !filter.Match(rec):
+			continue
+		case !cfg.Force && beyondHorizon(rec, msg, cfg.Retention, time.Now()):
+			res.BeyondHorizon++
+			continue
+		}
+		done++
+		if cfg.Store != nil && rec.MessageID != "" {
+			scope := cfg.Consumer
+			if scope == "" {
+				scope = rec.Consumer
+			}
+			verdict, _, err := lookupVerdict(ctx, cfg.Store, scope, rec.MessageID, msg)
+			if err != nil {
+				return res, err
+			}
+			switch verdict {
+			case VerdictAlreadyApplied:
+				if err := d.Ack(ctx); err != nil {
+					return res, fmt.Errorf("dlq: remove already-applied %q: %w", rec.MessageID, err)
+				}
+				res.Skipped++
+				progress()
+				continue
+			case VerdictMismatch:
+				res.Mismatched++
+				progress()
+				continue
+			}
+		}
+		dest := cfg.Destination
+		if dest == "" {
+			dest = rec.Source
+		}
+		if dest == "" {
+			return res, fmt.Errorf("dlq: message %q has no original source; set a destination", rec.MessageID)
+		}
+		if err := rate.wait(ctx); err != nil {
+			return res, err
+		}
+		out := Restore(msg, rec)
+		if err := cfg.Publish(ctx, dest, out); err != nil {
+			return res, fmt.Errorf("dlq: republish %q to %s: %w", rec.MessageID, dest, err)
+		}
+		if err := d.Ack(ctx); err != nil {
+			// Republished but still in the DLQ: a later replay finds
+			// it applied and skips it.
+			return res, fmt.Errorf("dlq: remove republished %q: %w", rec.MessageID, err)
+		}
+		res.Republished++
+		progress()
+	}
+	return res, nil
+}
