@@ -1,0 +1,107 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+)
+
+func failure(class consumer.FailureClass, msg string, at time.Time) consumer.Failure {
+	return consumer.Failure{Consumer: "billing", MessageID: "m-1", Class: class, Err: errors.New(msg),
+		Attempts: 3, FirstFailure: at.Add(-time.Second), LastFailure: at}
+}
+
+func TestEnvelopeRoundTrip(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 1, 12, 0, 0, 5, time.UTC)
+	msg := &consumer.Message{ID: "m-1", Body: []byte("{}"), Source: "orders", Partition: 3, Offset: 42,
+		Headers: map[string]string{"traceparent": "00-abc"}}
+	env := dlq.Envelope(msg, failure(consumer.ClassRetryableExhausted, "deadlock", at), dlq.Options{Host: "worker-7"})
+	if string(env.Body) != "{}" || env.Header("traceparent") != "00-abc" {
+		t.Fatalf("body or headers changed: %+v", env)
+	}
+	if len(msg.Headers) != 1 {
+		t.Fatal("Envelope mutated the original")
+	}
+	r, err := dlq.Parse(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dlq.Entry{Consumer: "billing", MessageID: "m-1", Class: consumer.ClassRetryableExhausted, Error: "deadlock",
+		Attempts: 3, FirstFailure: at.Add(-time.Second), LastFailure: at, Source: "orders", Partition: 3, Offset: 42, Host: "worker-7"}
+	if r.Entry != want || r.DeadLetters != 1 || len(r.History) != 0 {
+		t.Fatalf("parsed %+v\nwant   %+v", r, want)
+	}
+}
+
+func TestEnvelopeHistoryGrowsAndIsBounded(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	msg := &consumer.Message{ID: "m-1", Body: []byte("x"), Source: "orders", Partition: -1, Offset: -1}
+	for i := 0; i < 5; i++ {
+		// A replayed message arrives from the DLQ, with the DLQ as source.
+		msg = dlq.Envelope(msg, failure(consumer.ClassPermanent, strings.Repeat("e", i+1), at.Add(time.Duration(i)*time.Hour)), dlq.Options{MaxHistory: 3})
+		msg.Source = "orders.dlq"
+	}
+	r, err := dlq.Parse(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.DeadLetters != 5 || len(r.History) != 3 || r.Error != "eeeee" || r.History[0].Error != "ee" || r.History[2].Error != "eeee" {
+		t.Fatalf("history %+v (dead letters %d, error %q)", r.History, r.DeadLetters, r.Error)
+	}
+	if r.Source != "orders" {
+		t.Fatalf("original source lost across re-dead-lettering: %q", r.Source)
+	}
+	if _, ok := msg.Headers[dlq.HeaderPartition]; ok {
+		t.Fatal("partition header written for a broker without partitions")
+	}
+}
+
+func TestEnvelopeTruncatesError(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 1000)
+	env := dlq.Envelope(&consumer.Message{ID: "m"}, failure(consumer.ClassPanic, long, time.Now()), dlq.Options{MaxErrorBytes: 100})
+	e := env.Header(dlq.HeaderError)
+	if len(e) > 100 || !strings.HasSuffix(e, "[truncated]") || !strings.HasPrefix(e, "éé") {
+		t.Fatalf("truncated error %q (%d bytes)", e, len(e))
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	t.Parallel()
+	if _, err := dlq.Parse(&consumer.Message{}); !errors.Is(err, dlq.ErrNoEnvelope) {
+		t.Fatalf("no envelope: %v", err)
+	}
+	bad := &consumer.Message{Headers: map[string]string{dlq.HeaderErrorClass: "permanent", dlq.HeaderAttempts: "three"}}
+	if _, err := dlq.Parse(bad); err == nil || !strings.Contains(err.Error(), dlq.HeaderAttempts) {
+		t.Fatalf("malformed attempts: %v", err)
+	}
+}
+
+func TestRestore(t *testing.T) {
+	t.Parallel()
+	env := dlq.Envelope(&consumer.Message{ID: "broker-id", Source: "orders", Partition: 1, Offset: 9, Body: []byte("b")},
+		consumer.Failure{Consumer: "c", MessageID: "dedup-id", Class: consumer.ClassPermanent, Err: errors.New("x")}, dlq.Options{})
+	env.Source, env.Partition, env.Offset = "orders.dlq", 0, 77
+	r, _ := dlq.Parse(env)
+	m := dlq.Restore(env, r)
+	if m.ID != "dedup-id" || m.Source != "orders" || m.Partition != 1 || m.Offset != 9 || !m.Redelivered {
+		t.Fatalf("restored %+v", m)
+	}
+}
+
+func TestNewDeadLettererValidation(t *testing.T) {
+	t.Parallel()
+	if _, err := dlq.NewDeadLetterer(nil, dlq.Options{}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Fatalf("nil publish: %v", err)
+	}
+	if _, err := dlq.NewDeadLetterer(func(_ context.Context, _ *consumer.Message) error { return nil }, dlq.Options{MaxErrorBytes: 3}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Fatalf("tiny MaxErrorBytes: %v", err)
+	}
+}
