@@ -21,9 +21,14 @@ type Config struct {
 	DB DB
 	// Store records claims. Required; use processed.New.
 	Store Store
-	// Handler applies a message's effect. Required.
+	// Handler applies a message's effect. Set exactly one of Handler and
+	// BatchHandler.
 	Handler Handler
-	// Middleware wraps Handler, first outermost.
+	// BatchHandler applies the effects of a batch of new messages at once;
+	// it turns on batch mode. Set exactly one of Handler and BatchHandler.
+	BatchHandler BatchHandler
+	// Middleware wraps Handler, first outermost. It cannot be used with
+	// BatchHandler.
 	Middleware []Middleware
 	// DeadLetterer receives messages that cannot be applied. Required:
 	// failed messages must be stored somewhere durable before they are
@@ -33,9 +38,20 @@ type Config struct {
 	// MessageID extracts the dedup id. Defaults to IDFromMessage (the
 	// broker's message id).
 	MessageID MessageIDFunc
-	// Concurrency is the number of messages handled at once. Defaults to
-	// 8. Messages with the same Key are still handled one at a time.
+	// Concurrency is the number of messages handled at once, or in batch
+	// mode the number of batches. Defaults to 8. Messages with the same Key
+	// are still handled one at a time, in order.
 	Concurrency int
+	// BatchSize, above 1, turns on batch mode: up to BatchSize deliveries
+	// are claimed with one statement and applied in one transaction, then
+	// acked together. A failing message is isolated by splitting the
+	// batch, so it never sinks the others and nothing is applied twice.
+	// Defaults to 1 (one transaction per message), or to 100 with
+	// BatchHandler. At most 10,000.
+	BatchSize int
+	// BatchWait is the longest a partly filled batch waits for more
+	// deliveries. Defaults to 5ms.
+	BatchWait time.Duration
 	// MaxBodyBytes is the largest body handled; larger ones are
 	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
 	// limit.
@@ -93,6 +109,9 @@ const (
 	DefaultInitialInterval = 100 * time.Millisecond
 	DefaultMaxInterval     = 5 * time.Second
 	DefaultMaxElapsed      = time.Minute
+	DefaultBatchSize       = 100
+	DefaultBatchWait       = 5 * time.Millisecond
+	maxBatchSize           = 10_000
 	maxNameLen             = 200
 )
 
@@ -103,6 +122,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1
+		if c.BatchHandler != nil {
+			c.BatchSize = DefaultBatchSize
+		}
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = DefaultBatchWait
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -156,8 +184,16 @@ func (c Config) validate() error {
 		return bad("DB", "required")
 	case c.Store == nil:
 		return bad("Store", "required")
-	case c.Handler == nil:
-		return bad("Handler", "required")
+	case c.Handler == nil && c.BatchHandler == nil:
+		return bad("Handler", "required (or BatchHandler)")
+	case c.Handler != nil && c.BatchHandler != nil:
+		return bad("BatchHandler", "set Handler or BatchHandler, not both")
+	case c.BatchHandler != nil && len(c.Middleware) > 0:
+		return bad("Middleware", "wraps Handler; it cannot wrap a BatchHandler")
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return bad("BatchSize", "%d, must be between 1 and %d", c.BatchSize, maxBatchSize)
+	case c.BatchWait < 0:
+		return bad("BatchWait", "negative")
 	case c.DeadLetterer == nil:
 		return bad("DeadLetterer", "required: failed messages must be stored durably before they are acked")
 	case c.Concurrency < 1:

@@ -151,3 +151,28 @@ func TestIDFromHeader(t *testing.T) {
 		t.Fatal("Clone shares headers")
 	}
 }
+
+func TestBatchConfigValidation(t *testing.T) {
+	t.Parallel()
+	bh := func(context.Context, pgx.Tx, []*Message) error { return nil }
+	cfg := validConfig()
+	cfg.Handler = nil
+	cfg.BatchHandler = bh
+	rt, err := New(cfg)
+	if err != nil || rt.cfg.BatchSize != DefaultBatchSize || rt.cfg.BatchWait != DefaultBatchWait {
+		t.Fatalf("BatchHandler defaults: %v %+v", err, rt)
+	}
+	for field, mod := range map[string]func(*Config){
+		"BatchHandler": func(c *Config) { c.BatchHandler = bh },
+		"Middleware":   func(c *Config) { c.Handler = nil; c.BatchHandler = bh; c.Middleware = []Middleware{func(h Handler) Handler { return h }} },
+		"BatchSize":    func(c *Config) { c.BatchSize = 10_001 },
+		"BatchWait":    func(c *Config) { c.BatchWait = -1 },
+	} {
+		c := validConfig()
+		mod(&c)
+		var ce *ConfigError
+		if _, err := New(c); !errors.As(err, &ce) || ce.Field != field {
+			t.Errorf("%s: got %v", field, err)
+		}
+	}
+}

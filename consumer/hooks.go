@@ -52,6 +52,7 @@ type hooks struct {
 	retry        []HookRetry
 	deadLettered []HookDeadLettered
 	ackFailed    []HookAckFailed
+	batch        []HookBatch
 }
 
 func newHooks(hs []Hook) hooks {
@@ -75,6 +76,9 @@ func newHooks(hs []Hook) hooks {
 		if v, ok := x.(HookAckFailed); ok {
 			h.ackFailed = append(h.ackFailed, v)
 		}
+		if v, ok := x.(HookBatch); ok {
+			h.batch = append(h.batch, v)
+		}
 	}
 	return h
 }
@@ -82,5 +86,5 @@ func newHooks(hs []Hook) hooks {
 // recognised reports whether x implements at least one hook interface.
 func recognised(x Hook) bool {
 	h := newHooks([]Hook{x})
-	return len(h.received)+len(h.applied)+len(h.duplicate)+len(h.retry)+len(h.deadLettered)+len(h.ackFailed) > 0
+	return len(h.received)+len(h.applied)+len(h.duplicate)+len(h.retry)+len(h.deadLettered)+len(h.ackFailed)+len(h.batch) > 0
 }

@@ -62,9 +62,14 @@ func New(cfg Config) (*Runtime, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	h := cfg.Handler
+	if bh := cfg.BatchHandler; bh != nil {
+		// A message isolated from its batch runs alone.
+		h = func(ctx context.Context, tx pgx.Tx, msg *Message) error { return bh(ctx, tx, []*Message{msg}) }
+	}
 	return &Runtime{
 		cfg:     cfg,
-		handler: Chain(cfg.Handler, cfg.Middleware...),
+		handler: Chain(h, cfg.Middleware...),
 		hooks:   newHooks(cfg.Hooks),
 		log:     cfg.Logger.With("consumer", cfg.Name),
 	}, nil
@@ -111,15 +116,35 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}()
 	}
 
-	d := &dispatcher{r: r, ctx: workCtx, slots: make(chan struct{}, r.cfg.Concurrency), keys: map[string][]Delivery{}}
-	runErr := r.receiveLoop(ctx, d)
-
-	r.log.Debug("idemq: stopping; draining in-flight messages", "in_flight", r.stats.inFlight.Load())
+	var (
+		slots    chan struct{}
+		dispatch func(Delivery)
+		finish   func() // waits for the dispatched work to end
+	)
+	if r.cfg.BatchSize > 1 {
+		bd := newBatchDispatcher(r, workCtx)
+		slots, dispatch = bd.slots, bd.dispatch
+		finish = func() {
+			bd.close()
+			bd.wg.Wait()
+		}
+	} else {
+		d := &dispatcher{r: r, ctx: workCtx, slots: make(chan struct{}, r.cfg.Concurrency), keys: map[string][]Delivery{}}
+		slots, dispatch, finish = d.slots, d.dispatch, d.wg.Wait
+	}
+	runErr := r.receiveLoop(ctx, slots, dispatch)
 	drained := make(chan struct{})
 	go func() {
-		d.wg.Wait()
+		finish()
 		close(drained)
 	}()
+	return r.drain(runErr, drained, hardStop, &wg)
+}
+
+// drain waits for in-flight work after the receive loop ended, hard-stops it
+// after ShutdownTimeout, and closes the source.
+func (r *Runtime) drain(runErr error, drained chan struct{}, hardStop context.CancelCauseFunc, wg *sync.WaitGroup) error {
+	r.log.Debug("idemq: stopping; draining in-flight messages", "in_flight", r.stats.inFlight.Load())
 	timer := time.NewTimer(r.cfg.ShutdownTimeout)
 	select {
 	case <-drained:
@@ -137,17 +162,17 @@ func (r *Runtime) Run(ctx context.Context) error {
 }
 
 // receiveLoop takes deliveries until ctx is done or the source is closed.
-func (r *Runtime) receiveLoop(ctx context.Context, d *dispatcher) error {
+func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch func(Delivery)) error {
 	var failures int
 	for {
 		select {
-		case d.slots <- struct{}{}:
+		case slots <- struct{}{}:
 		case <-ctx.Done():
 			return nil
 		}
 		del, err := r.cfg.Source.Receive(ctx)
 		if err != nil {
-			<-d.slots
+			<-slots
 			switch {
 			case ctx.Err() != nil:
 				return nil
@@ -168,7 +193,7 @@ func (r *Runtime) receiveLoop(ctx context.Context, d *dispatcher) error {
 		for _, h := range r.hooks.received {
 			h.OnReceived(ctx, del.Message())
 		}
-		d.dispatch(del)
+		dispatch(del)
 	}
 }
 
@@ -243,16 +268,32 @@ type attemptResult struct {
 	timedOut    bool
 }
 
+// item is a delivery that passed the input checks.
+type item struct {
+	del   Delivery
+	msg   *Message
+	claim Claim
+	log   *slog.Logger
+}
+
 // process settles one delivery: applied and acked, skipped and acked,
 // dead-lettered and acked, or requeued.
 func (r *Runtime) process(ctx context.Context, del Delivery) {
 	defer r.stats.inFlight.Add(-1)
+	if it, ok := r.precheck(ctx, del); ok {
+		r.runOne(ctx, it)
+	}
+}
+
+// precheck extracts the message id and checks the input. A message that
+// cannot be handled is dead-lettered (or requeued at shutdown) and ok is
+// false.
+func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool) {
 	msg := del.Message()
 	log := r.log.With("source", msg.Source)
-
 	if ctx.Err() != nil {
 		r.requeue(del, log)
-		return
+		return it, false
 	}
 	id, err := r.cfg.MessageID(msg)
 	if err == nil && id == "" {
@@ -260,17 +301,23 @@ func (r *Runtime) process(ctx context.Context, del Delivery) {
 	}
 	if err != nil {
 		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
-		return
+		return it, false
 	}
 	log = log.With("message_id", id)
 	if r.cfg.MaxBodyBytes >= 0 && len(msg.Body) > r.cfg.MaxBodyBytes {
 		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
 			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
-		return
+		return it, false
 	}
-
 	claim := Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
 		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset}
+	return item{del: del, msg: msg, claim: claim, log: log}, true
+}
+
+// runOne applies one message in its own transaction, with retries, and
+// settles it.
+func (r *Runtime) runOne(ctx context.Context, it item) {
+	del, msg, claim, log, id := it.del, it.msg, it.claim, it.log, it.claim.MessageID
 	retry := r.newRetryBackOff()
 	infra := newInfraBackOff()
 	var attempts int
@@ -352,20 +399,11 @@ func (r *Runtime) process(ctx context.Context, del Delivery) {
 
 // attempt runs one transaction: begin, claim, handler, commit.
 func (r *Runtime) attempt(ctx context.Context, msg *Message, claim Claim, attempt int) attemptResult {
-	tx, err := r.cfg.DB.Begin(ctx)
+	tx, err := r.begin(ctx)
 	if err != nil {
-		return attemptResult{out: outInfraErr, err: fmt.Errorf("begin: %w", err)}
+		return attemptResult{out: outInfraErr, err: err}
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-		defer cancel()
-		_ = tx.Rollback(rctx) // a no-op after Commit
-	}()
-	// Acks depend on the commit being durable, whatever the server or
-	// role default for synchronous_commit is.
-	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
-		return attemptResult{out: outInfraErr, err: fmt.Errorf("set synchronous_commit: %w", err)}
-	}
+	defer r.rollback(ctx, tx)
 	res, err := r.cfg.Store.Claim(ctx, tx, claim)
 	if err != nil {
 		return attemptResult{out: outInfraErr, err: fmt.Errorf("claim: %w", err)}
@@ -417,15 +455,55 @@ func (r *Runtime) attempt(ctx context.Context, msg *Message, claim Claim, attemp
 	return attemptResult{out: outApplied, handlerDur: handlerDur, commitDur: commitDur}
 }
 
+// beginTxer is implemented by *pgxpool.Pool and *pgx.Conn.
+type beginTxer interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// syncBegin starts a transaction whose commit is synchronous whatever the
+// server or role default: acks depend on the commit being durable. Sent as
+// one simple-protocol query, it costs one round trip.
+const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on"
+
+// begin starts a dedup transaction.
+func (r *Runtime) begin(ctx context.Context) (pgx.Tx, error) {
+	if b, ok := r.cfg.DB.(beginTxer); ok {
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: syncBegin})
+		if err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
+		return tx, nil
+	}
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+		r.rollback(ctx, tx)
+		return nil, fmt.Errorf("set synchronous_commit: %w", err)
+	}
+	return tx, nil
+}
+
+// rollback ends tx on a context detached from shutdown; after Commit it is
+// a no-op.
+func (r *Runtime) rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
+
 // callHandler runs the handler, turning a panic into a *PanicError.
 func (r *Runtime) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
+			err = &PanicError{Value: v, Stack: stack()}
 		}
 	}()
 	return r.handler(ctx, tx, msg)
 }
+
+func stack() []byte { return debug.Stack() }
 
 // connLost reports whether tx's connection died, which makes a handler
 // error the database's fault rather than the message's.

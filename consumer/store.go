@@ -79,3 +79,14 @@ type Store interface {
 type Purger interface {
 	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
 }
+
+// BatchStore is a Store that claims many ids in one statement. Batch mode
+// uses it when the Store implements it, and falls back to one Claim per
+// message otherwise. *processed.Store implements it.
+type BatchStore interface {
+	Store
+	// ClaimBatch claims every element of claims in tx, with the same
+	// semantics as Claim; results[i] answers claims[i]. The claims share
+	// one Consumer and have distinct message ids.
+	ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]ClaimResult, error)
+}

@@ -1,0 +1,298 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// batchAckSource counts AckBatch calls and can lose acks, like a crash
+// after COMMIT.
+type batchAckSource struct {
+	consumer.Source
+	batches  atomic.Int32
+	acked    atomic.Int32
+	dropAcks atomic.Bool
+}
+
+func (s *batchAckSource) Receive(ctx context.Context) (consumer.Delivery, error) {
+	return s.Source.Receive(ctx)
+}
+
+func (s *batchAckSource) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
+	s.batches.Add(1)
+	if s.dropAcks.Load() {
+		return nil
+	}
+	var errs []error
+	for _, d := range ds {
+		errs = append(errs, d.Ack(ctx))
+		s.acked.Add(1)
+	}
+	return errors.Join(errs...)
+}
+
+func batchConfig(b *bundle, h consumer.Handler) consumer.Config {
+	cfg := b.config(h)
+	cfg.BatchSize = 50
+	cfg.BatchWait = 20 * time.Millisecond
+	cfg.Concurrency = 4
+	return cfg
+}
+
+func assertOnce(t *testing.T, b *bundle, want int) {
+	t.Helper()
+	got := b.effectCounts()
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("%s applied %d times", id, n)
+		}
+	}
+	if len(got) != want {
+		t.Errorf("%d ids applied, want %d", len(got), want)
+	}
+}
+
+func TestBatchDuplicatesWithinAndAcrossBatches(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	var all []*consumer.Message
+	for i := 0; i < 300; i++ {
+		m := msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("body %d", i))
+		all = append(all, m)
+		if i%3 == 0 {
+			all = append(all, m.Clone()) // adjacent: same batch
+		}
+	}
+	for i := 0; i < 300; i += 7 {
+		all = append(all, msg(fmt.Sprintf("m-%d", i), fmt.Sprintf("body %d", i))) // later batch
+	}
+	b.publish(all...)
+	cfg := batchConfig(b, b.insertEffect)
+	src := &batchAckSource{Source: cfg.Source}
+	cfg.Source = src
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == int64(len(all)) })
+	assertOnce(t, b, 300)
+	s := r.rt.Stats()
+	if s.Applied != 300 || s.Duplicates != int64(len(all)-300) || s.DeadLettered != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if src.batches.Load() == 0 || src.batches.Load() > int32(len(all))/5 {
+		t.Fatalf("%d batch acks for %d messages: batching did not happen", src.batches.Load(), len(all))
+	}
+}
+
+func TestBatchConcurrentDuplicatesAcrossLanes(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	var all []*consumer.Message
+	for c := 0; c < 8; c++ {
+		for i := 0; i < 40; i++ {
+			all = append(all, msg(fmt.Sprintf("id-%d", i), "same"))
+		}
+	}
+	b.publish(all...)
+	cfg := batchConfig(b, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		time.Sleep(time.Millisecond) // widen the window between claim and commit
+		return b.insertEffect(ctx, tx, m)
+	})
+	cfg.BatchSize = 16
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
+	assertOnce(t, b, 40)
+	if s := r.rt.Stats(); s.Applied != 40 || s.Duplicates != int64(len(all)-40) || s.DeadLettered != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestBatchFailureIsolation(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msgs("m", 200)...)
+	var calls sync.Map
+	var transient atomic.Int32
+	cfg := batchConfig(b, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		if err := b.insertEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		switch {
+		case strings.HasSuffix(m.ID, "7"): // m-7, m-17, ...: poison
+			return consumer.Permanent(errors.New("poison"))
+		case strings.HasSuffix(m.ID, "3") && transient.Add(1) <= 5:
+			return errors.New("transient")
+		}
+		return nil
+	})
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == 200 })
+	s := r.rt.Stats()
+	if s.DeadLettered != 20 || s.Applied != 180 {
+		t.Fatalf("stats %+v", s)
+	}
+	assertOnce(t, b, 180)
+	for _, e := range b.dlq.list() {
+		if !strings.HasSuffix(e.f.MessageID, "7") || e.f.Class != consumer.ClassPermanent {
+			t.Errorf("wrong message dead-lettered: %s %s", e.f.MessageID, e.f.Class)
+		}
+	}
+}
+
+func TestBatchHandlerBisectsPoison(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	all := msgs("m", 120)
+	all[37].Body = []byte("poison")
+	all[90].Body = []byte("poison")
+	b.publish(all...)
+	var batchSizes sync.Map
+	cfg := b.config(nil)
+	cfg.Handler = nil
+	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+		batchSizes.Store(len(ms), true)
+		ids := make([]string, len(ms))
+		bodies := make([]string, len(ms))
+		for i, m := range ms {
+			if string(m.Body) == "poison" {
+				return consumer.Permanent(fmt.Errorf("%s is poison", m.ID))
+			}
+			ids[i], bodies[i] = m.ID, string(m.Body)
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+b.effects+" (message_id, body) SELECT * FROM unnest($1::text[], $2::text[])", ids, bodies)
+		return err
+	}
+	cfg.BatchSize = 40
+	cfg.BatchWait = 50 * time.Millisecond
+	cfg.Concurrency = 2
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == 120 })
+	assertOnce(t, b, 118)
+	if s := r.rt.Stats(); s.DeadLettered != 2 || s.Applied != 118 {
+		t.Fatalf("stats %+v", s)
+	}
+	big := false
+	batchSizes.Range(func(k, _ any) bool { big = big || k.(int) >= 10; return true })
+	if !big {
+		t.Fatal("the batch handler never saw a real batch")
+	}
+}
+
+func TestBatchMismatchInsideBatch(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msg("a", "one"), msg("a", "two"), msg("b", "x"))
+	cfg := batchConfig(b, b.insertEffect)
+	cfg.Concurrency = 1
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == 3 })
+	if s := r.rt.Stats(); s.Applied != 2 || s.DeadLettered != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if d := b.dlq.list(); len(d) != 1 || d[0].f.Class != consumer.ClassFingerprintMismatch || string(d[0].msg.Body) != "two" {
+		t.Fatalf("dead letters %+v", d)
+	}
+}
+
+func TestBatchPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	const keys, per = 6, 40
+	var all []*consumer.Message
+	for i := 0; i < per; i++ {
+		for k := 0; k < keys; k++ {
+			all = append(all, &consumer.Message{ID: fmt.Sprintf("k%d-%03d", k, i), Key: fmt.Sprintf("k%d", k), Body: []byte("x")})
+		}
+	}
+	b.publish(all...)
+	var calls atomic.Int32
+	cfg := batchConfig(b, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if calls.Add(1)%11 == 0 && m.Attempt == 1 {
+			return errors.New("transient") // forces splits and single retries
+		}
+		return b.insertEffect(ctx, tx, m)
+	})
+	cfg.BatchSize = 17
+	r := start(t, cfg)
+	waitFor(t, "all applied", func() bool { return r.rt.Stats().Applied == keys*per })
+	rows, err := b.pool.Query(context.Background(), "SELECT key, message_id FROM "+b.effects+" ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]string{}
+	for rows.Next() {
+		var key, id string
+		if err := rows.Scan(&key, &id); err != nil {
+			t.Fatal(err)
+		}
+		if id <= last[key] {
+			t.Fatalf("key %s: %s applied after %s", key, id, last[key])
+		}
+		last[key] = id
+	}
+	assertOnce(t, b, keys*per)
+}
+
+func TestBatchCrashBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msgs("m", 60)...)
+	cfg := batchConfig(b, b.insertEffect)
+	src := &batchAckSource{Source: cfg.Source}
+	src.dropAcks.Store(true)
+	cfg.Source = src
+	first := start(t, cfg)
+	// The memory subscription holds at most 64 unacked deliveries.
+	waitFor(t, "applied", func() bool { return first.rt.Stats().Applied == 60 && first.rt.Stats().InFlight == 0 })
+	first.stop(t) // unacked: requeued
+	if b.broker.Ready(queue) != 60 {
+		t.Fatalf("ready %d, want 60 redeliveries", b.broker.Ready(queue))
+	}
+	second := start(t, batchConfig(b, b.insertEffect))
+	waitFor(t, "settled", func() bool { return b.settled() && second.rt.Stats().Duplicates == 60 })
+	if second.rt.Stats().Applied != 0 {
+		t.Fatalf("redelivered batch applied again: %+v", second.rt.Stats())
+	}
+	assertOnce(t, b, 60)
+}
+
+func TestBatchHardStopAcksNothingUncommitted(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msgs("m", 200)...)
+	var calls atomic.Int32
+	cfg := batchConfig(b, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := b.insertEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		if calls.Add(1) > 60 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	cfg.ShutdownTimeout = 100 * time.Millisecond
+	r := start(t, cfg)
+	waitFor(t, "stuck", func() bool { return calls.Load() > 63 })
+	r.stop(t)
+	applied := len(b.effectCounts())
+	if s := r.rt.Stats(); int(s.Applied) != applied || s.DeadLettered != 0 {
+		t.Fatalf("stats %+v, %d effects", s, applied)
+	}
+	if b.broker.Unacked(queue) != 0 || b.broker.Ready(queue) != 200-applied {
+		t.Fatalf("ready=%d unacked=%d applied=%d", b.broker.Ready(queue), b.broker.Unacked(queue), applied)
+	}
+	second := start(t, batchConfig(b, b.insertEffect))
+	waitFor(t, "rest", func() bool { return b.settled() && second.rt.Stats().InFlight == 0 && len(b.effectCounts()) == 200 })
+	assertOnce(t, b, 200)
+}

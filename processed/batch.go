@@ -1,0 +1,128 @@
+package processed
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+var _ consumer.BatchStore = (*Store)(nil)
+
+// batchSQL returns the statements of ClaimBatch, built on first use.
+func (s *Store) batchSQL() (insert, existing string) {
+	t := s.qTable
+	insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
+FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+	existing = `SELECT message_id, fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`
+	return insert, existing
+}
+
+// ClaimBatch claims many message ids of one consumer in tx with one INSERT
+// (and, if some already exist, one SELECT): the batch form of Claim, with the
+// same semantics per id. The claims must share a Consumer and have distinct
+// message ids. Insertion follows the order of claims; callers that run
+// concurrent batches should sort them, so that two batches never wait on
+// each other's ids in opposite orders.
+func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Claim) ([]consumer.ClaimResult, error) {
+	if tx == nil {
+		return nil, errors.New("processed: claim batch: nil transaction")
+	}
+	results := make([]consumer.ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	name := claims[0].Consumer
+	index := make(map[string]int, len(claims))
+	for i, c := range claims {
+		if c.Consumer != name || c.Consumer == "" || c.MessageID == "" {
+			return nil, fmt.Errorf("processed: claim batch: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
+		}
+		if _, dup := index[c.MessageID]; dup {
+			return nil, fmt.Errorf("processed: claim batch: message id %q appears twice", c.MessageID)
+		}
+		index[c.MessageID] = i
+	}
+	insertSQL, existingSQL := s.batchSQL()
+
+	pending := claims
+	for attempt := 1; ; attempt++ {
+		ids := make([]string, len(pending))
+		fps := make([][]byte, len(pending))
+		srcs := make([]string, len(pending))
+		parts := make([]int32, len(pending))
+		offs := make([]int64, len(pending))
+		for i, c := range pending {
+			ids[i], fps[i], srcs[i] = c.MessageID, c.Fingerprint[:], c.Source
+			parts[i], offs[i] = max(c.Partition, -1), max(c.Offset, -1)
+		}
+		rows, err := tx.Query(ctx, insertSQL, name, ids, fps, srcs, parts, offs)
+		if err != nil {
+			return nil, s.wrap("claim batch: insert", err)
+		}
+		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, s.wrap("claim batch: insert", err)
+		}
+		claimed := make(map[string]bool, len(inserted))
+		for _, id := range inserted {
+			claimed[id] = true
+			results[index[id]] = consumer.ClaimResult{Outcome: consumer.ClaimNew}
+		}
+		if len(inserted) == len(pending) {
+			return results, nil
+		}
+		var conflicted []string
+		for _, c := range pending {
+			if !claimed[c.MessageID] {
+				conflicted = append(conflicted, c.MessageID)
+			}
+		}
+		// A new statement, so a new snapshot: it sees the rows of the
+		// transactions the insert waited for.
+		rows, err = tx.Query(ctx, existingSQL, name, conflicted)
+		if err != nil {
+			return nil, s.wrap("claim batch: select existing", err)
+		}
+		found := map[string]bool{}
+		var (
+			id string
+			fp []byte
+			at time.Time
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &fp, &at}, func() error {
+			i := index[id]
+			out := consumer.ClaimDuplicate
+			if !bytes.Equal(fp, claims[i].Fingerprint[:]) {
+				out = consumer.ClaimMismatch
+			}
+			results[i] = consumer.ClaimResult{Outcome: out, ProcessedAt: at}
+			found[id] = true
+			return nil
+		})
+		if err != nil {
+			return nil, s.wrap("claim batch: select existing", err)
+		}
+		// Rows purged between the two statements are claimed afresh.
+		pending = pending[:0:0]
+		for _, id := range conflicted {
+			if !found[id] {
+				pending = append(pending, claims[index[id]])
+			}
+		}
+		if len(pending) == 0 {
+			return results, nil
+		}
+		if attempt >= maxClaimAttempts {
+			return nil, fmt.Errorf("processed: claim batch: %d rows conflicted but vanished %d times", len(pending), attempt)
+		}
+	}
+}
