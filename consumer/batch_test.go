@@ -81,7 +81,9 @@ func TestBatchDuplicatesWithinAndAcrossBatches(t *testing.T) {
 	src := &batchAckSource{Source: cfg.Source}
 	cfg.Source = src
 	r := start(t, cfg)
-	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == int64(len(all)) })
+	waitFor(t, "settled", func() bool {
+		return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Received == int64(len(all))
+	})
 	assertOnce(t, b, 300)
 	s := r.rt.Stats()
 	if s.Applied != 300 || s.Duplicates != int64(len(all)-300) || s.DeadLettered != 0 {

@@ -164,9 +164,13 @@ func TestBatchConfigValidation(t *testing.T) {
 	}
 	for field, mod := range map[string]func(*Config){
 		"BatchHandler": func(c *Config) { c.BatchHandler = bh },
-		"Middleware":   func(c *Config) { c.Handler = nil; c.BatchHandler = bh; c.Middleware = []Middleware{func(h Handler) Handler { return h }} },
-		"BatchSize":    func(c *Config) { c.BatchSize = 10_001 },
-		"BatchWait":    func(c *Config) { c.BatchWait = -1 },
+		"Middleware": func(c *Config) {
+			c.Handler = nil
+			c.BatchHandler = bh
+			c.Middleware = []Middleware{func(h Handler) Handler { return h }}
+		},
+		"BatchSize": func(c *Config) { c.BatchSize = 10_001 },
+		"BatchWait": func(c *Config) { c.BatchWait = -1 },
 	} {
 		c := validConfig()
 		mod(&c)
