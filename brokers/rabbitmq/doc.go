@@ -19,6 +19,14 @@
 // responsibility for every message, and an unroutable message is an error
 // ([ErrUnroutable]) instead of a silent drop.
 //
+// [Browser] reads a queue, typically a dead-letter queue, without consuming
+// it, for the dlq package's Inspect, Classify, Replay and Requeue: it notes
+// the queue's depth when it opens, takes at most that many messages with
+// basic.get, and holds them unacked until they are acked or it is closed,
+// which gives the rest back to the queue in their order. It never
+// reconnects: a lost connection ends the pass with every unacked message
+// back in the queue.
+//
 // [DeclareTopology] optionally declares a durable work queue (classic or
 // quorum) with a dead-letter exchange and a dead-letter queue.
 package rabbitmq

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -40,11 +41,11 @@ func ExampleNewSource() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	dlq, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	dlqPub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer dlq.Close()
+	defer dlqPub.Close()
 
 	rt, err := consumer.New(consumer.Config{
 		Name:   "payments",
@@ -58,7 +59,7 @@ func ExampleNewSource() {
 		},
 		// A sketch: package dlq does this properly, with failure headers.
 		DeadLetterer: consumer.DeadLettererFunc(func(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
-			return dlq.Publish(ctx, "payments.dlx", "", msg)
+			return dlqPub.Publish(ctx, "payments.dlx", "", msg)
 		}),
 	})
 	if err != nil {
@@ -84,4 +85,31 @@ func ExamplePublisher_Publish() {
 		Headers: map[string]string{"account": "acct-7"},
 	})
 	fmt.Println(err)
+}
+
+// A dry run of a dead-letter queue replay: the Browser reads the DLQ as it
+// is now, and dlq.Classify says, for each message, whether a replay would
+// apply it or skip it as already applied. Nothing is consumed: closing the
+// browser gives every message back. dlq.Replay takes the same Browser.
+func ExampleNewBrowser() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := processed.New(pool, processed.Config{}) // the live consumer's dedup store
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{Queue: "payments.dlq"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("dead letters:", b.Depth())
+	c, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: b, Store: store}) // closes b
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("already applied:", c.AlreadyApplied, "will apply:", c.WillApply)
 }

@@ -471,27 +471,45 @@ type delivery struct {
 }
 
 func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
+	return &delivery{src: s, sess: sess, d: d, msg: s.mapper().message(d)}
+}
+
+func (s *Source) mapper() mapper {
+	return mapper{queue: s.cfg.Queue, idHeader: s.cfg.MessageIDHeader, idFunc: s.cfg.MessageIDFunc, keyHeader: s.cfg.KeyHeader}
+}
+
+// mapper turns AMQP deliveries from one queue into consumer.Messages. The
+// Source and the Browser share it, so a browsed message looks exactly like
+// a consumed one.
+type mapper struct {
+	queue     string
+	idHeader  string
+	idFunc    func(amqp.Delivery) string
+	keyHeader string
+}
+
+func (m mapper) message(d amqp.Delivery) *consumer.Message {
 	headers := make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
 		headers[k] = headerString(v)
 	}
 	id := d.MessageId
 	switch {
-	case s.cfg.MessageIDFunc != nil:
-		id = s.cfg.MessageIDFunc(d)
-	case s.cfg.MessageIDHeader != "":
-		id = headers[s.cfg.MessageIDHeader]
+	case m.idFunc != nil:
+		id = m.idFunc(d)
+	case m.idHeader != "":
+		id = headers[m.idHeader]
 	}
 	var key string
-	if s.cfg.KeyHeader != "" {
-		key = headers[s.cfg.KeyHeader]
+	if m.keyHeader != "" {
+		key = headers[m.keyHeader]
 	}
-	msg := &consumer.Message{
+	return &consumer.Message{
 		ID:          id,
 		Key:         key,
 		Body:        d.Body,
 		Headers:     headers,
-		Source:      s.cfg.Queue,
+		Source:      m.queue,
 		Partition:   -1,
 		Offset:      -1,
 		Redelivered: d.Redelivered,
@@ -503,7 +521,6 @@ func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
 			MetaConsumerTag: d.ConsumerTag,
 		},
 	}
-	return &delivery{src: s, sess: sess, d: d, msg: msg}
 }
 
 // Message returns the delivered message.
