@@ -158,6 +158,9 @@ type Stats struct {
 	Abandoned int64
 	// Reconnects counts sessions opened after a lost one.
 	Reconnects int64
+	// MultipleAcks counts the multiple acks AckBatch sent, each settling
+	// several deliveries in one broker call.
+	MultipleAcks int64
 }
 
 // Source consumes one RabbitMQ queue. It implements consumer.Source; create
@@ -180,7 +183,7 @@ type Source struct {
 	mu   sync.Mutex
 	sess *session // nil when there is no live session
 
-	received, acked, nacked, abandoned, reconnects atomic.Int64
+	received, acked, nacked, abandoned, reconnects, multiAcks atomic.Int64
 }
 
 // session is one connection, channel and consumer. Deliveries belong to the
@@ -192,6 +195,9 @@ type session struct {
 	deliveries <-chan amqp.Delivery
 	closes     chan *amqp.Error // the channel's NotifyClose, buffered
 	dead       atomic.Bool      // set once the session is known lost or closed
+
+	mu      sync.Mutex
+	unacked map[uint64]struct{} // delivery tags received and not yet settled
 }
 
 // NewSource validates cfg and opens a connection, channel and consumer on
@@ -283,11 +289,12 @@ func (s *Source) Close() error {
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
 	return Stats{
-		Received:   s.received.Load(),
-		Acked:      s.acked.Load(),
-		Nacked:     s.nacked.Load(),
-		Abandoned:  s.abandoned.Load(),
-		Reconnects: s.reconnects.Load(),
+		Received:     s.received.Load(),
+		Acked:        s.acked.Load(),
+		Nacked:       s.nacked.Load(),
+		Abandoned:    s.abandoned.Load(),
+		Reconnects:   s.reconnects.Load(),
+		MultipleAcks: s.multiAcks.Load(),
 	}
 }
 
@@ -471,7 +478,22 @@ type delivery struct {
 }
 
 func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
+	sess.mu.Lock()
+	if sess.unacked == nil {
+		sess.unacked = map[uint64]struct{}{}
+	}
+	sess.unacked[d.DeliveryTag] = struct{}{}
+	sess.mu.Unlock()
 	return &delivery{src: s, sess: sess, d: d, msg: s.mapper().message(d)}
+}
+
+// forget removes settled tags from the session's unacked set.
+func (sess *session) forget(tags ...uint64) {
+	sess.mu.Lock()
+	for _, t := range tags {
+		delete(sess.unacked, t)
+	}
+	sess.mu.Unlock()
 }
 
 func (s *Source) mapper() mapper {
@@ -548,6 +570,7 @@ func (d *delivery) settle(op string, f func() error, counter *atomic.Int64) erro
 	if err := f(); err != nil {
 		return d.abandon(op, err)
 	}
+	d.sess.forget(d.d.DeliveryTag)
 	counter.Add(1)
 	return nil
 }

@@ -1,0 +1,122 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+)
+
+func TestAckBatchNeverCoversDeliveriesInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q := newQueue(t)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{})
+	var msgs []*consumer.Message
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")})
+	}
+	if err := pub.Publish(ctx, "", q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: 20})
+	var ds []consumer.Delivery
+	for i := 0; i < 10; i++ {
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	// m-4 and m-5 are still in flight; m-0..m-3 can go in one multiple ack,
+	// m-6 and m-7 must be acked one by one.
+	batch := append(append([]consumer.Delivery{}, ds[6:8]...), ds[0:4]...)
+	if err := src.AckBatch(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.MultipleAcks != 1 || st.Acked != 6 {
+		t.Fatalf("stats %+v, want 1 multiple ack covering 4 and 6 acks in all", st)
+	}
+	if err := src.AckBatch(ctx, ds[0:1]); err == nil {
+		t.Fatal("acking a settled delivery again succeeded")
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Only m-4, m-5, m-8 and m-9 come back.
+	again := newSource(t, rabbitmq.Config{Queue: q})
+	var ids []string
+	for i := 0; i < 4; i++ {
+		d, err := again.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d.Message().ID)
+		mustAck(ctx, t, d)
+	}
+	slices.Sort(ids)
+	if fmt.Sprint(ids) != "[m-4 m-5 m-8 m-9]" {
+		t.Fatalf("requeued %v: a multiple ack covered a delivery that was in flight", ids)
+	}
+	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
+}
+
+func TestE2EBatchModeMultipleAcks(t *testing.T) {
+	t.Parallel()
+	e := newE2E(t)
+	ctx := testCtx(t, 60*time.Second)
+	q := newQueue(t)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{})
+	var msgs []*consumer.Message
+	for i := 0; i < 400; i++ {
+		msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
+		if i%4 == 0 {
+			msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
+		}
+	}
+	if err := pub.Publish(ctx, "", q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: 400})
+	rt, err := consumer.New(consumer.Config{
+		Name: "batch", Source: src, DB: e.pool, Store: e.store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			_, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", msg.ID, string(msg.Body))
+			return err
+		},
+		DeadLetterer: consumer.DeadLettererFunc(func(_ context.Context, msg *consumer.Message, f consumer.Failure) error {
+			t.Errorf("unexpected dead-letter of %q: %s: %v", msg.ID, f.Class, f.Err)
+			return errors.New("test refuses dead-letters")
+		}),
+		BatchSize: 50, Concurrency: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(runCtx) }()
+	waitFor(t, 30*time.Second, "all settled", func() bool {
+		s := rt.Stats()
+		return s.Applied+s.Duplicates == int64(len(msgs)) && s.InFlight == 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := e.counts(t); rows != 400 || distinct != 400 {
+		t.Fatalf("effects %d rows, %d distinct; want 400/400", rows, distinct)
+	}
+	if st := src.Stats(); st.MultipleAcks == 0 {
+		t.Fatalf("no multiple acks in batch mode: %+v", st)
+	}
+	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
+}
