@@ -31,6 +31,8 @@ var commands = []*command{
 	migrateCommand,
 	processedShowCommand,
 	processedPurgeCommand,
+	dlqInspectCommand,
+	dlqReplayCommand,
 }
 
 func (c *command) synopsis() string {

@@ -1,0 +1,432 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+)
+
+var dlqInspectCommand = &command{
+	name:    "dlq inspect",
+	summary: "summarise a dead-letter queue without consuming it",
+	help: `Reads every message of a dead-letter queue (RabbitMQ: fetched and then
+requeued in place; Kafka: read without committing) and groups them by error
+class and error text, with counts and first and last failure times. Nothing is
+consumed.
+
+Examples:
+  idemq dlq inspect --queue payments.dlq
+  idemq dlq inspect --broker kafka --kafka-brokers 127.0.0.1:9092 --topic payments.dlq --json`,
+	run: runDLQInspect,
+}
+
+var dlqReplayCommand = &command{
+	name:    "dlq replay",
+	summary: "republish dead letters to their original queue, or dry-run",
+	help: `Replays a dead-letter queue through the live consumer's dedup path. Each
+selected message is checked against the dedup table:
+
+  already applied         removed from the DLQ, not republished (skipped)
+  not applied yet         republished to its original queue or topic (confirmed),
+                          then removed from the DLQ; the consumer applies it once
+  fingerprint mismatch    left in the DLQ: the same id was applied with another
+                          payload, which needs a human
+
+Messages first seen longer ago than --retention may have lost their dedup row
+to purging, so replaying them could apply them twice: they are left in the DLQ
+unless --force is given.
+
+--dry-run consumes nothing: it classifies every selected message as
+already-applied, will-apply, fingerprint-mismatch or missing-id, and flags the
+ones beyond the retention horizon.
+
+To run the handler in this process instead, use the Go API dlq.Replay.
+
+Examples:
+  idemq dlq replay --queue payments.dlq --dry-run
+  idemq dlq replay --queue payments.dlq --class permanent --retention 72h --rate 200`,
+	run: runDLQReplay,
+}
+
+// brokerFlags select a dead-letter queue.
+type brokerFlags struct {
+	broker       string
+	amqpURL      string
+	queue        string
+	kafkaBrokers string
+	topic        string
+}
+
+func (b *brokerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&b.broker, "broker", "rabbitmq", "broker of the dead-letter queue: rabbitmq or kafka")
+	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
+	fs.StringVar(&b.queue, "queue", "", "RabbitMQ dead-letter queue")
+	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers, comma-separated (default $KAFKA_BROKERS)")
+	fs.StringVar(&b.topic, "topic", "", "Kafka dead-letter topic")
+}
+
+// dlqConn is an open dead-letter queue: a browser, and a way to republish.
+type dlqConn struct {
+	browser dlq.Browser
+	publish dlq.PublishToFunc
+	close   func()
+}
+
+func (b *brokerFlags) validate(e *env) error {
+	switch b.broker {
+	case "rabbitmq":
+		if b.queue == "" {
+			return usagef("--queue is required with --broker rabbitmq")
+		}
+		if b.amqpURL == "" {
+			b.amqpURL = e.getenv("AMQP_URL")
+		}
+		if b.amqpURL == "" {
+			b.amqpURL = rabbitmq.DefaultURL
+		}
+	case "kafka":
+		if b.topic == "" {
+			return usagef("--topic is required with --broker kafka")
+		}
+		if b.kafkaBrokers == "" {
+			b.kafkaBrokers = e.getenv("KAFKA_BROKERS")
+		}
+		if b.kafkaBrokers == "" {
+			return usagef("--kafka-brokers (or $KAFKA_BROKERS) is required with --broker kafka")
+		}
+	default:
+		return usagef("--broker %q: want rabbitmq or kafka", b.broker)
+	}
+	return nil
+}
+
+// open opens the dead-letter queue; withPublisher also opens a publisher
+// for republishing.
+func (b *brokerFlags) open(ctx context.Context, withPublisher bool) (*dlqConn, error) {
+	switch b.broker {
+	case "kafka":
+		return openKafkaDLQ(ctx, b, withPublisher)
+	default:
+		br, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{URL: b.amqpURL, Queue: b.queue})
+		if err != nil {
+			return nil, err
+		}
+		c := &dlqConn{browser: br, close: func() { _ = br.Close() }}
+		if withPublisher {
+			pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: b.amqpURL})
+			if err != nil {
+				_ = br.Close()
+				return nil, err
+			}
+			c.publish = func(ctx context.Context, dest string, m *consumer.Message) error {
+				return pub.Publish(ctx, "", dest, m)
+			}
+			c.close = func() { _ = br.Close(); _ = pub.Close() }
+		}
+		return c, nil
+	}
+}
+
+// filterFlags select messages.
+type filterFlags struct {
+	consumer string
+	classes  string
+	ids      string
+	sources  string
+	since    string
+	until    string
+	limit    int
+}
+
+func (f *filterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.consumer, "consumer", "", "only messages dead-lettered by this consumer")
+	fs.StringVar(&f.classes, "class", "", "only these error classes, comma-separated (retryable-exhausted, permanent, panic, missing-id, fingerprint-mismatch, too-large, timeout)")
+	fs.StringVar(&f.ids, "id", "", "only these message ids, comma-separated")
+	fs.StringVar(&f.sources, "source", "", "only messages from these original queues or topics, comma-separated")
+	fs.StringVar(&f.since, "since", "", "only messages whose last failure is at or after this time (RFC 3339, or a duration ago such as 24h)")
+	fs.StringVar(&f.until, "until", "", "only messages whose last failure is before this time (RFC 3339, or a duration ago)")
+	fs.IntVar(&f.limit, "limit", 0, "handle at most this many messages (0: all)")
+}
+
+var knownClasses = map[consumer.FailureClass]bool{
+	consumer.ClassRetryableExhausted: true, consumer.ClassPermanent: true, consumer.ClassPanic: true,
+	consumer.ClassMissingID: true, consumer.ClassFingerprintMismatch: true, consumer.ClassTooLarge: true, consumer.ClassTimeout: true,
+}
+
+func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {
+	out := dlq.Filter{Consumer: f.consumer, MessageIDs: splitList(f.ids), Sources: splitList(f.sources)}
+	for _, c := range splitList(f.classes) {
+		if !knownClasses[consumer.FailureClass(c)] {
+			return out, usagef("--class %q is not an error class", c)
+		}
+		out.Classes = append(out.Classes, consumer.FailureClass(c))
+	}
+	var err error
+	if out.Since, err = parseWhen("--since", f.since, now); err != nil {
+		return out, err
+	}
+	if out.Until, err = parseWhen("--until", f.until, now); err != nil {
+		return out, err
+	}
+	if f.limit < 0 {
+		return out, usagef("--limit %d: must not be negative", f.limit)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// parseWhen reads an RFC 3339 time or a duration before now.
+func parseWhen(name, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := parseAge(s); err == nil {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, usagef("%s %q: want an RFC 3339 time or a duration such as 24h or 7d", name, s)
+}
+
+// parseAge parses a Go duration, or a number of days such as "7d".
+func parseAge(s string) (time.Duration, error) {
+	var f durationFlag
+	err := f.Set(s)
+	return f.d, err
+}
+
+func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error {
+	var (
+		bf     brokerFlags
+		ff     filterFlags
+		asJSON bool
+	)
+	fs := c.flagSet()
+	bf.register(fs)
+	ff.register(fs)
+	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	if err := bf.validate(e); err != nil {
+		return err
+	}
+	filter, err := ff.filter(time.Now())
+	if err != nil {
+		return err
+	}
+	conn, err := bf.open(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Fprintf(e.stdout, "%d dead-lettered messages in %d groups", rep.Total, len(rep.Groups))
+	if rep.Malformed > 0 {
+		fmt.Fprintf(e.stdout, " (%d with an unreadable envelope)", rep.Malformed)
+	}
+	fmt.Fprintln(e.stdout)
+	if len(rep.Groups) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tFIRST SEEN\tLAST SEEN\tCONSUMERS\tSOURCES\tERROR")
+	for _, g := range rep.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Count, g.Class, when(g.FirstSeen), when(g.LastSeen),
+			strings.Join(g.Consumers, ","), strings.Join(g.Sources, ","), oneLine(g.Error, 80))
+	}
+	return tw.Flush()
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}
+
+func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error {
+	var (
+		bf          brokerFlags
+		ff          filterFlags
+		db          dbFlags
+		dryRun      bool
+		force       bool
+		asJSON      bool
+		rate        float64
+		retention   string
+		destination string
+	)
+	fs := c.flagSet()
+	bf.register(fs)
+	ff.register(fs)
+	db.register(fs)
+	fs.BoolVar(&dryRun, "dry-run", false, "classify every selected message against the dedup table; consume nothing")
+	fs.BoolVar(&force, "force", false, "also replay messages beyond the --retention horizon")
+	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	fs.Float64Var(&rate, "rate", 0, "republish at most this many messages per second (0: no limit)")
+	fs.StringVar(&retention, "retention", "", "the dedup table's retention window (e.g. 72h or 7d); older messages need --force")
+	fs.StringVar(&destination, "destination", "", "republish to this queue or topic instead of each message's original source")
+	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	if err := bf.validate(e); err != nil {
+		return err
+	}
+	filter, err := ff.filter(time.Now())
+	if err != nil {
+		return err
+	}
+	if rate < 0 {
+		return usagef("--rate %g: must not be negative", rate)
+	}
+	var keep time.Duration
+	if retention != "" {
+		if keep, err = parseAge(retention); err != nil || keep <= 0 {
+			return usagef("--retention %q: want a positive duration such as 72h or 7d", retention)
+		}
+	} else if !asJSON {
+		fmt.Fprintln(e.stderr, "idemq: no --retention given: the replay-horizon guard is off")
+	}
+	store, dbConn, err := db.openStore(ctx, e, 0)
+	if err != nil {
+		return err
+	}
+	defer closeConn(dbConn)
+	conn, err := bf.open(ctx, !dryRun)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	prog := newProgress(e.stderr)
+
+	if dryRun {
+		cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: conn.browser, Store: store, Consumer: ff.consumer,
+			Filter: filter, Limit: ff.limit, Retention: keep,
+			Progress: func(c dlq.Classification) { prog.update("classified %d (scanned %d)", len(c.Items), c.Scanned) }})
+		prog.done()
+		if err != nil {
+			return hint(err, store)
+		}
+		if asJSON {
+			enc := json.NewEncoder(e.stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(cl)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 2, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "MESSAGE ID\tCONSUMER\tCLASS\tVERDICT\tAPPLIED AT\tBEYOND HORIZON")
+		for _, it := range cl.Items {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", orDash(it.Record.MessageID), it.Record.Consumer, it.Record.Class,
+				it.Verdict, when(it.AppliedAt), it.BeyondHorizon)
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(e.stdout, "\ndry run: scanned %d, selected %d: %d will apply, %d already applied, %d fingerprint mismatch, %d missing id; %d beyond the retention horizon. Nothing was consumed.\n",
+			cl.Scanned, len(cl.Items), cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.MissingID, cl.BeyondHorizon)
+		return nil
+	}
+
+	res, err := dlq.Requeue(ctx, dlq.RequeueConfig{Browser: conn.browser, Publish: conn.publish, Destination: destination,
+		Store: store, Consumer: ff.consumer, Filter: filter, Limit: ff.limit, Rate: rate, Retention: keep, Force: force,
+		Progress: func(r dlq.RequeueResult) {
+			prog.update("scanned %d · republished %d · skipped %d · mismatched %d", r.Scanned, r.Republished, r.Skipped, r.Mismatched)
+		}})
+	prog.done()
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(res); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprintf(e.stdout, "replay: scanned %d; republished %d (the consumer applies them once); skipped %d already applied; left %d fingerprint mismatches and %d beyond the retention horizon in the DLQ",
+			res.Scanned, res.Republished, res.Skipped, res.Mismatched, res.BeyondHorizon)
+		if res.Malformed > 0 {
+			fmt.Fprintf(e.stdout, "; %d with an unreadable envelope", res.Malformed)
+		}
+		fmt.Fprintln(e.stdout)
+	}
+	if err != nil {
+		return hint(err, store)
+	}
+	if res.BeyondHorizon > 0 && !force {
+		fmt.Fprintf(e.stderr, "idemq: %d messages are older than --retention %s and were left in place; replay them with --force once you are sure their dedup rows were not purged\n", res.BeyondHorizon, retention)
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// progress draws one updating status line on a terminal, and nothing
+// otherwise.
+type progress struct {
+	w    io.Writer
+	tty  bool
+	last time.Time
+	used bool
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progress) update(format string, args ...any) {
+	if !p.tty || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	p.used = true
+	fmt.Fprintf(p.w, "\r\033[K"+format, args...)
+}
+
+func (p *progress) done() {
+	if p.used {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

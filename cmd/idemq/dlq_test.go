@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+)
+
+// rmqQueues declares a fresh work queue and DLQ, deleted at cleanup.
+func rmqQueues(t *testing.T) (work, dead string) {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	work = "idemq-cli-test-" + hex.EncodeToString(b[:])
+	dead = work + ".dlq"
+	conn, err := amqp.Dial(rabbitmq.DefaultURL)
+	if err != nil {
+		t.Fatalf("RabbitMQ at %s: %v", rabbitmq.DefaultURL, err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{work, dead} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range []string{work, dead} {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+		_ = conn.Close()
+	})
+	return work, dead
+}
+
+func rmqDepth(t *testing.T, q string) int {
+	t.Helper()
+	conn, err := amqp.Dial(rabbitmq.DefaultURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Messages
+}
+
+func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, dbArgs := migrated(t)
+	work, dead := rmqQueues(t)
+
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		return pub.Publish(ctx, "", dead, m)
+	}, dlq.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Five dead letters: three permanent, one timeout, and one whose id
+	// was in fact applied.
+	for i := 0; i < 5; i++ {
+		id := fmt.Sprintf("m-%d", i)
+		class, reason := consumer.ClassPermanent, "unknown account"
+		if i == 3 {
+			class, reason = consumer.ClassTimeout, "handler timed out"
+		}
+		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
+		err := dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: body, Source: work, Partition: -1, Offset: -1},
+			consumer.Failure{Consumer: "billing", MessageID: id, Class: class, Err: errors.New(reason), Attempts: 1,
+				FirstFailure: time.Now(), LastFailure: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := (&consumer.Message{Body: []byte(`{"n":4}`)}).Fingerprint()
+	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: -1, Offset: -1})
+
+	r := idemq(t, "dlq", "inspect", "--queue", dead)
+	want(t, r, 0, "5 dead-lettered messages in 2 groups", "")
+	want(t, r, 0, "unknown account", "")
+	r = idemq(t, "dlq", "inspect", "--queue", dead, "--json", "--class", "timeout")
+	var rep dlq.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Total != 1 || rep.Groups[0].Class != consumer.ClassTimeout {
+		t.Fatalf("inspect --json: %v %+v\n%s", err, rep, r.stdout)
+	}
+	if n := rmqDepth(t, dead); n != 5 {
+		t.Fatalf("inspect consumed messages: DLQ depth %d", n)
+	}
+
+	r = idemq(t, append([]string{"dlq", "replay", "--queue", dead, "--dry-run", "--retention", "72h"}, dbArgs...)...)
+	want(t, r, 0, "4 will apply, 1 already applied, 0 fingerprint mismatch", "")
+	if n := rmqDepth(t, dead); n != 5 {
+		t.Fatalf("dry run consumed messages: DLQ depth %d", n)
+	}
+
+	r = idemq(t, append([]string{"dlq", "replay", "--queue", dead, "--class", "permanent", "--retention", "72h"}, dbArgs...)...)
+	want(t, r, 0, "republished 3", "")
+	want(t, r, 0, "skipped 1 already applied", "")
+	if w, d := rmqDepth(t, work), rmqDepth(t, dead); w != 3 || d != 1 {
+		t.Fatalf("after replay: work queue %d (want 3), DLQ %d (want the timeout one)", w, d)
+	}
+
+	want(t, idemq(t, "dlq", "replay", "--queue", dead, "--class", "bogus"), 2, "", "not an error class")
+	want(t, idemq(t, "dlq", "inspect"), 2, "", "--queue is required")
+	want(t, idemq(t, "dlq", "inspect", "--broker", "sqs", "--queue", "x"), 2, "", "want rabbitmq or kafka")
+}
