@@ -1,0 +1,282 @@
+package kafka
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// KeyMode chooses the consumer.Message.Key a Source gives its messages, and
+// so which messages the runtime handles one at a time, in order.
+type KeyMode int
+
+const (
+	// KeyPartition, the default, keys every message "topic/partition":
+	// the runtime handles one message of a partition at a time, in offset
+	// order, and different partitions concurrently. This is Kafka's own
+	// ordering guarantee.
+	KeyPartition KeyMode = iota
+	// KeyRecord keys a message "topic/partition/<record key>": records
+	// with different keys in one partition are handled concurrently, and
+	// records with the same key stay in order. Records without a key
+	// share one key per partition. Offsets are still committed only up to
+	// the highest contiguous handled offset, so a slow key holds back the
+	// commit point of its partition (never past an unhandled record).
+	KeyRecord
+)
+
+// String returns "partition" or "record".
+func (m KeyMode) String() string {
+	switch m {
+	case KeyPartition:
+		return "partition"
+	case KeyRecord:
+		return "record"
+	default:
+		return fmt.Sprintf("KeyMode(%d)", int(m))
+	}
+}
+
+// Defaults for Config and PublisherConfig.
+const (
+	DefaultIDHeader          = "idempotency-key"
+	DefaultCommitInterval    = time.Second
+	DefaultMaxInFlight       = 256
+	DefaultDrainTimeout      = 5 * time.Second
+	DefaultSessionTimeout    = 30 * time.Second
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultRebalanceTimeout  = 30 * time.Second
+	DefaultJoinGroupBackoff  = time.Second
+	DefaultFetchMaxWait      = 500 * time.Millisecond
+	DefaultFetchMaxBytes     = 10 << 20
+	DefaultBatchTimeout      = time.Millisecond
+	DefaultWriteTimeout      = 10 * time.Second
+)
+
+// Config configures a Source. The zero value of every optional field selects
+// the documented default.
+type Config struct {
+	// Brokers are the bootstrap brokers' host:port addresses. Required.
+	Brokers []string
+	// Topic is the topic to consume. Required.
+	Topic string
+	// GroupID is the Kafka consumer group. Members of one group split the
+	// topic's partitions and share committed offsets. Required.
+	GroupID string
+
+	// IDHeader is the record header holding the message id. A producer
+	// that sets it (Publisher does, from Message.ID) gets its own retries
+	// and duplicates deduplicated. Defaults to "idempotency-key".
+	IDHeader string
+	// DisableFallbackID turns off the fallback id. By default a record
+	// without the IDHeader header gets the id "topic/partition/offset"
+	// (see FallbackID). That id deduplicates redeliveries of the same
+	// record, after a rebalance or a crash, but NOT duplicates made by a
+	// producer: a producer retry is a new record at a new offset, so it
+	// gets a new id and is applied again. With the fallback disabled such
+	// a record's Message.ID is empty, and the runtime dead-letters it as
+	// consumer.ClassMissingID.
+	DisableFallbackID bool
+	// KeyMode chooses what the runtime handles in order. Defaults to
+	// KeyPartition.
+	KeyMode KeyMode
+
+	// CommitInterval is how often the highest contiguous acked offset of
+	// each partition is committed. Offsets are also committed when a
+	// rebalance takes the partitions away and on Close. A crash loses at
+	// most an interval's worth of commits; those records are re-read and
+	// deduplicated. Defaults to 1s.
+	CommitInterval time.Duration
+	// MaxInFlight is the number of records of one partition that may be
+	// handed out and not yet committable (acked, with every earlier record
+	// acked too). Fetching from the partition pauses at the limit.
+	// Defaults to 256.
+	MaxInFlight int
+	// DrainTimeout is how long, when a rebalance ends this member's
+	// generation, the Source waits for messages already handed out to be
+	// acked before it commits and lets the group move on. Messages still
+	// unsettled then are abandoned: their acks return
+	// consumer.ErrDeliveryStale and the partition's next owner re-reads
+	// them. It must be less than RebalanceTimeout. Defaults to 5s.
+	DrainTimeout time.Duration
+	// StartOffset is where to start reading a partition that has no
+	// committed offset: kafka-go's FirstOffset or LastOffset. Defaults to
+	// FirstOffset.
+	StartOffset int64
+
+	// SessionTimeout is the group session timeout: a member not heard from
+	// for this long is removed from the group. Defaults to 30s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the time between heartbeats; it must be less
+	// than SessionTimeout. Defaults to 3s.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin during a rebalance. Defaults to 30s.
+	RebalanceTimeout time.Duration
+	// JoinGroupBackoff is the wait before rejoining the group after an
+	// error. Defaults to 1s.
+	JoinGroupBackoff time.Duration
+	// FetchMaxWait is how long a fetch waits on the broker for new
+	// records. Defaults to 500ms.
+	FetchMaxWait time.Duration
+	// FetchMaxBytes bounds one fetch response per partition. Defaults to
+	// 10 MiB.
+	FetchMaxBytes int
+
+	// Dialer opens broker connections, for TLS or SASL. Defaults to
+	// kafka-go's DefaultDialer.
+	Dialer *kafkago.Dialer
+	// Logger receives the Source's logs and, at debug level, kafka-go's.
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.IDHeader == "" {
+		c.IDHeader = DefaultIDHeader
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.StartOffset == 0 {
+		c.StartOffset = kafkago.FirstOffset
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.JoinGroupBackoff == 0 {
+		c.JoinGroupBackoff = DefaultJoinGroupBackoff
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = DefaultFetchMaxWait
+	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = DefaultFetchMaxBytes
+	}
+	if c.Dialer == nil {
+		c.Dialer = kafkago.DefaultDialer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func bad(field, format string, args ...any) error {
+	return &consumer.ConfigError{Field: "kafka." + field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks a Config that already has its defaults.
+func (c Config) validate() error {
+	if err := validBrokers(c.Brokers); err != nil {
+		return err
+	}
+	switch {
+	case c.Topic == "":
+		return bad("Topic", "required")
+	case c.GroupID == "":
+		return bad("GroupID", "required")
+	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
+		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
+	case c.CommitInterval < 0:
+		return bad("CommitInterval", "negative")
+	case c.MaxInFlight < 0:
+		return bad("MaxInFlight", "%d, must be positive", c.MaxInFlight)
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout", "negative")
+	case c.StartOffset != kafkago.FirstOffset && c.StartOffset != kafkago.LastOffset:
+		return bad("StartOffset", "%d, must be kafka.FirstOffset or kafka.LastOffset", c.StartOffset)
+	case c.SessionTimeout < 0 || c.HeartbeatInterval < 0 || c.RebalanceTimeout < 0 || c.JoinGroupBackoff < 0:
+		return bad("SessionTimeout", "negative group timeout")
+	case c.HeartbeatInterval >= c.SessionTimeout:
+		return bad("HeartbeatInterval", "%s is not less than SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
+	case c.DrainTimeout >= c.RebalanceTimeout:
+		return bad("DrainTimeout", "%s is not less than RebalanceTimeout %s", c.DrainTimeout, c.RebalanceTimeout)
+	case c.FetchMaxWait < 0:
+		return bad("FetchMaxWait", "negative")
+	case c.FetchMaxBytes < 0:
+		return bad("FetchMaxBytes", "negative")
+	}
+	return nil
+}
+
+func validBrokers(brokers []string) error {
+	if len(brokers) == 0 {
+		return bad("Brokers", "required")
+	}
+	for i, b := range brokers {
+		if b == "" {
+			return bad(fmt.Sprintf("Brokers[%d]", i), "empty")
+		}
+	}
+	return nil
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Brokers are the bootstrap brokers' host:port addresses. Required.
+	Brokers []string
+	// IDHeader is the record header Message.ID is written to. Use the same
+	// name as the consuming Source's Config.IDHeader. Defaults to
+	// "idempotency-key".
+	IDHeader string
+	// BatchTimeout is how long a write waits for more messages to fill a
+	// batch. Publish is synchronous, so this adds to its latency.
+	// Defaults to 1ms.
+	BatchTimeout time.Duration
+	// WriteTimeout bounds each produce request. Defaults to 10s.
+	WriteTimeout time.Duration
+	// AllowAutoTopicCreation lets writes to a missing topic create it,
+	// where the broker allows that. Defaults to false.
+	AllowAutoTopicCreation bool
+	// Transport carries the requests, for TLS or SASL. Defaults to a
+	// transport owned, and closed, by the Publisher.
+	Transport *kafkago.Transport
+	// Logger receives kafka-go's logs at debug level. Defaults to a
+	// logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c PublisherConfig) withDefaults() PublisherConfig {
+	if c.IDHeader == "" {
+		c.IDHeader = DefaultIDHeader
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = DefaultBatchTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c PublisherConfig) validate() error {
+	if err := validBrokers(c.Brokers); err != nil {
+		return err
+	}
+	switch {
+	case c.BatchTimeout < 0:
+		return bad("BatchTimeout", "negative")
+	case c.WriteTimeout < 0:
+		return bad("WriteTimeout", "negative")
+	}
+	return nil
+}

@@ -1,0 +1,50 @@
+// Package kafka connects idemq to Kafka with segmentio/kafka-go: a Source
+// that consumes a topic as a member of a consumer group, and a Publisher.
+//
+// # Delivery and commits
+//
+// The Source reads every assigned partition in offset order and never
+// commits an offset before the record's effect is durable: the runtime acks
+// a message only after its transaction (or its dead-letter copy) committed,
+// and the Source commits, per partition, only the highest offset below which
+// every record is acked. Commits are batched every Config.CommitInterval and
+// made when a rebalance ends a generation and on Close. A crash or a failed
+// commit therefore only causes records to be read again, and the runtime's
+// dedup store absorbs them.
+//
+// By default messages are keyed "topic/partition", so the runtime handles
+// each partition in order and different partitions concurrently;
+// KeyRecord keys them "topic/partition/<record key>" so that different
+// record keys of one partition run concurrently too.
+//
+// # Rebalances
+//
+// The Source drives kafka-go's ConsumerGroup itself instead of using its
+// group Reader, which hides assignments. When a rebalance ends a generation,
+// the Source stops handing out that generation's records, waits up to
+// Config.DrainTimeout for the messages in flight, commits what they allow,
+// and from then on never commits for those partitions again: acks that come
+// later return consumer.ErrDeliveryStale and the partition's new owner
+// re-reads the records, which dedup absorbs.
+//
+// # Message ids
+//
+// The dedup id comes from a record header, "idempotency-key" by default
+// (Config.IDHeader); Publisher writes Message.ID there. A producer that sets
+// it gets its retries and duplicates deduplicated too.
+//
+// Without the header the id falls back to "topic/partition/offset"
+// (FallbackID). That id deduplicates redeliveries of the same record, after
+// a crash or a rebalance, but NOT duplicates made by producers: a producer
+// retry is a new record at a new offset, with a new id, and its effect is
+// applied again. Set the header in producers whenever duplicates matter, or
+// set Config.DisableFallbackID so that records without it are dead-lettered
+// as consumer.ClassMissingID instead.
+//
+// # Nack
+//
+// Kafka cannot requeue a single record: a nacked record is handed out again
+// by the Source itself, flagged Redelivered, and its offset stays
+// uncommitted until it is acked. A record read again by a new consumer after
+// a restart or rebalance is not flagged.
+package kafka

@@ -1,0 +1,92 @@
+package kafka_test
+
+import (
+	"context"
+	"log"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// A consumer that applies each order once, whatever Kafka redelivers. Failed
+// messages go to a dead-letter topic before their offsets are committed.
+func ExampleNewSource() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := processed.New(pool, processed.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	src, err := kafka.NewSource(kafka.Config{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topic:   "orders",
+		GroupID: "order-service",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	dlq, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dlq.Close()
+
+	rt, err := consumer.New(consumer.Config{
+		Name:   "order-service",
+		Source: src, // the runtime closes it
+		DB:     pool,
+		Store:  store,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, "INSERT INTO orders (id, body) VALUES ($1, $2)", m.ID, m.Body)
+			return err
+		},
+		DeadLetterer: consumer.DeadLettererFunc(func(ctx context.Context, m *consumer.Message, f consumer.Failure) error {
+			c := m.Clone()
+			if c.Headers == nil {
+				c.Headers = map[string]string{}
+			}
+			c.Headers["x-failure-class"] = string(f.Class)
+			return dlq.Publish(ctx, "orders.dlq", c)
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := rt.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Publishing with an idempotency key: the consumer applies the order once
+// even if this publish is retried.
+func ExamplePublisher_Publish() {
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	err = pub.Publish(context.Background(), "orders", &consumer.Message{
+		ID:   "order-1042",  // written to the "idempotency-key" header
+		Key:  "customer-17", // orders of one customer stay in one partition
+		Body: []byte(`{"id":1042,"total":"9.90"}`),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}

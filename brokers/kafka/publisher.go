@@ -1,0 +1,135 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/idemq/idemq/consumer"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// ErrPublisherClosed is returned (wrapped) by Publish after Close.
+var ErrPublisherClosed = errors.New("kafka: publisher closed")
+
+// Publisher writes consumer.Messages to Kafka topics, for dead-letter topics,
+// examples, benchmarks and tests. Each Publish is synchronous and waits for
+// every in-sync replica to acknowledge the write (acks=all). A Publisher is
+// safe for concurrent use. Create one with NewPublisher.
+type Publisher struct {
+	cfg       PublisherConfig
+	w         *kafkago.Writer
+	transport *kafkago.Transport
+	owned     bool // the Publisher made transport and closes it
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+// NewPublisher validates cfg and returns a Publisher. It does not connect
+// until the first Publish.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := &Publisher{cfg: cfg, transport: cfg.Transport}
+	if p.transport == nil {
+		p.transport = &kafkago.Transport{}
+		p.owned = true
+	}
+	p.w = &kafkago.Writer{
+		Addr:                   kafkago.TCP(cfg.Brokers...),
+		Balancer:               &kafkago.Murmur2Balancer{},
+		RequiredAcks:           kafkago.RequireAll,
+		Async:                  false,
+		BatchTimeout:           cfg.BatchTimeout,
+		WriteTimeout:           cfg.WriteTimeout,
+		AllowAutoTopicCreation: cfg.AllowAutoTopicCreation,
+		Transport:              p.transport,
+		Logger:                 kafkaLogger(cfg.Logger, slog.LevelDebug),
+		ErrorLogger:            kafkaLogger(cfg.Logger, slog.LevelWarn),
+	}
+	return p, nil
+}
+
+// Publish writes msgs to topic and returns once every one of them is
+// acknowledged by all in-sync replicas, or with an error. Message.ID goes to
+// the IDHeader header (replacing a header of that name in Headers),
+// Headers to record headers, Key to the record key (records with the same
+// key go to the same partition, by the Java client's murmur2 hash), Body to
+// the value and Timestamp, if set, to the record timestamp. Other fields are
+// ignored. On error some messages may have been written.
+func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer.Message) error {
+	if topic == "" {
+		return errors.New("kafka: publish: empty topic")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	records := make([]kafkago.Message, len(msgs))
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("kafka: publish: message %d is nil", i)
+		}
+		records[i] = p.record(topic, m)
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return fmt.Errorf("kafka: publish to %q: %w", topic, ErrPublisherClosed)
+	}
+	if err := p.w.WriteMessages(ctx, records...); err != nil {
+		if errors.Is(err, io.ErrClosedPipe) {
+			err = ErrPublisherClosed
+		}
+		return fmt.Errorf("kafka: publish %d messages to %q: %w", len(msgs), topic, err)
+	}
+	return nil
+}
+
+func (p *Publisher) record(topic string, m *consumer.Message) kafkago.Message {
+	r := kafkago.Message{Topic: topic, Value: m.Body, Time: m.Timestamp}
+	if m.Key != "" {
+		r.Key = []byte(m.Key)
+	}
+	names := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		if m.ID != "" && k == p.cfg.IDHeader {
+			continue
+		}
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		r.Headers = append(r.Headers, kafkago.Header{Key: k, Value: []byte(m.Headers[k])})
+	}
+	if m.ID != "" {
+		r.Headers = append(r.Headers, kafkago.Header{Key: p.cfg.IDHeader, Value: []byte(m.ID)})
+	}
+	return r
+}
+
+// Close waits for Publish calls in progress, then releases the connections.
+// Close is idempotent; Publish after Close returns an error wrapping
+// ErrPublisherClosed.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	err := p.w.Close()
+	if p.owned {
+		p.transport.CloseIdleConnections()
+	}
+	if err != nil {
+		return fmt.Errorf("kafka: close publisher: %w", err)
+	}
+	return nil
+}

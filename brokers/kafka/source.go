@@ -1,0 +1,665 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// FallbackID is the id a record without the id header gets (unless
+// Config.DisableFallbackID is set): "topic/partition/offset". It identifies
+// the record, so it deduplicates redeliveries of that record; a producer
+// duplicate is a different record with a different id.
+func FallbackID(topic string, partition int, offset int64) string {
+	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// Source consumes a Kafka topic as a member of a consumer group and
+// implements consumer.Source.
+//
+// It uses kafka-go's ConsumerGroup directly rather than its group Reader, so
+// that it knows each generation's partition assignment: it reads each
+// assigned partition with its own Reader, commits through the generation
+// that owns the partition, and never commits for a partition once a
+// rebalance has taken it away. Offsets are committed only up to the highest
+// contiguous acked offset of each partition, every Config.CommitInterval,
+// when a generation ends and on Close: never past a record that is still
+// being handled.
+//
+// A Source is safe for concurrent use. Create one with NewSource.
+type Source struct {
+	cfg Config
+	log *slog.Logger
+	cg  *kafkago.ConsumerGroup
+
+	out    chan *entry   // fetched records, from the partition readers to Receive
+	redo   chan struct{} // signalled when requeued is appended to
+	closed chan struct{}
+
+	mu       sync.Mutex
+	requeued []*entry    // nacked records to hand out again, oldest first
+	current  *generation // the generation in progress, or nil
+
+	closeOnce sync.Once
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// entry states.
+const (
+	stateQueued    = iota // fetched or requeued, not handed out
+	stateOut              // handed out by Receive, not yet settled
+	stateAcked            // acked: committable once every earlier entry is
+	stateAbandoned        // the generation ended before it was acked
+)
+
+// entry is one fetched record of a partition. Its state is guarded by the
+// generation's mutex.
+type entry struct {
+	p      *partition
+	offset int64
+	msg    *consumer.Message
+	state  int
+}
+
+// partition is one assigned partition within one generation. Its fields are
+// guarded by the generation's mutex.
+type partition struct {
+	g     *generation
+	topic string
+	id    int
+	start int64 // offset to start reading at
+	// pending holds the partition's handed-out entries in offset order,
+	// from the first one that is not yet acked.
+	pending   []*entry
+	commitTo  int64 // offset to commit: one past the highest contiguous acked, or -1
+	committed int64 // last offset committed, or -1
+	slots     chan struct{}
+}
+
+// generation is one consumer group generation: this member's assignment
+// until the next rebalance.
+type generation struct {
+	s   *Source
+	gen *kafkago.Generation
+
+	mu        sync.Mutex
+	parts     []*partition
+	handedOut int  // entries in stateOut
+	ending    bool // the generation ended: hand nothing more out
+	over      bool // the final commit is made: acks are stale
+	settled   chan struct{}
+}
+
+// NewSource validates cfg and starts joining the consumer group in the
+// background. It does not wait for the brokers: connection and group errors
+// are logged and retried.
+func NewSource(cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
+		ID:                cfg.GroupID,
+		Brokers:           cfg.Brokers,
+		Dialer:            cfg.Dialer,
+		Topics:            []string{cfg.Topic},
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		SessionTimeout:    cfg.SessionTimeout,
+		RebalanceTimeout:  cfg.RebalanceTimeout,
+		JoinGroupBackoff:  cfg.JoinGroupBackoff,
+		StartOffset:       cfg.StartOffset,
+		Logger:            kafkaLogger(cfg.Logger, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(cfg.Logger, slog.LevelWarn),
+	})
+	if err != nil {
+		return nil, &consumer.ConfigError{Field: "kafka.Config", Reason: err.Error()}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Source{
+		cfg:    cfg,
+		log:    cfg.Logger.With("topic", cfg.Topic, "group", cfg.GroupID),
+		cg:     cg,
+		out:    make(chan *entry),
+		redo:   make(chan struct{}, 1),
+		closed: make(chan struct{}),
+		cancel: cancel,
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(ctx)
+	}()
+	return s, nil
+}
+
+// run takes the group's generations one after another until the group is
+// closed.
+func (s *Source) run(ctx context.Context) {
+	for {
+		gen, err := s.cg.Next(ctx)
+		switch {
+		case ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed):
+			return
+		case err != nil:
+			s.log.Warn("kafka: joining consumer group failed; retrying", "error", err)
+			continue
+		}
+		s.startGeneration(gen)
+	}
+}
+
+// startGeneration starts a reader per assigned partition and the commit
+// loop, all bound to the generation: kafka-go waits for them before joining
+// the next one.
+func (s *Source) startGeneration(gen *kafkago.Generation) {
+	g := &generation{s: s, gen: gen, settled: make(chan struct{}, 1)}
+	for topic, assigned := range gen.Assignments {
+		for _, a := range assigned {
+			g.parts = append(g.parts, &partition{
+				g:         g,
+				topic:     topic,
+				id:        a.ID,
+				start:     a.Offset,
+				commitTo:  -1,
+				committed: -1,
+				slots:     make(chan struct{}, s.cfg.MaxInFlight),
+			})
+		}
+	}
+	s.mu.Lock()
+	s.current = g
+	s.mu.Unlock()
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("kafka: generation started", "generation", gen.ID, "member", gen.MemberID, "assignments", assignmentString(gen))
+	}
+	s.start(gen, g.commitLoop)
+	for _, p := range g.parts {
+		s.start(gen, p.fetch)
+	}
+}
+
+// start runs fn bound to gen, and tracked by the Source's WaitGroup: kafka-go
+// does not track functions started on a generation that already ended.
+func (s *Source) start(gen *kafkago.Generation, fn func(context.Context)) {
+	s.wg.Add(1)
+	gen.Start(func(ctx context.Context) {
+		defer s.wg.Done()
+		fn(ctx)
+	})
+}
+
+// fetch reads the partition from its start offset and offers each record to
+// Receive, until the generation ends.
+func (p *partition) fetch(ctx context.Context) {
+	g, s := p.g, p.g.s
+	if ctx.Err() != nil {
+		return
+	}
+	log := s.log.With("partition", p.id, "generation", g.gen.ID)
+	rcfg := kafkago.ReaderConfig{
+		Brokers:     s.cfg.Brokers,
+		Topic:       p.topic,
+		Partition:   p.id,
+		Dialer:      s.cfg.Dialer,
+		MinBytes:    1,
+		MaxBytes:    s.cfg.FetchMaxBytes,
+		MaxWait:     s.cfg.FetchMaxWait,
+		Logger:      kafkaLogger(s.cfg.Logger, slog.LevelDebug),
+		ErrorLogger: kafkaLogger(s.cfg.Logger, slog.LevelWarn),
+	}
+	if err := rcfg.Validate(); err != nil {
+		// Unreachable with a validated Config; without a reader the
+		// partition is not read this generation, and nothing is lost.
+		log.Error("kafka: invalid reader config", "error", err)
+		<-ctx.Done()
+		return
+	}
+	r := kafkago.NewReader(rcfg)
+	defer func() { _ = r.Close() }()
+	if err := r.SetOffset(p.start); err != nil {
+		log.Error("kafka: set start offset", "offset", p.start, "error", err)
+		<-ctx.Done()
+		return
+	}
+	failures := 0
+	for {
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			<-p.slots
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
+			log.Warn("kafka: fetch failed; retrying", "error", err, "wait", wait)
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		failures = 0
+		e := &entry{p: p, offset: m.Offset, msg: s.message(m, g.gen)}
+		g.mu.Lock()
+		p.pending = append(p.pending, e)
+		g.mu.Unlock()
+		select {
+		case s.out <- e:
+		case <-ctx.Done():
+			g.mu.Lock()
+			e.state = stateAbandoned
+			g.mu.Unlock()
+			return
+		}
+	}
+}
+
+// message converts a kafka-go message.
+func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
+	headers := make(map[string]string, len(m.Headers))
+	for _, h := range m.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	id := headers[s.cfg.IDHeader]
+	if id == "" && !s.cfg.DisableFallbackID {
+		id = FallbackID(m.Topic, m.Partition, m.Offset)
+	}
+	key := m.Topic + "/" + strconv.Itoa(m.Partition)
+	if s.cfg.KeyMode == KeyRecord {
+		key += "/" + string(m.Key)
+	}
+	return &consumer.Message{
+		ID:        id,
+		Key:       key,
+		Body:      m.Value,
+		Headers:   headers,
+		Source:    m.Topic,
+		Partition: int32(m.Partition),
+		Offset:    m.Offset,
+		Timestamp: m.Time,
+		Metadata: map[string]string{
+			"kafka.topic":      m.Topic,
+			"kafka.partition":  strconv.Itoa(m.Partition),
+			"kafka.offset":     strconv.FormatInt(m.Offset, 10),
+			"kafka.key":        string(m.Key),
+			"kafka.group":      gen.GroupID,
+			"kafka.generation": strconv.Itoa(int(gen.ID)),
+			"kafka.member":     gen.MemberID,
+		},
+	}
+}
+
+// Assigned returns the partitions of Config.Topic assigned to this member
+// in the current generation, in ascending order, and true; or nil and false
+// while the member is joining the group or rebalancing. It is meant for
+// readiness checks and tests: the assignment can change at any moment.
+func (s *Source) Assigned() ([]int, bool) {
+	s.mu.Lock()
+	g := s.current
+	s.mu.Unlock()
+	if g == nil {
+		return nil, false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ending {
+		return nil, false
+	}
+	ids := make([]int, 0, len(g.parts))
+	for _, p := range g.parts {
+		ids = append(ids, p.id)
+	}
+	slices.Sort(ids)
+	return ids, true
+}
+
+// Receive returns the next record: a requeued one if any, else the next
+// fetched one. Records of partitions this member no longer owns are
+// dropped, not returned: their next owner reads them. Receive returns an
+// error wrapping consumer.ErrSourceClosed once the Source is closed, and
+// ctx's error when ctx is done.
+func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
+	for {
+		select {
+		case <-s.closed:
+			return nil, fmt.Errorf("kafka: receive: %w", consumer.ErrSourceClosed)
+		default:
+		}
+		s.mu.Lock()
+		if len(s.requeued) > 0 {
+			e := s.requeued[0]
+			s.requeued[0] = nil
+			s.requeued = s.requeued[1:]
+			s.mu.Unlock()
+			if d := e.handOut(); d != nil {
+				return d, nil
+			}
+			continue
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.closed:
+			return nil, fmt.Errorf("kafka: receive: %w", consumer.ErrSourceClosed)
+		case <-s.redo:
+		case e := <-s.out:
+			if d := e.handOut(); d != nil {
+				return d, nil
+			}
+		}
+	}
+}
+
+// handOut marks e handed out and returns its delivery, or abandons it and
+// returns nil if its generation has ended.
+func (e *entry) handOut() *delivery {
+	g := e.p.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ending || e.state != stateQueued {
+		if e.state == stateQueued {
+			e.state = stateAbandoned
+		}
+		return nil
+	}
+	e.state = stateOut
+	g.handedOut++
+	return &delivery{e: e, msg: e.msg}
+}
+
+// AckBatch acks every delivery in ds, which this Source delivered; it
+// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// are committed in batches anyway, so this is only a convenience. The
+// returned error joins each delivery's Ack error.
+func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
+	var errs []error
+	for _, d := range ds {
+		kd, ok := d.(*delivery)
+		if !ok || kd.e.p.g.s != s {
+			errs = append(errs, fmt.Errorf("kafka: ack batch: %T was not delivered by this source", d))
+			continue
+		}
+		if err := kd.Ack(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var _ consumer.BatchAcker = (*Source)(nil)
+
+// requeue puts e back in the Source's queue, as a redelivery.
+func (s *Source) requeue(e *entry) {
+	s.mu.Lock()
+	s.requeued = append(s.requeued, e)
+	s.mu.Unlock()
+	select {
+	case s.redo <- struct{}{}:
+	default:
+	}
+}
+
+// Close commits the highest contiguous acked offset of every partition this
+// member owns, leaves the consumer group and stops every goroutine of the
+// Source. Records handed out and not acked are not committed: the group
+// reads them again. Acks after Close return an error wrapping
+// consumer.ErrSourceClosed. Close is idempotent and returns nil.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		// Closing the group ends the current generation: its commit loop
+		// makes the final commit, and its readers stop.
+		_ = s.cg.Close()
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+func (s *Source) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// commitLoop commits every CommitInterval until the generation ends, then
+// drains (on a rebalance), makes the final commit and marks the generation
+// over.
+func (g *generation) commitLoop(ctx context.Context) {
+	s := g.s
+	t := time.NewTicker(s.cfg.CommitInterval)
+	defer t.Stop()
+loop:
+	for {
+		select {
+		case <-t.C:
+			g.commit()
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	g.mu.Lock()
+	g.ending = true
+	g.mu.Unlock()
+	s.mu.Lock()
+	if s.current == g {
+		s.current = nil
+	}
+	s.mu.Unlock()
+	if !s.isClosed() {
+		g.drain(s.cfg.DrainTimeout)
+	}
+	g.mu.Lock()
+	g.over = true
+	g.mu.Unlock()
+	g.commit()
+	s.log.Debug("kafka: generation ended", "generation", g.gen.ID)
+}
+
+// drain waits up to timeout for every handed-out entry to be settled.
+func (g *generation) drain(timeout time.Duration) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		g.mu.Lock()
+		n := g.handedOut
+		g.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-g.settled:
+		case <-g.s.closed:
+			return
+		case <-timer.C:
+			g.s.log.Info("kafka: rebalance: abandoning unsettled messages; their next owner re-reads them", "generation", g.gen.ID, "unsettled", n)
+			return
+		}
+	}
+}
+
+// commit commits each partition's highest contiguous acked offset, if it
+// moved. A failed commit is logged and retried at the next tick; the records
+// it covers are re-read after a crash or rebalance, and deduplicated.
+func (g *generation) commit() {
+	offsets := map[string]map[int]int64{}
+	g.mu.Lock()
+	for _, p := range g.parts {
+		if p.commitTo > p.committed {
+			if offsets[p.topic] == nil {
+				offsets[p.topic] = map[int]int64{}
+			}
+			offsets[p.topic][p.id] = p.commitTo
+		}
+	}
+	g.mu.Unlock()
+	if len(offsets) == 0 {
+		return
+	}
+	if err := g.gen.CommitOffsets(offsets); err != nil {
+		g.s.log.Warn("kafka: offset commit failed; will retry", "generation", g.gen.ID, "error", err)
+		return
+	}
+	g.mu.Lock()
+	for _, p := range g.parts {
+		if off, ok := offsets[p.topic][p.id]; ok && off > p.committed {
+			p.committed = off
+		}
+	}
+	g.mu.Unlock()
+}
+
+// signal wakes drain.
+func (g *generation) signal() {
+	select {
+	case g.settled <- struct{}{}:
+	default:
+	}
+}
+
+// delivery is one hand-out of an entry.
+type delivery struct {
+	e       *entry
+	msg     *consumer.Message
+	settled bool // guarded by the generation's mutex
+}
+
+// Message returns the delivered message.
+func (d *delivery) Message() *consumer.Message { return d.msg }
+
+// Ack marks the record handled. Its offset is committed with the next
+// commit once every earlier record of its partition is acked too.
+//
+// Ack returns an error wrapping consumer.ErrDeliveryStale if the delivery
+// was already settled, or if a rebalance took the partition away and its
+// offsets can no longer be committed by this member (the next owner re-reads
+// the record and the runtime's dedup absorbs it), and one wrapping
+// consumer.ErrSourceClosed if the Source was closed first.
+func (d *delivery) Ack(ctx context.Context) error {
+	e := d.e
+	g := e.p.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := d.settleLocked(); err != nil {
+		return err
+	}
+	e.state = stateAcked
+	p := e.p
+	n := 0
+	for n < len(p.pending) && p.pending[n].state == stateAcked {
+		p.commitTo = p.pending[n].offset + 1
+		p.pending[n] = nil
+		n++
+	}
+	if n > 0 {
+		p.pending = p.pending[n:]
+		for range n {
+			<-p.slots
+		}
+	}
+	return nil
+}
+
+// Nack gives the record back. Kafka cannot requeue a single record, so the
+// Source hands it out again itself, with Message.Redelivered set, and its
+// offset stays uncommitted until it is acked. Without requeue the same
+// happens: dropping a record would lose it, and the runtime dead-letters
+// through its DeadLetterer and then acks instead. If a rebalance already
+// took the partition away, the record is left to its next owner and Nack
+// returns nil.
+//
+// Nack returns an error wrapping consumer.ErrDeliveryStale if the delivery
+// was already settled, and one wrapping consumer.ErrSourceClosed if the
+// Source was closed first.
+func (d *delivery) Nack(ctx context.Context, requeue bool) error {
+	e := d.e
+	g := e.p.g
+	g.mu.Lock()
+	if err := d.settleLocked(); err != nil {
+		g.mu.Unlock()
+		if errors.Is(err, errRevoked) {
+			return nil // the next owner re-reads it
+		}
+		return err
+	}
+	if g.ending {
+		e.state = stateAbandoned
+		g.mu.Unlock()
+		return nil
+	}
+	e.state = stateQueued
+	e.msg = e.msg.Clone()
+	e.msg.Redelivered = true
+	e.msg.Attempt = 0
+	g.mu.Unlock()
+	g.s.requeue(e)
+	return nil
+}
+
+// errRevoked is wrapped, with consumer.ErrDeliveryStale, by acks of a
+// partition that a rebalance took away.
+var errRevoked = errors.New("partition revoked by a rebalance; its next owner re-reads the record")
+
+// settleLocked marks d settled, or returns why it cannot be. The caller
+// holds the generation's mutex and sets the entry's new state.
+func (d *delivery) settleLocked() error {
+	g := d.e.p.g
+	if d.settled {
+		return fmt.Errorf("kafka: %w: already acked or nacked", consumer.ErrDeliveryStale)
+	}
+	d.settled = true
+	g.handedOut--
+	g.signal()
+	if g.over {
+		d.e.state = stateAbandoned
+		if g.s.isClosed() {
+			return fmt.Errorf("kafka: %w", consumer.ErrSourceClosed)
+		}
+		return fmt.Errorf("kafka: %w: %w", consumer.ErrDeliveryStale, errRevoked)
+	}
+	return nil
+}
+
+// assignmentString renders a generation's assignment for logs.
+func assignmentString(gen *kafkago.Generation) string {
+	var b []byte
+	for topic, parts := range gen.Assignments {
+		for _, p := range parts {
+			if len(b) > 0 {
+				b = append(b, ' ')
+			}
+			b = fmt.Appendf(b, "%s/%d@%d", topic, p.ID, p.Offset)
+		}
+	}
+	return string(b)
+}
+
+// kafkaLogger adapts l to kafka-go's Logger at the given level.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafkago.Logger {
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...))
+		}
+	})
+}
