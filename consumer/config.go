@@ -56,6 +56,9 @@ type Config struct {
 	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
 	// limit.
 	MaxBodyBytes int
+	// MaxIDBytes is the longest usable message id; a longer one is
+	// dead-lettered as ClassMissingID. Defaults to 512.
+	MaxIDBytes int
 	// HandlerTimeout bounds each handler attempt. Defaults to 0: no
 	// timeout.
 	HandlerTimeout time.Duration
@@ -103,6 +106,7 @@ type RetryConfig struct {
 const (
 	DefaultConcurrency     = 8
 	DefaultMaxBodyBytes    = 1 << 20
+	DefaultMaxIDBytes      = 512
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultJanitorInterval = 10 * time.Minute
 	DefaultMaxAttempts     = 5
@@ -131,6 +135,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchWait == 0 {
 		c.BatchWait = DefaultBatchWait
+	}
+	if c.MaxIDBytes == 0 {
+		c.MaxIDBytes = DefaultMaxIDBytes
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -200,6 +207,8 @@ func (c Config) validate() error {
 		return bad("Concurrency", "%d, must be at least 1", c.Concurrency)
 	case c.MaxBodyBytes < -1:
 		return bad("MaxBodyBytes", "%d, must be positive, or -1 for no limit", c.MaxBodyBytes)
+	case c.MaxIDBytes < 1:
+		return bad("MaxIDBytes", "%d, must be positive", c.MaxIDBytes)
 	case c.HandlerTimeout < 0:
 		return bad("HandlerTimeout", "negative")
 	case c.ShutdownTimeout < 0:

@@ -18,7 +18,8 @@ const (
 	ClassPermanent FailureClass = "permanent"
 	// ClassPanic: the handler panicked. Panics are not retried.
 	ClassPanic FailureClass = "panic"
-	// ClassMissingID: no message id could be extracted.
+	// ClassMissingID: no usable message id: none could be extracted, it
+	// was empty, or it was longer than Config.MaxIDBytes.
 	ClassMissingID FailureClass = "missing-id"
 	// ClassFingerprintMismatch: the id was applied before with a
 	// different payload.

@@ -296,8 +296,13 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 		return it, false
 	}
 	id, err := r.cfg.MessageID(msg)
-	if err == nil && id == "" {
+	switch {
+	case err != nil:
+	case id == "":
 		err = errors.New("message has no id")
+	case len(id) > r.cfg.MaxIDBytes:
+		err = fmt.Errorf("message id is %d bytes, over the %d-byte limit", len(id), r.cfg.MaxIDBytes)
+		id = ""
 	}
 	if err != nil {
 		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})

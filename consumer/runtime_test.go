@@ -236,14 +236,14 @@ func TestBadInputDeadLettered(t *testing.T) {
 	r := start(t, cfg)
 	waitFor(t, "original applied", func() bool { return r.rt.Stats().Applied == 1 })
 
-	b.publish(msg("x", "tampered"), msg("", "no id"), msg("big", strings.Repeat("z", 17)))
-	waitFor(t, "bad input dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 3 && b.settled() })
+	b.publish(msg("x", "tampered"), msg("", "no id"), msg("big", strings.Repeat("z", 17)), msg(strings.Repeat("i", 513), "long id"))
+	waitFor(t, "bad input dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 4 && b.settled() })
 	if handled.Load() != 1 {
 		t.Fatalf("handler ran %d times; bad input must never reach it", handled.Load())
 	}
 	classes := map[consumer.FailureClass]string{}
 	for _, e := range b.dlq.list() {
-		classes[e.f.Class] = e.f.Err.Error()
+		classes[e.f.Class] += e.f.Err.Error() + ";"
 		if e.f.Attempts != 0 {
 			t.Errorf("%s: attempts %d, want 0", e.f.Class, e.f.Attempts)
 		}
@@ -252,6 +252,9 @@ func TestBadInputDeadLettered(t *testing.T) {
 		if classes[want] == "" {
 			t.Errorf("no dead letter of class %s (got %v)", want, classes)
 		}
+	}
+	if !strings.Contains(classes[consumer.ClassMissingID], "over the 512-byte limit") {
+		t.Errorf("long id reason unclear: %q", classes[consumer.ClassMissingID])
 	}
 	if !strings.Contains(classes[consumer.ClassFingerprintMismatch], "different payload") {
 		t.Errorf("mismatch reason unclear: %q", classes[consumer.ClassFingerprintMismatch])
