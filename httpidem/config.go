@@ -1,0 +1,184 @@
+package httpidem
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Mode says what happens to a request without an idempotency key.
+type Mode int
+
+const (
+	// Strict rejects a request without a key with 400 Bad Request.
+	Strict Mode = iota
+	// Lax passes it through: the handler runs once per request, still in
+	// a transaction it gets from Tx, but nothing is stored.
+	Lax
+)
+
+// Defaults for Config.
+const (
+	DefaultSchema           = "public"
+	DefaultTable            = "idempotency_keys"
+	DefaultHeader           = "Idempotency-Key"
+	DefaultLockTimeout      = time.Minute
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 1 << 20
+	DefaultPurgeBatchSize   = 1000
+	// MaxKeyLen is the longest idempotency key accepted, in bytes.
+	MaxKeyLen = 255
+	// MaxIdentifierLen is the longest Schema or Table accepted, in bytes.
+	MaxIdentifierLen = 48
+)
+
+// ReplayedHeader is set to "true" on a response replayed from the store.
+const ReplayedHeader = "Idempotent-Replayed"
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Config configures a Middleware. The zero value of every optional field
+// selects a documented default.
+type Config struct {
+	// DB is the database: the claims table lives there, and the handler's
+	// transaction is begun on it. Required; typically a *pgxpool.Pool.
+	DB DB
+	// Schema holds the table, a plain identifier (letters, digits and
+	// underscores, not starting with a digit, at most MaxIdentifierLen
+	// bytes). Migrate creates it if it is missing. Defaults to "public".
+	Schema string
+	// Table is the table's name, with the same rules as Schema;
+	// Table+"_migrations" tracks migrations. Defaults to
+	// "idempotency_keys".
+	Table string
+
+	// Mode says what to do with a request that has no key. Defaults to
+	// Strict.
+	Mode Mode
+	// Header is the request header carrying the key. Defaults to
+	// "Idempotency-Key".
+	Header string
+	// Scope returns the key's scope, such as the tenant or the API
+	// client, from an authenticated request: the same key in two scopes
+	// names two operations. Defaults to one scope, "", for everyone; set
+	// it whenever clients are not trusted to pick unique keys.
+	Scope func(*http.Request) string
+	// Methods are the methods the middleware covers; other requests pass
+	// straight through, with no transaction. Defaults to POST, PUT, PATCH
+	// and DELETE.
+	Methods []string
+
+	// IgnoreFields are JSON fields dropped from the body before it is
+	// fingerprinted, such as a client timestamp that changes on every
+	// retry. A name is a top-level field ("sent_at") or a dotted path into
+	// nested objects ("meta.request_time"). Defaults to none.
+	IgnoreFields []string
+	// Canonicalize, if set, replaces the default canonicalization of the
+	// body (see CanonicalJSON) before fingerprinting.
+	Canonicalize func(r *http.Request, body []byte) ([]byte, error)
+
+	// LockTimeout is how long a claim stays locked without its request
+	// finishing. A request that crashed mid-way leaves its claim behind;
+	// after LockTimeout a retry with the same fingerprint takes it over.
+	// A request still running holds a row lock on its claim, so it is
+	// never taken over, however long it runs. Defaults to 1m.
+	LockTimeout time.Duration
+	// ReplayHeaders are the response headers stored and replayed with the
+	// status and body. Defaults to Content-Type and Location.
+	ReplayHeaders []string
+	// Cacheable reports whether a response with status is stored (and its
+	// transaction committed). Otherwise the transaction rolls back and the
+	// claim is released so the client can retry. Defaults to status < 500.
+	Cacheable func(status int) bool
+	// MaxBodyBytes is the largest request body accepted; larger requests
+	// get 413. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes is the largest response body stored; a larger
+	// response rolls back and becomes a 500. Defaults to 1 MiB.
+	MaxResponseBytes int
+	// PurgeBatchSize is the number of rows Purge deletes per statement.
+	// Defaults to 1000.
+	PurgeBatchSize int
+	// Logger receives the middleware's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.Header == "" {
+		c.Header = DefaultHeader
+	}
+	if c.Scope == nil {
+		c.Scope = func(*http.Request) string { return "" }
+	}
+	if c.Methods == nil {
+		c.Methods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = DefaultLockTimeout
+	}
+	if c.ReplayHeaders == nil {
+		c.ReplayHeaders = []string{"Content-Type", "Location"}
+	}
+	if c.Cacheable == nil {
+		c.Cacheable = func(status int) bool { return status < 500 }
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.PurgeBatchSize == 0 {
+		c.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
+		switch {
+		case len(f.v) > MaxIdentifierLen:
+			return configError(f.name, "%d bytes, more than %d", len(f.v), MaxIdentifierLen)
+		case !identRE.MatchString(f.v):
+			return configError(f.name, "%q is not a plain identifier (letters, digits and underscores, not starting with a digit)", f.v)
+		}
+	}
+	switch {
+	case c.DB == nil:
+		return configError("DB", "required")
+	case c.Mode != Strict && c.Mode != Lax:
+		return configError("Mode", "%d is neither Strict nor Lax", c.Mode)
+	case c.LockTimeout < time.Millisecond:
+		return configError("LockTimeout", "%s, must be at least 1ms", c.LockTimeout)
+	case c.MaxBodyBytes < 0:
+		return configError("MaxBodyBytes", "negative")
+	case c.MaxResponseBytes < 0:
+		return configError("MaxResponseBytes", "negative")
+	case c.PurgeBatchSize < 1:
+		return configError("PurgeBatchSize", "%d, must be positive", c.PurgeBatchSize)
+	}
+	for _, f := range c.IgnoreFields {
+		if f == "" {
+			return configError("IgnoreFields", "empty field name")
+		}
+	}
+	return nil
+}
+
+func configError(field, format string, args ...any) error {
+	return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}

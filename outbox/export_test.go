@@ -1,0 +1,13 @@
+package outbox
+
+import "context"
+
+// SetAfterPublish installs a hook run after each successful Publish and
+// before the rows are marked sent; an error aborts the batch like a crash.
+func SetAfterPublish(r *Relay, f func(ctx context.Context) error) { r.afterPublish = f }
+
+// Delay exposes BackoffConfig.delay after defaults.
+func Delay(b BackoffConfig, attempts int) (BackoffConfig, int64) {
+	b = RelayConfig{Backoff: b}.withDefaults().Backoff
+	return b, int64(b.delay(attempts))
+}

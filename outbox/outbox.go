@@ -1,0 +1,279 @@
+// Package outbox is a transactional outbox for idemq: messages a handler (or
+// any code holding a pgx transaction) wants to publish are written to a
+// Postgres table in that same transaction, so the business change and the
+// outgoing messages commit together or not at all. A [Relay] then delivers
+// the committed rows to a broker with confirmed publishes and marks them sent.
+//
+//	// In a consumer.Handler, or any transaction:
+//	err := ob.Enqueue(ctx, tx, outbox.Message{
+//		Destination: "payments.captured",
+//		ID:          keys.ChildKey(msg.ID, "payment-captured-event/v1"),
+//		Body:        body,
+//	})
+//
+// # Delivery guarantees
+//
+// Delivery is at least once. The relay locks due rows with
+// SELECT ... FOR UPDATE SKIP LOCKED in a transaction, publishes them, marks
+// them sent in the same transaction and commits. Several relays can run at
+// once: a locked row is skipped by the others, so in normal operation no row
+// is published twice. If a relay dies after the broker confirmed a publish
+// but before its commit, the row is still pending and a relay publishes it
+// again. That duplicate carries the same message id, so give every outgoing
+// message a stable id, derived with keys.ChildKey from the id of the
+// operation that produced it, and let the consumers downstream (idemq
+// consumers) deduplicate it.
+//
+// A failed publish is recorded on the row (attempts, last_error) and retried
+// after an exponential backoff; rows keep being retried, at most every
+// BackoffConfig.MaxInterval, until they are sent. Order is not guaranteed:
+// a failed message is overtaken by later ones, and relays run concurrently.
+//
+// # Retention and metrics
+//
+// Sent rows stay in the table until [Outbox.Purge] (or a relay with
+// RelayConfig.Retention) deletes them. [Outbox.Stats] reads the pending and
+// failing counts, for a gauge; [Relay.Stats] and the Hook* interfaces count
+// what a relay published and what failed.
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// DB is what an Outbox needs from a database handle. *pgxpool.Pool and
+// *pgx.Conn satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Sentinel errors. Compare with errors.Is.
+var (
+	// ErrConflict: a message with the same destination and id is already in
+	// the outbox with a different key or body. Enqueueing the same message
+	// twice is not an error.
+	ErrConflict = errors.New("outbox: message id already enqueued with a different payload")
+	// ErrNotMigrated is wrapped by errors caused by the outbox table (or its
+	// schema) not existing: run Outbox.Migrate.
+	ErrNotMigrated = errors.New("outbox: table does not exist (run migrations)")
+)
+
+// Message is one outgoing message.
+type Message struct {
+	// Destination is the queue or topic the relay publishes to; it is
+	// passed to RelayConfig.Publish. Required.
+	Destination string
+	// ID is the message id consumers deduplicate on. Required. Derive it
+	// with keys.ChildKey from the id of the operation that produces the
+	// message, so that a retried operation produces the same id.
+	ID string
+	// Key is the ordering or partition key, if any.
+	Key string
+	// Headers are application headers.
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
+}
+
+// Outbox is an outbox table. It is safe for concurrent use; create it with
+// New.
+type Outbox struct {
+	db     DB
+	cfg    Config
+	qTable string
+	sql    struct {
+		insert, existing, cutoff, purge, stats, claim, sent, failed string
+	}
+}
+
+// New returns the outbox in the table cfg names. It does not touch the
+// database; call Migrate to create the table.
+func New(db DB, cfg Config) (*Outbox, error) {
+	if db == nil {
+		return nil, &consumer.ConfigError{Field: "db", Reason: "required"}
+	}
+	return newOutbox(db, cfg)
+}
+
+func newOutbox(db DB, cfg Config) (*Outbox, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	o := &Outbox{db: db, cfg: cfg, qTable: pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()}
+	t := o.qTable
+	o.sql.insert = `INSERT INTO ` + t + ` (destination, message_id, key, headers, body)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (destination, message_id) DO NOTHING`
+	o.sql.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
+	o.sql.cutoff = `SELECT now() - $1::bigint * interval '1 microsecond'`
+	o.sql.purge = `DELETE FROM ` + t + ` WHERE seq IN (
+	SELECT seq FROM ` + t + `
+	WHERE sent_at < $1
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED)`
+	o.sql.stats = `SELECT
+	count(*) FILTER (WHERE sent_at IS NULL),
+	count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0),
+	min(created_at) FILTER (WHERE sent_at IS NULL),
+	count(*) FILTER (WHERE sent_at IS NOT NULL)
+FROM ` + t
+	o.sql.claim = `SELECT seq, destination, message_id, key, headers, body, created_at, attempts
+FROM ` + t + `
+WHERE sent_at IS NULL AND next_attempt_at <= now()
+ORDER BY next_attempt_at, seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+	o.sql.sent = `UPDATE ` + t + ` SET sent_at = now(), attempts = attempts + 1 WHERE seq = ANY($1)`
+	o.sql.failed = `UPDATE ` + t + ` AS o
+SET attempts = o.attempts + 1, last_error = $2,
+    next_attempt_at = now() + d.delay * interval '1 microsecond'
+FROM unnest($1::bigint[], $3::bigint[]) AS d(seq, delay)
+WHERE o.seq = d.seq`
+	return o, nil
+}
+
+// defaultOutbox is public.outbox, used by the package-level Enqueue.
+var defaultOutbox, _ = newOutbox(nil, Config{})
+
+// Schema returns the schema holding the table.
+func (o *Outbox) Schema() string { return o.cfg.Schema }
+
+// Table returns the table's name, without its schema.
+func (o *Outbox) Table() string { return o.cfg.Table }
+
+// String returns "schema.table", unquoted, for messages.
+func (o *Outbox) String() string { return o.cfg.Schema + "." + o.cfg.Table }
+
+// Enqueue writes msg to the default outbox table, public.outbox, in tx. See
+// Outbox.Enqueue.
+func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
+	return defaultOutbox.Enqueue(ctx, tx, msg)
+}
+
+// Enqueue writes msg to the outbox in tx, the caller's transaction: the
+// message is relayed only if tx commits, and is lost with everything else in
+// tx if it rolls back. Enqueue never commits or rolls back tx.
+//
+// Enqueueing a message whose destination and id are already in the outbox
+// (even sent, until it is purged) does nothing if its key and body are the
+// same, and returns an error wrapping ErrConflict if they differ.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
+	switch {
+	case tx == nil:
+		return errors.New("outbox: enqueue: nil transaction")
+	case msg.Destination == "":
+		return fmt.Errorf("outbox: enqueue %q: empty destination", msg.ID)
+	case msg.ID == "":
+		return fmt.Errorf("outbox: enqueue to %q: empty message id", msg.Destination)
+	}
+	headers := msg.Headers
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	body := msg.Body
+	if body == nil {
+		body = []byte{}
+	}
+	tag, err := tx.Exec(ctx, o.sql.insert, msg.Destination, msg.ID, msg.Key, headers, body)
+	if err != nil {
+		return o.wrap("enqueue", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var (
+		key  string
+		prev []byte
+	)
+	if err := tx.QueryRow(ctx, o.sql.existing, msg.Destination, msg.ID).Scan(&key, &prev); err != nil {
+		return o.wrap("enqueue: read existing", err)
+	}
+	if key != msg.Key || !bytes.Equal(prev, body) {
+		return fmt.Errorf("%w: destination %q, id %q", ErrConflict, msg.Destination, msg.ID)
+	}
+	return nil
+}
+
+// Purge deletes the rows sent more than olderThan ago (by the database's
+// clock) and returns how many it deleted. Pending rows are never purged. It
+// deletes in batches of Config.PurgeBatchSize rows, each its own statement,
+// and stops when a batch deletes fewer rows than that, or when ctx is done.
+//
+// Once a row is purged, enqueueing its destination and id again enqueues a
+// new message: keep sent rows at least as long as the operations that
+// produce them may be retried.
+func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("outbox: purge: olderThan is %s, must be positive", olderThan)
+	}
+	var cutoff time.Time
+	if err := o.db.QueryRow(ctx, o.sql.cutoff, olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, o.wrap("purge: cutoff", err)
+	}
+	var total int64
+	n := o.cfg.PurgeBatchSize
+	for {
+		tag, err := o.db.Exec(ctx, o.sql.purge, cutoff, n)
+		if err != nil {
+			return total, o.wrap("purge", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(n) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("outbox: purge: %w", err)
+		}
+	}
+}
+
+// Stats is a snapshot of the outbox table.
+type Stats struct {
+	// Pending counts rows not yet sent: the backlog gauge.
+	Pending int64
+	// Failing counts pending rows whose last publish failed.
+	Failing int64
+	// OldestPending is when the oldest pending row was enqueued; zero if
+	// none is pending. Now minus it is the relay's lag.
+	OldestPending time.Time
+	// Sent counts sent rows not yet purged.
+	Sent int64
+}
+
+// Stats reads a snapshot of the table. It scans the table, so call it from
+// a metrics scrape or an operator's tool, not a hot path.
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
+	var (
+		s      Stats
+		oldest *time.Time
+	)
+	if err := o.db.QueryRow(ctx, o.sql.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent); err != nil {
+		return Stats{}, o.wrap("stats", err)
+	}
+	if oldest != nil {
+		s.OldestPending = *oldest
+	}
+	return s, nil
+}
+
+// wrap adds context to a database error and translates a missing table or
+// schema into ErrNotMigrated.
+func (o *Outbox) wrap(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, ErrNotMigrated, err)
+	}
+	return fmt.Errorf("outbox: %s on %s: %w", op, o, err)
+}
