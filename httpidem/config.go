@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // Mode says what happens to a request without an idempotency key.
@@ -33,13 +33,11 @@ const (
 	// MaxKeyLen is the longest idempotency key accepted, in bytes.
 	MaxKeyLen = 255
 	// MaxIdentifierLen is the longest Schema or Table accepted, in bytes.
-	MaxIdentifierLen = 48
+	MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 )
 
 // ReplayedHeader is set to "true" on a response replayed from the store.
 const ReplayedHeader = "Idempotent-Replayed"
-
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Config configures a Middleware. The zero value of every optional field
 // selects a documented default.
@@ -149,13 +147,11 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	for _, f := range [...]struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
-		switch {
-		case len(f.v) > MaxIdentifierLen:
-			return configError(f.name, "%d bytes, more than %d", len(f.v), MaxIdentifierLen)
-		case !identRE.MatchString(f.v):
-			return configError(f.name, "%q is not a plain identifier (letters, digits and underscores, not starting with a digit)", f.v)
-		}
+	if err := pgmigrate.ValidIdent("Schema", c.Schema); err != nil {
+		return err
+	}
+	if err := pgmigrate.ValidIdent("Table", c.Table); err != nil {
+		return err
 	}
 	switch {
 	case c.DB == nil:

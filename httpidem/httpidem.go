@@ -58,6 +58,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // DB is what the middleware needs from a database handle. *pgxpool.Pool and
@@ -460,8 +462,7 @@ func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64,
 }
 
 func (m *Middleware) wrap(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+	if pgmigrate.IsUndefined(err) {
 		return fmt.Errorf("httpidem: %s on %s: %w: %w", op, m, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("httpidem: %s on %s: %w", op, m, err)

@@ -4,12 +4,10 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/idemq/idemq/internal/testdb"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// testdb's shared pool lives as long as the test binary.
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
-	)
+	goleak.VerifyTestMain(m, testdb.LeakOptions()...)
 }

@@ -2,9 +2,9 @@ package outbox
 
 import (
 	"fmt"
-	"regexp"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // Defaults for Config.
@@ -17,9 +17,7 @@ const (
 // MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
 // leaves room for the suffixes appended to Table (such as "_migrations")
 // within Postgres's 63-byte identifier limit.
-const MaxIdentifierLen = 48
-
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 
 // Config names the outbox table. The zero value selects public.outbox.
 type Config struct {
@@ -62,15 +60,7 @@ func (c Config) validate() error {
 	return nil
 }
 
-func validIdent(field, s string) error {
-	switch {
-	case len(s) > MaxIdentifierLen:
-		return configError(field, "%d bytes, more than %d", len(s), MaxIdentifierLen)
-	case !identRE.MatchString(s):
-		return configError(field, "%q is not a plain identifier (letters, digits and underscores, not starting with a digit)", s)
-	}
-	return nil
-}
+func validIdent(field, s string) error { return pgmigrate.ValidIdent(field, s) }
 
 func configError(field, format string, args ...any) error {
 	return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}

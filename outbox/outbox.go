@@ -48,6 +48,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // DB is what an Outbox needs from a database handle. *pgxpool.Pool and
@@ -271,8 +272,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 // wrap adds context to a database error and translates a missing table or
 // schema into ErrNotMigrated.
 func (o *Outbox) wrap(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+	if pgmigrate.IsUndefined(err) {
 		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("outbox: %s on %s: %w", op, o, err)

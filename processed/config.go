@@ -2,9 +2,9 @@ package processed
 
 import (
 	"fmt"
-	"regexp"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // Defaults for Config.
@@ -17,9 +17,7 @@ const (
 // MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
 // leaves room for the suffixes the store appends (such as "_migrations")
 // within Postgres's 63-byte identifier limit.
-const MaxIdentifierLen = 48
-
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 
 // Config configures a Store. The zero value selects public.processed_messages.
 type Config struct {
@@ -63,12 +61,4 @@ func (c Config) validate() error {
 	return nil
 }
 
-func validIdent(field, s string) error {
-	switch {
-	case len(s) > MaxIdentifierLen:
-		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%d bytes, more than %d", len(s), MaxIdentifierLen)}
-	case !identRE.MatchString(s):
-		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf("%q is not a plain identifier (letters, digits and underscores, not starting with a digit)", s)}
-	}
-	return nil
-}
+func validIdent(field, s string) error { return pgmigrate.ValidIdent(field, s) }

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
 // DB is what the store needs from a database handle. *pgxpool.Pool and
@@ -88,11 +89,13 @@ VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, message_id) DO NOTHING`
 	s.sql.existing = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	s.sql.cutoff = `SELECT now() - $1::bigint * interval '1 microsecond'`
-	s.sql.purge = `DELETE FROM ` + t + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + t + `
+	// No FOR UPDATE: row locks need the UPDATE privilege, and the
+	// runtime's role needs only SELECT, INSERT and DELETE. A row another
+	// purge is deleting is waited for, then skipped.
+	s.sql.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + `
 	WHERE processed_at < $1
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED)`
+	LIMIT $2))`
 	s.sql.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	s.sql.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
@@ -166,8 +169,8 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 // Purge deletes the rows processed more than olderThan ago (by the database's
 // clock) and returns how many it deleted. It deletes in batches of
 // Config.PurgeBatchSize rows, each its own statement and transaction, so it
-// never holds many locks for long; rows locked by other transactions are
-// skipped. It stops when a batch deletes fewer rows than the batch size, or
+// never holds many locks for long. It needs only the SELECT and DELETE
+// privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan <= 0 {
@@ -248,8 +251,7 @@ func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 // wrap adds context to a database error and translates a missing table or
 // schema into ErrNotMigrated.
 func (s *Store) wrap(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
+	if pgmigrate.IsUndefined(err) {
 		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("processed: %s on %s: %w", op, s, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 )
 
 // DefaultURL is used when neither IDEMQ_TEST_DATABASE_URL nor DATABASE_URL
@@ -86,4 +87,17 @@ func Schema(t testing.TB) string {
 		}
 	})
 	return name
+}
+
+// LeakOptions are the goleak options every package whose tests use Pool
+// needs: the shared pool lives as long as the test binary, so its health
+// checker, and the background reader of a connection draining a cancelled
+// query, may still run when the leak check looks.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
+		goleak.IgnoreAnyFunction("github.com/jackc/puddle/v2.(*Pool[...]).backgroundHealthCheck"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgconn/internal/bgreader.(*BGReader).bgRead"),
+	}
 }
