@@ -41,6 +41,18 @@
 // set Config.DisableFallbackID so that records without it are dead-lettered
 // as consumer.ClassMissingID instead.
 //
+// # Browsing a dead-letter topic
+//
+// Browser reads a topic, typically a dead-letter topic, as it was when it
+// was opened, up to each partition's high watermark, without a consumer
+// group: it implements the dlq.Browser interface used by dlq.Inspect,
+// dlq.Classify, dlq.Replay and dlq.Requeue. A record cannot be deleted from
+// a Kafka log, so acking a browsed record only marks it done. With
+// BrowserConfig.GroupID the Browser commits, on Close, the offsets past the
+// contiguous acked records, and the next pass starts there; without it
+// every pass reads the whole topic again, which is safe for a replay (the
+// dedup store skips what was applied) but rereads everything.
+//
 // # Nack
 //
 // Kafka cannot requeue a single record: a nacked record is handed out again

@@ -271,39 +271,13 @@ func (p *partition) fetch(ctx context.Context) {
 	}
 }
 
-// message converts a kafka-go message.
+// message converts a kafka-go message, noting the generation that read it.
 func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
-	headers := make(map[string]string, len(m.Headers))
-	for _, h := range m.Headers {
-		headers[h.Key] = string(h.Value)
-	}
-	id := headers[s.cfg.IDHeader]
-	if id == "" && !s.cfg.DisableFallbackID {
-		id = FallbackID(m.Topic, m.Partition, m.Offset)
-	}
-	key := m.Topic + "/" + strconv.Itoa(m.Partition)
-	if s.cfg.KeyMode == KeyRecord {
-		key += "/" + string(m.Key)
-	}
-	return &consumer.Message{
-		ID:        id,
-		Key:       key,
-		Body:      m.Value,
-		Headers:   headers,
-		Source:    m.Topic,
-		Partition: int32(m.Partition),
-		Offset:    m.Offset,
-		Timestamp: m.Time,
-		Metadata: map[string]string{
-			"kafka.topic":      m.Topic,
-			"kafka.partition":  strconv.Itoa(m.Partition),
-			"kafka.offset":     strconv.FormatInt(m.Offset, 10),
-			"kafka.key":        string(m.Key),
-			"kafka.group":      gen.GroupID,
-			"kafka.generation": strconv.Itoa(int(gen.ID)),
-			"kafka.member":     gen.MemberID,
-		},
-	}
+	msg := mapper{idHeader: s.cfg.IDHeader, disableFallback: s.cfg.DisableFallbackID, keyMode: s.cfg.KeyMode}.message(m)
+	msg.Metadata["kafka.group"] = gen.GroupID
+	msg.Metadata["kafka.generation"] = strconv.Itoa(int(gen.ID))
+	msg.Metadata["kafka.member"] = gen.MemberID
+	return msg
 }
 
 // Assigned returns the partitions of Config.Topic assigned to this member

@@ -1,0 +1,532 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// DefaultCommitTimeout is BrowserConfig.CommitTimeout's default.
+const DefaultCommitTimeout = 10 * time.Second
+
+// BrowserConfig configures a Browser. The zero value of every optional field
+// selects the documented default. The message mapping fields mean the same as
+// in Config, so a browsed record looks exactly like a consumed one.
+type BrowserConfig struct {
+	// Brokers are the bootstrap brokers' host:port addresses. Required.
+	Brokers []string
+	// Topic is the topic to browse, typically a dead-letter topic.
+	// Required. It must exist.
+	Topic string
+	// GroupID, if set, is a consumer group that remembers the browse's
+	// progress: reading starts at the group's committed offset of each
+	// partition (the earliest offset where it has none), and Close
+	// commits, per partition, the highest offset below which every record
+	// read was acked. Use a group of its own, such as "<topic>.replay":
+	// the commits are those of a simple consumer, which Kafka refuses for
+	// a group with live members. Defaults to none: every pass reads the
+	// topic from its earliest offset and commits nothing.
+	GroupID string
+
+	// IDHeader is the record header holding the message id. Defaults to
+	// "idempotency-key".
+	IDHeader string
+	// DisableFallbackID turns off the "topic/partition/offset" fallback id
+	// of records without the IDHeader header, as in Config. A replay takes
+	// the dedup id from the failure envelope (the x-idemq-message-id
+	// header) anyway, so the fallback id only matters for records without
+	// one.
+	DisableFallbackID bool
+	// KeyMode chooses Message.Key, as in Config. Defaults to
+	// KeyPartition.
+	KeyMode KeyMode
+
+	// FetchMaxWait is how long a fetch waits on the broker for new
+	// records. Defaults to 500ms.
+	FetchMaxWait time.Duration
+	// FetchMaxBytes bounds one fetch response. Defaults to 10 MiB.
+	FetchMaxBytes int
+	// CommitTimeout bounds the offset commit made by Close. Defaults to
+	// 10s.
+	CommitTimeout time.Duration
+
+	// Dialer opens broker connections, for TLS or SASL. Its ClientID,
+	// DialFunc, Timeout, TLS and SASLMechanism also configure the
+	// requests that read offsets and commit. Defaults to kafka-go's
+	// DefaultDialer.
+	Dialer *kafkago.Dialer
+	// Logger receives the Browser's logs and, at debug level, kafka-go's.
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c BrowserConfig) withDefaults() BrowserConfig {
+	if c.IDHeader == "" {
+		c.IDHeader = DefaultIDHeader
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = DefaultFetchMaxWait
+	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = DefaultFetchMaxBytes
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = DefaultCommitTimeout
+	}
+	if c.Dialer == nil {
+		c.Dialer = kafkago.DefaultDialer
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c BrowserConfig) validate() error {
+	if err := validBrokers(c.Brokers); err != nil {
+		return err
+	}
+	switch {
+	case c.Topic == "":
+		return bad("Topic", "required")
+	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
+		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
+	case c.FetchMaxWait < 0:
+		return bad("FetchMaxWait", "negative")
+	case c.FetchMaxBytes < 0:
+		return bad("FetchMaxBytes", "negative")
+	case c.CommitTimeout < 0:
+		return bad("CommitTimeout", "negative")
+	}
+	return nil
+}
+
+// Browser reads a topic as it was when the Browser was opened, without
+// consuming it. It implements the dlq.Browser interface, for inspecting,
+// classifying and replaying a dead-letter topic. Create it with NewBrowser.
+//
+// NewBrowser notes, for every partition, where to start (the group's
+// committed offset if BrowserConfig.GroupID is set, else the earliest
+// offset) and the high watermark. Next then reads the partitions one after
+// the other, each with a plain partition reader (no consumer group), up to
+// that high watermark, and returns an error wrapping io.EOF after that.
+// Records written later, such as those dead-lettered again during a
+// replay, are therefore not read in the same pass.
+//
+// A Kafka log cannot delete a record, so acking a delivery only marks it
+// done. With a GroupID, Close commits for that group, per partition, the
+// offset just past the highest record below which every record read was
+// acked: never past a record that was not acked (nacked, skipped by a
+// filter, or still in flight), so the next pass starts at the first record
+// not known to be done. Without a GroupID nothing is committed and every
+// pass reads the whole topic again. That is safe for a replay, which goes
+// through the dedup store: what was applied is skipped. It only costs the
+// reading.
+//
+// A Browser is safe for concurrent use, though concurrent Next calls are
+// served one at a time.
+type Browser struct {
+	cfg       BrowserConfig
+	log       *slog.Logger
+	mp        mapper
+	client    *kafkago.Client
+	transport *kafkago.Transport
+	parts     []*browsePart // in partition order
+
+	ctx    context.Context // done at Close: interrupts Next
+	cancel context.CancelFunc
+
+	nextMu sync.Mutex      // serialises Next; guards cur and r
+	cur    int             // index in parts of the partition being read
+	r      *kafkago.Reader // reader of parts[cur], or nil
+
+	mu     sync.Mutex // guards closed and the parts' records
+	closed bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// browsePart is one partition of the browsed topic.
+type browsePart struct {
+	id    int
+	start int64 // first offset to read
+	high  int64 // high watermark at open: read offsets below it
+	// recs are the records handed out by Next, in offset order. Guarded
+	// by the Browser's mu.
+	recs []*browsedRecord
+}
+
+// browsedRecord is the settlement state of a record handed out by Next.
+type browsedRecord struct {
+	offset  int64
+	settled bool
+	acked   bool
+}
+
+// NewBrowser validates cfg, then reads the partitions of cfg.Topic, their
+// earliest offsets and high watermarks and, with a GroupID, the group's
+// committed offsets. It fails if the brokers cannot be reached or the topic
+// does not exist.
+func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	transport := &kafkago.Transport{
+		Dial:     cfg.Dialer.DialFunc,
+		ClientID: cfg.Dialer.ClientID,
+		TLS:      cfg.Dialer.TLS,
+		SASL:     cfg.Dialer.SASLMechanism,
+	}
+	if cfg.Dialer.Timeout > 0 {
+		transport.DialTimeout = cfg.Dialer.Timeout
+	}
+	b := &Browser{
+		cfg:       cfg,
+		log:       cfg.Logger.With("topic", cfg.Topic),
+		mp:        mapper{idHeader: cfg.IDHeader, disableFallback: cfg.DisableFallbackID, keyMode: cfg.KeyMode},
+		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
+		transport: transport,
+	}
+	if cfg.GroupID != "" {
+		b.log = b.log.With("group", cfg.GroupID)
+	}
+	if err := b.open(ctx); err != nil {
+		transport.CloseIdleConnections()
+		return nil, fmt.Errorf("kafka: browse topic %q: %w", cfg.Topic, err)
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	if b.log.Enabled(ctx, slog.LevelDebug) {
+		for _, p := range b.parts {
+			b.log.Debug("kafka: browsing partition", "partition", p.id, "start", p.start, "high_watermark", p.high)
+		}
+	}
+	return b, nil
+}
+
+// open reads the topic's partitions and where to read each.
+func (b *Browser) open(ctx context.Context) error {
+	topic := b.cfg.Topic
+	md, err := b.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return fmt.Errorf("read metadata: %w", err)
+	}
+	var ids []int
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return fmt.Errorf("read metadata: %w", t.Error)
+		}
+		for _, p := range t.Partitions {
+			ids = append(ids, p.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return errors.New("read metadata: the topic has no partitions (does it exist?)")
+	}
+	slices.Sort(ids)
+
+	reqs := make([]kafkago.OffsetRequest, 0, 2*len(ids))
+	for _, id := range ids {
+		reqs = append(reqs, kafkago.FirstOffsetOf(id), kafkago.LastOffsetOf(id))
+	}
+	lo, err := b.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return fmt.Errorf("list offsets: %w", err)
+	}
+	byID := map[int]*browsePart{}
+	for _, po := range lo.Topics[topic] {
+		if po.Error != nil {
+			return fmt.Errorf("list offsets of partition %d: %w", po.Partition, po.Error)
+		}
+		byID[po.Partition] = &browsePart{id: po.Partition, start: po.FirstOffset, high: po.LastOffset}
+	}
+	for _, id := range ids {
+		p := byID[id]
+		if p == nil {
+			return fmt.Errorf("list offsets: no answer for partition %d", id)
+		}
+		b.parts = append(b.parts, p)
+	}
+
+	if b.cfg.GroupID == "" {
+		return nil
+	}
+	of, err := b.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: b.cfg.GroupID, Topics: map[string][]int{topic: ids}})
+	if err != nil {
+		return fmt.Errorf("fetch committed offsets of group %q: %w", b.cfg.GroupID, err)
+	}
+	if errors.Is(of.Error, kafkago.GroupIdNotFound) {
+		// Some brokers answer so for a group that never committed.
+		return nil
+	}
+	if of.Error != nil {
+		return fmt.Errorf("fetch committed offsets of group %q: %w", b.cfg.GroupID, of.Error)
+	}
+	for _, c := range of.Topics[topic] {
+		if c.Error != nil {
+			return fmt.Errorf("fetch committed offset of group %q, partition %d: %w", b.cfg.GroupID, c.Partition, c.Error)
+		}
+		if p := byID[c.Partition]; p != nil && c.CommittedOffset > p.start {
+			p.start = min(c.CommittedOffset, p.high)
+		}
+	}
+	return nil
+}
+
+// Depth returns the number of offsets the Browser reads: the sum, over the
+// partitions, of the high watermark minus the start offset at open. It is
+// the number of records Next returns unless some offsets hold no record
+// (compacted away, or transaction markers).
+func (b *Browser) Depth() int64 {
+	var n int64
+	for _, p := range b.parts {
+		n += max(0, p.high-p.start)
+	}
+	return n
+}
+
+// Next returns the next record of the topic, as it was at open. Partitions
+// are read in ascending order, each in offset order. Next returns an error
+// wrapping io.EOF once every partition has been read up to its high
+// watermark at open, and one wrapping consumer.ErrSourceClosed after Close.
+// Fetch errors are retried by the partition reader until ctx is done.
+//
+// The end of a partition is its last record below the high watermark. If
+// the offsets just below it hold no record (transaction markers of a
+// transactional producer; idemq's Publisher writes none), Next waits for
+// the partition's next record, which ends it, or for ctx.
+func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
+	b.nextMu.Lock()
+	defer b.nextMu.Unlock()
+	if b.isClosed() {
+		return nil, b.closedErr()
+	}
+	// Close interrupts a fetch in progress.
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(b.ctx, cancel)
+	defer stop()
+
+	for b.cur < len(b.parts) {
+		p := b.parts[b.cur]
+		if p.start >= p.high {
+			b.cur++
+			continue
+		}
+		if b.r == nil {
+			r, err := b.reader(p)
+			if err != nil {
+				return nil, err
+			}
+			b.r = r
+		}
+		m, err := b.r.FetchMessage(fctx)
+		if err != nil {
+			switch {
+			case b.isClosed():
+				return nil, b.closedErr()
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			}
+			// Not wrapped: io.EOF from a closed reader must not read as
+			// the end of the topic, and kafka-go's errors stay behind
+			// the boundary.
+			return nil, fmt.Errorf("kafka: browse topic %q, partition %d: %s", b.cfg.Topic, p.id, err)
+		}
+		if m.Offset >= p.high {
+			// Written after open: this pass is done with the partition.
+			b.nextPartition()
+			continue
+		}
+		rec := &browsedRecord{offset: m.Offset}
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return nil, b.closedErr()
+		}
+		p.recs = append(p.recs, rec)
+		b.mu.Unlock()
+		if m.Offset >= p.high-1 {
+			b.nextPartition()
+		}
+		msg := b.mp.message(m)
+		if b.cfg.GroupID != "" {
+			msg.Metadata["kafka.group"] = b.cfg.GroupID
+		}
+		return &browsedDelivery{b: b, rec: rec, msg: msg}, nil
+	}
+	return nil, fmt.Errorf("kafka: browse topic %q: every partition read up to its high watermark: %w", b.cfg.Topic, io.EOF)
+}
+
+// reader opens a plain partition reader at p's start offset.
+func (b *Browser) reader(p *browsePart) (*kafkago.Reader, error) {
+	rcfg := kafkago.ReaderConfig{
+		Brokers:     b.cfg.Brokers,
+		Topic:       b.cfg.Topic,
+		Partition:   p.id,
+		Dialer:      b.cfg.Dialer,
+		MinBytes:    1,
+		MaxBytes:    b.cfg.FetchMaxBytes,
+		MaxWait:     b.cfg.FetchMaxWait,
+		Logger:      kafkaLogger(b.cfg.Logger, slog.LevelDebug),
+		ErrorLogger: kafkaLogger(b.cfg.Logger, slog.LevelWarn),
+	}
+	if err := rcfg.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka: browse topic %q, partition %d: %s", b.cfg.Topic, p.id, err)
+	}
+	r := kafkago.NewReader(rcfg)
+	if err := r.SetOffset(p.start); err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("kafka: browse topic %q, partition %d: set offset %d: %s", b.cfg.Topic, p.id, p.start, err)
+	}
+	return r, nil
+}
+
+// nextPartition closes the current reader and moves to the next partition.
+// The caller holds nextMu.
+func (b *Browser) nextPartition() {
+	if b.r != nil {
+		_ = b.r.Close()
+		b.r = nil
+	}
+	b.cur++
+}
+
+// Close stops a Next in progress, releases the reader and, with a GroupID,
+// commits for that group the offset past the highest contiguous acked
+// record of each partition. Acks and nacks after Close return errors
+// wrapping consumer.ErrSourceClosed. Close is idempotent; it returns the
+// commit's error, if any (nothing is lost then: the next pass reads those
+// records again).
+func (b *Browser) Close() error {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		b.mu.Unlock()
+		b.cancel()
+		b.nextMu.Lock()
+		if b.r != nil {
+			_ = b.r.Close()
+			b.r = nil
+		}
+		b.nextMu.Unlock()
+		if b.cfg.GroupID != "" {
+			b.closeErr = b.commit()
+		}
+		b.transport.CloseIdleConnections()
+	})
+	return b.closeErr
+}
+
+// commit commits each partition's highest contiguous acked offset, where it
+// moved.
+func (b *Browser) commit() error {
+	var commits []kafkago.OffsetCommit
+	b.mu.Lock()
+	for _, p := range b.parts {
+		to := int64(-1)
+		for _, r := range p.recs {
+			if !r.acked {
+				break
+			}
+			to = r.offset + 1
+		}
+		if to > p.start {
+			commits = append(commits, kafkago.OffsetCommit{Partition: p.id, Offset: to})
+		}
+	}
+	b.mu.Unlock()
+	if len(commits) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.CommitTimeout)
+	defer cancel()
+	resp, err := b.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		GroupID:      b.cfg.GroupID,
+		GenerationID: -1, // a simple consumer's commit, outside any generation
+		Topics:       map[string][]kafkago.OffsetCommit{b.cfg.Topic: commits},
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: browse topic %q: commit offsets of group %q: %s", b.cfg.Topic, b.cfg.GroupID, err)
+	}
+	var errs []error
+	for _, p := range resp.Topics[b.cfg.Topic] {
+		if p.Error != nil {
+			errs = append(errs, fmt.Errorf("partition %d: %s", p.Partition, p.Error))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("kafka: browse topic %q: commit offsets of group %q (is the group in use by live consumers?): %w", b.cfg.Topic, b.cfg.GroupID, errors.Join(errs...))
+	}
+	if b.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, c := range commits {
+			b.log.Debug("kafka: browse committed", "partition", c.Partition, "offset", c.Offset)
+		}
+	}
+	return nil
+}
+
+func (b *Browser) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+func (b *Browser) closedErr() error {
+	return fmt.Errorf("kafka: browse topic %q: %w", b.cfg.Topic, consumer.ErrSourceClosed)
+}
+
+// browsedDelivery implements consumer.Delivery for a record read by a
+// Browser.
+type browsedDelivery struct {
+	b   *Browser
+	rec *browsedRecord
+	msg *consumer.Message
+}
+
+// Message returns the browsed message.
+func (d *browsedDelivery) Message() *consumer.Message { return d.msg }
+
+// Ack marks the record done: with a GroupID, Close commits past it once
+// every earlier record read from its partition is acked too. It returns an
+// error wrapping consumer.ErrDeliveryStale if the delivery was already
+// settled, and one wrapping consumer.ErrSourceClosed after Close.
+func (d *browsedDelivery) Ack(ctx context.Context) error {
+	return d.settle("ack", true)
+}
+
+// Nack leaves the record where it is, with or without requeue: a Kafka log
+// cannot drop a single record, and nothing is committed at or past it, so
+// the next pass reads it again. It returns the same errors as Ack.
+func (d *browsedDelivery) Nack(ctx context.Context, requeue bool) error {
+	return d.settle("nack", false)
+}
+
+func (d *browsedDelivery) settle(op string, ack bool) error {
+	b := d.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	where := b.cfg.Topic + "/" + strconv.Itoa(int(d.msg.Partition)) + "@" + strconv.FormatInt(d.rec.offset, 10)
+	if d.rec.settled {
+		return fmt.Errorf("kafka: %s browsed record %s: already acked or nacked: %w", op, where, consumer.ErrDeliveryStale)
+	}
+	if b.closed {
+		return fmt.Errorf("kafka: %s browsed record %s: browser closed: %w", op, where, consumer.ErrSourceClosed)
+	}
+	d.rec.settled = true
+	d.rec.acked = ack
+	return nil
+}
