@@ -115,10 +115,10 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		if scope == "" {
 			scope = rec.Consumer
 		}
+		// An envelope without an id is a missing-id dead letter: never
+		// fall back to a broker-made id, which would apply it under an id
+		// no producer gave it.
 		id := rec.MessageID
-		if id == "" {
-			id = msg.ID
-		}
 		if id == "" {
 			it.Verdict = VerdictMissingID
 		} else if it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope, id, msg); err != nil {

@@ -97,8 +97,10 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	// The envelope holds the id the live consumer extracted; prefer it,
 	// so a replay dedupes on exactly the same id.
 	cc.MessageID = func(m *consumer.Message) (string, error) {
-		if id := m.Header(HeaderMessageID); id != "" {
-			return id, nil
+		if _, ok := m.Headers[HeaderErrorClass]; ok {
+			// An empty id in an envelope is a missing-id dead letter:
+			// it stays one, rather than taking a broker-made id.
+			return m.Header(HeaderMessageID), nil
 		}
 		return idFunc(m)
 	}

@@ -48,6 +48,7 @@ type RequeueResult struct {
 	Republished   int64 `json:"republished"`
 	Skipped       int64 `json:"skipped_already_applied"`
 	Mismatched    int64 `json:"mismatched_left"`
+	MissingID     int64 `json:"missing_id_left"`
 	BeyondHorizon int64 `json:"beyond_horizon"`
 	Malformed     int64 `json:"malformed"`
 }
@@ -96,7 +97,13 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			continue
 		}
 		done++
-		if cfg.Store != nil && rec.MessageID != "" {
+		if rec.MessageID == "" {
+			// A missing-id dead letter needs a human to give it an id.
+			res.MissingID++
+			progress()
+			continue
+		}
+		if cfg.Store != nil {
 			scope := cfg.Consumer
 			if scope == "" {
 				scope = rec.Consumer

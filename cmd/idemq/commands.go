@@ -33,6 +33,7 @@ var commands = []*command{
 	processedPurgeCommand,
 	dlqInspectCommand,
 	dlqReplayCommand,
+	statusCommand,
 }
 
 func (c *command) synopsis() string {

@@ -374,8 +374,8 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 			return jerr
 		}
 	} else {
-		fmt.Fprintf(e.stdout, "replay: scanned %d; republished %d (the consumer applies them once); skipped %d already applied; left %d fingerprint mismatches and %d beyond the retention horizon in the DLQ",
-			res.Scanned, res.Republished, res.Skipped, res.Mismatched, res.BeyondHorizon)
+		fmt.Fprintf(e.stdout, "replay: scanned %d; republished %d (the consumer applies them once); skipped %d already applied; left %d fingerprint mismatches, %d without an id and %d beyond the retention horizon in the DLQ",
+			res.Scanned, res.Republished, res.Skipped, res.Mismatched, res.MissingID, res.BeyondHorizon)
 		if res.Malformed > 0 {
 			fmt.Fprintf(e.stdout, "; %d with an unreadable envelope", res.Malformed)
 		}

@@ -11,6 +11,10 @@
 //
 //	go run ./examples/quickstart
 //
+// With -metrics 127.0.0.1:9464 it also serves the runtime's Prometheus
+// metrics at http://127.0.0.1:9464/metrics, and keeps serving them after the
+// summary until interrupted.
+//
 // Postgres comes from DATABASE_URL, defaulting to the local server. The
 // program works in its own schema, idemq_quickstart, which it recreates on
 // every run.
@@ -25,6 +29,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"sort"
@@ -35,9 +41,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	idemqprom "github.com/idemq/idemq/observability/prometheus"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -70,6 +79,7 @@ type options struct {
 	concurrency int
 	seed        uint64
 	verbose     bool
+	metrics     string
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -79,6 +89,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&o.concurrency, "concurrency", 8, "messages handled at once")
 	fs.Uint64Var(&o.seed, "seed", 42, "random seed for the workload")
 	fs.BoolVar(&o.verbose, "v", false, "log the runtime's decisions to stderr")
+	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics on `ADDR` (such as 127.0.0.1:9464) at /metrics while the quickstart runs, until interrupted")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,6 +129,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	classes := &classCounter{m: map[consumer.FailureClass]int{}}
+	hooks := []consumer.Hook{classes}
+	var metrics *metricsServer
+	if o.metrics != "" {
+		if metrics, err = newMetricsServer(o.metrics, "ledger"); err != nil {
+			return err
+		}
+		defer metrics.close()
+		hooks = append(hooks, metrics.hooks)
+		fmt.Fprintf(out, "serving metrics at http://%s/metrics\n", metrics.addr)
+	}
 	rt, err := consumer.New(consumer.Config{
 		Name:         "ledger",
 		Source:       sub,
@@ -129,10 +150,15 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		MaxBodyBytes: 4 << 10,
 		Retry:        consumer.RetryConfig{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger:       logger,
-		Hooks:        []consumer.Hook{classes},
+		Hooks:        hooks,
 	})
 	if err != nil {
 		return err
+	}
+	if metrics != nil {
+		if err := metrics.hooks.RegisterRuntime(rt); err != nil {
+			return err
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -169,7 +195,44 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := <-done; err != nil {
 		return err
 	}
-	return report(ctx, out, pool, rt.Stats(), classes, broker.Ready(dlqQueue), w, elapsed)
+	if err := report(ctx, out, pool, rt.Stats(), classes, broker.Ready(dlqQueue), w, elapsed); err != nil {
+		return err
+	}
+	if metrics != nil {
+		fmt.Fprintf(out, "\nstill serving metrics at http://%s/metrics; press Ctrl-C to stop\n", metrics.addr)
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// metricsServer serves the runtime's Prometheus metrics (-metrics).
+type metricsServer struct {
+	hooks *idemqprom.Metrics
+	addr  string
+	srv   *http.Server
+}
+
+func newMetricsServer(addr, consumerName string) (*metricsServer, error) {
+	reg := prometheus.NewRegistry()
+	hooks, err := idemqprom.New(reg, idemqprom.Options{Consumer: consumerName})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	m := &metricsServer{hooks: hooks, addr: ln.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	go func() { _ = m.srv.Serve(ln) }()
+	return m, nil
+}
+
+func (m *metricsServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = m.srv.Shutdown(ctx)
 }
 
 func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/processed"
+)
+
+var statusCommand = &command{
+	name:    "status",
+	args:    "--consumer <name>",
+	summary: "show a consumer's dedup table, purge backlog, DLQ depth and last applied message",
+	help: `Shows, for one consumer: the number of its rows in the dedup table and the
+age of the oldest, how many of them a purge with --retention would delete,
+the last message it applied, and the depth of its dead-letter queues.
+
+The DLQ depth is read from RabbitMQ with a passive queue declare (ready
+messages; messages being browsed or replayed are not counted) when
+--dlq-queue is given, and from Kafka as the records retained in the topic
+(the sum over partitions of the high minus the low watermark) when
+--dlq-topic is given. A DLQ shared by several consumers is counted whole.
+Every count scans the consumer's rows: it is meant for operators, not for
+frequent polling (use the Prometheus metrics for that).
+
+Exits 1 if the database or a broker cannot be read.
+
+Examples:
+  idemq status --consumer ledger --retention 7d
+  idemq status --consumer ledger --dlq-queue payments.dlq --json
+  idemq status --consumer ledger --kafka-brokers 127.0.0.1:9092 --dlq-topic payments.dlq`,
+	run: runStatus,
+}
+
+// statusTimeout bounds each broker query.
+const statusTimeout = 15 * time.Second
+
+// statusReport is what status prints; it is also the --json form.
+type statusReport struct {
+	Consumer  string    `json:"consumer"`
+	Table     string    `json:"table"`
+	CheckedAt time.Time `json:"checked_at"`
+	// Rows counts the consumer's rows, TableRows every consumer's.
+	Rows      int64 `json:"rows"`
+	TableRows int64 `json:"table_rows"`
+	// OldestProcessedAt is the consumer's oldest row; nil without rows.
+	OldestProcessedAt *time.Time `json:"oldest_processed_at"`
+	OldestAgeSeconds  *float64   `json:"oldest_age_seconds"`
+	// Retention and the purge counts are set only with --retention.
+	Retention          string `json:"retention,omitempty"`
+	RetentionSeconds   *int64 `json:"retention_seconds,omitempty"`
+	PurgeEligible      *int64 `json:"purge_eligible"`
+	PurgeEligibleTable *int64 `json:"purge_eligible_table"`
+	// LastApplied is the consumer's newest row; nil without rows.
+	LastApplied *statusLast `json:"last_applied"`
+	DLQ         []statusDLQ `json:"dlq"`
+}
+
+type statusLast struct {
+	MessageID   string    `json:"message_id"`
+	ProcessedAt time.Time `json:"processed_at"`
+	AgeSeconds  float64   `json:"age_seconds"`
+	Source      string    `json:"source"`
+	Partition   *int32    `json:"partition"`
+	Offset      *int64    `json:"offset"`
+}
+
+type statusDLQ struct {
+	Broker string `json:"broker"`
+	Name   string `json:"name"`
+	// Depth is nil when it could not be read; Error says why.
+	Depth      *int64 `json:"depth"`
+	Partitions int    `json:"partitions,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+func runStatus(ctx context.Context, e *env, c *command, args []string) error {
+	var (
+		db           dbFlags
+		name         string
+		asJSON       bool
+		retention    durationFlag
+		amqpURL      string
+		dlqQueue     string
+		kafkaBrokers string
+		dlqTopic     string
+	)
+	fs := c.flagSet()
+	db.register(fs)
+	fs.StringVar(&name, "consumer", "", "the consumer's name (required)")
+	fs.BoolVar(&asJSON, "json", false, "print the status as JSON")
+	fs.Var(&retention, "retention", "count the rows a purge would delete with this retention: a `duration` such as 72h or 7d")
+	fs.StringVar(&amqpURL, "amqp-url", "", "RabbitMQ URL for --dlq-queue (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
+	fs.StringVar(&dlqQueue, "dlq-queue", "", "RabbitMQ dead-letter queue whose depth to show")
+	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
+	fs.StringVar(&dlqTopic, "dlq-topic", "", "Kafka dead-letter topic whose depth to show")
+	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	if name == "" {
+		return usagef("--consumer is required")
+	}
+	if retention.set && retention.d <= 0 {
+		return usagef("--retention must be positive, got %s", retention.d)
+	}
+	if dlqQueue != "" && amqpURL == "" {
+		if amqpURL = e.getenv("AMQP_URL"); amqpURL == "" {
+			amqpURL = rabbitmq.DefaultURL
+		}
+	}
+	var brokers []string
+	if dlqTopic != "" {
+		if kafkaBrokers == "" {
+			kafkaBrokers = e.getenv("KAFKA_BROKERS")
+		}
+		if brokers = splitList(kafkaBrokers); len(brokers) == 0 {
+			return usagef("--kafka-brokers (or $KAFKA_BROKERS) is required with --dlq-topic")
+		}
+	}
+
+	store, conn, err := db.openStore(ctx, e, 0)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	rep, err := statusFromDB(ctx, conn, store, name, retention)
+	if err != nil {
+		return hint(err, store)
+	}
+
+	var dlqErr error
+	if dlqQueue != "" {
+		d := statusRabbitDepth(ctx, amqpURL, dlqQueue)
+		if d.Error != "" {
+			dlqErr = errors.Join(dlqErr, fmt.Errorf("RabbitMQ queue %q: %s", dlqQueue, d.Error))
+		}
+		rep.DLQ = append(rep.DLQ, d)
+	}
+	if dlqTopic != "" {
+		d := statusKafkaDepth(ctx, brokers, dlqTopic)
+		if d.Error != "" {
+			dlqErr = errors.Join(dlqErr, fmt.Errorf("Kafka topic %q: %s", dlqTopic, d.Error))
+		}
+		rep.DLQ = append(rep.DLQ, d)
+	}
+
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := rep.print(e.stdout); err != nil {
+		return err
+	}
+	if dlqErr != nil {
+		return fmt.Errorf("cannot read the dead-letter queue depth: %w", dlqErr)
+	}
+	return nil
+}
+
+// statusFromDB fills in the dedup table's part of the report. Ages are
+// measured by the database's clock, as Purge measures retention.
+func statusFromDB(ctx context.Context, conn *pgx.Conn, store *processed.Store, name string, retention durationFlag) (*statusReport, error) {
+	rep := &statusReport{Consumer: name, Table: store.String(), DLQ: []statusDLQ{}}
+	st, err := store.Stats(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	all, err := store.Stats(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	rep.Rows, rep.TableRows = st.Rows, all.Rows
+	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&rep.CheckedAt); err != nil {
+		return nil, fmt.Errorf("read the database clock: %w", err)
+	}
+	rep.CheckedAt = rep.CheckedAt.UTC()
+	if !st.Oldest.IsZero() {
+		oldest := st.Oldest.UTC()
+		age := rep.CheckedAt.Sub(oldest).Seconds()
+		rep.OldestProcessedAt, rep.OldestAgeSeconds = &oldest, &age
+	}
+	table := pgx.Identifier{store.Schema(), store.Table()}.Sanitize()
+
+	if retention.set {
+		var mine, total int64
+		err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE consumer = $1), count(*) FROM `+table+`
+WHERE processed_at < now() - $2::bigint * interval '1 microsecond'`, name, retention.d.Microseconds()).Scan(&mine, &total)
+		if err != nil {
+			return nil, fmt.Errorf("processed: count rows to purge on %s: %w", store, err)
+		}
+		secs := int64(retention.d / time.Second)
+		rep.Retention, rep.RetentionSeconds = retention.d.String(), &secs
+		rep.PurgeEligible, rep.PurgeEligibleTable = &mine, &total
+	}
+
+	var last statusLast
+	err = conn.QueryRow(ctx, `SELECT message_id, processed_at, source, partition, "offset" FROM `+table+`
+WHERE consumer = $1 ORDER BY processed_at DESC, message_id DESC LIMIT 1`, name).Scan(
+		&last.MessageID, &last.ProcessedAt, &last.Source, &last.Partition, &last.Offset)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("processed: read the last applied message on %s: %w", store, err)
+	default:
+		last.ProcessedAt = last.ProcessedAt.UTC()
+		last.AgeSeconds = rep.CheckedAt.Sub(last.ProcessedAt).Seconds()
+		rep.LastApplied = &last
+	}
+	return rep, nil
+}
+
+// statusRabbitDepth reads the number of ready messages in queue with a
+// passive declare (which is what opening a Browser does).
+func statusRabbitDepth(ctx context.Context, url, queue string) statusDLQ {
+	d := statusDLQ{Broker: "rabbitmq", Name: queue}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	b, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{URL: url, Queue: queue, ConnectionName: "idemq status", DialTimeout: statusTimeout})
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	depth := int64(b.Depth())
+	d.Depth = &depth
+	if err := b.Close(); err != nil {
+		d.Error = err.Error()
+	}
+	return d
+}
+
+// statusKafkaDepth sums, over topic's partitions, the high watermark minus
+// the low watermark: the records the topic retains.
+func statusKafkaDepth(ctx context.Context, brokers []string, topic string) statusDLQ {
+	d := statusDLQ{Broker: "kafka", Name: topic}
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	transport := &kafkago.Transport{DialTimeout: statusTimeout}
+	defer transport.CloseIdleConnections()
+	client := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: transport, Timeout: statusTimeout}
+	md, err := client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	var reqs []kafkago.OffsetRequest
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			d.Error = t.Error.Error()
+			return d
+		}
+		for _, p := range t.Partitions {
+			reqs = append(reqs, kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
+		}
+	}
+	if len(reqs) == 0 {
+		d.Error = "topic not found"
+		return d
+	}
+	resp, err := client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	var depth int64
+	parts := resp.Topics[topic]
+	for _, p := range parts {
+		if p.Error != nil {
+			d.Error = fmt.Sprintf("partition %d: %v", p.Partition, p.Error)
+			return d
+		}
+		depth += max(p.LastOffset-p.FirstOffset, 0)
+	}
+	if len(parts) != len(reqs)/2 {
+		d.Error = fmt.Sprintf("offsets of %d partitions returned, want %d", len(parts), len(reqs)/2)
+		return d
+	}
+	d.Depth, d.Partitions = &depth, len(parts)
+	return d
+}
+
+// print writes the report as aligned text.
+func (r *statusReport) print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), statusAge(r.CheckedAt.Sub(t)))
+	}
+	fmt.Fprintf(tw, "consumer:\t%s\n", r.Consumer)
+	fmt.Fprintf(tw, "dedup table:\t%s\n", r.Table)
+	fmt.Fprintf(tw, "dedup rows:\t%d (%d in the table, all consumers)\n", r.Rows, r.TableRows)
+	oldest := "-"
+	if r.OldestProcessedAt != nil {
+		oldest = ago(*r.OldestProcessedAt)
+	}
+	fmt.Fprintf(tw, "oldest row:\t%s\n", oldest)
+	if r.PurgeEligible != nil {
+		fmt.Fprintf(tw, "purge eligible:\t%d rows older than %s (%d in the table)\n", *r.PurgeEligible, r.Retention, *r.PurgeEligibleTable)
+	} else {
+		fmt.Fprintf(tw, "purge eligible:\t- (give --retention)\n")
+	}
+	if l := r.LastApplied; l != nil {
+		where := l.Source
+		if l.Partition != nil && l.Offset != nil {
+			where += fmt.Sprintf(" [%d] @%d", *l.Partition, *l.Offset)
+		}
+		if where == "" {
+			where = "-"
+		}
+		fmt.Fprintf(tw, "last applied:\t%s at %s, from %s\n", l.MessageID, ago(l.ProcessedAt), where)
+	} else {
+		fmt.Fprintf(tw, "last applied:\tnone\n")
+	}
+	for _, d := range r.DLQ {
+		var v string
+		switch {
+		case d.Depth == nil:
+			v = "error: " + d.Error
+		case d.Broker == "kafka":
+			v = fmt.Sprintf("%d records in %d partitions", *d.Depth, d.Partitions)
+		default:
+			v = fmt.Sprintf("%d ready messages", *d.Depth)
+		}
+		fmt.Fprintf(tw, "dlq %s:\t%s: %s\n", d.Broker, d.Name, v)
+	}
+	return tw.Flush()
+}
+
+// statusAge renders a duration coarsely: 42s, 3m12s, 5h3m, 12d4h.
+func statusAge(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	days := int64(d / (24 * time.Hour))
+	hours := int64((d % (24 * time.Hour)) / time.Hour)
+	return strconv.FormatInt(days, 10) + "d" + strconv.FormatInt(hours, 10) + "h"
+}

@@ -1,0 +1,53 @@
+package idemqprom_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/consumer"
+	idemqprom "github.com/idemq/idemq/observability/prometheus"
+	"github.com/idemq/idemq/processed"
+)
+
+// Export a consumer's metrics on /metrics.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, _ := processed.New(pool, processed.Config{})
+	broker := memory.NewBroker()
+	sub, _ := broker.Subscribe("payments", memory.SubscribeOptions{})
+
+	reg := prometheus.NewRegistry()
+	metrics, err := idemqprom.New(reg, idemqprom.Options{Consumer: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	rt, err := consumer.New(consumer.Config{
+		Name:         "billing",
+		Source:       sub,
+		DB:           pool,
+		Store:        store,
+		DeadLetterer: broker.DeadLetterer("payments.dlq"),
+		Handler:      func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error { return nil },
+		Hooks:        []consumer.Hook{metrics},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := metrics.RegisterRuntime(rt); err != nil { // in-flight gauge
+		log.Fatal(err)
+	}
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	go func() { _ = http.ListenAndServe("127.0.0.1:9464", nil) }()
+	_ = rt.Run(ctx)
+}
