@@ -136,7 +136,9 @@ type batchResult struct {
 	failed   int  // index of the message whose handler failed; -1 if unknown
 	conflict bool // the failure was a serialization failure or deadlock
 	claims   []ClaimResult
-	dur      time.Duration
+	dur      time.Duration   // the whole transaction
+	handler  []time.Duration // per item: its handler call (the batch handler's, with BatchHandler)
+	commit   time.Duration
 }
 
 // runBatch applies items in one transaction if it can, and otherwise splits
@@ -221,6 +223,7 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 		conflict := errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 		return batchResult{out: outHandlerErr, err: err, failed: i, conflict: conflict}
 	}
+	handlerDur := make([]time.Duration, len(items))
 	if r.cfg.BatchHandler != nil {
 		var msgs []*Message
 		for i, it := range items {
@@ -231,6 +234,7 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 		}
 		if len(msgs) > 0 {
 			hctx, cancel := r.handlerContext(ctx)
+			hstart := time.Now()
 			err := r.callBatchHandler(hctx, tx, msgs)
 			if err != nil {
 				res := fail(-1, err, hctx)
@@ -238,6 +242,9 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 				return res
 			}
 			cancel()
+			for i := range handlerDur {
+				handlerDur[i] = time.Since(hstart)
+			}
 		}
 	} else {
 		for i, it := range items {
@@ -246,7 +253,9 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 			}
 			it.msg.Attempt = 1
 			hctx, cancel := r.handlerContext(ctx)
+			hstart := time.Now()
 			err := r.callHandler(hctx, tx, it.msg)
+			handlerDur[i] = time.Since(hstart)
 			if err != nil {
 				res := fail(i, err, hctx)
 				cancel()
@@ -256,6 +265,7 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 		}
 	}
 
+	cstart := time.Now()
 	if err := tx.Commit(ctx); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
@@ -264,7 +274,7 @@ func (r *Runtime) batchAttempt(ctx context.Context, items []item) batchResult {
 		}
 		return batchResult{out: outInfraErr, err: fmt.Errorf("commit outcome unknown: %w", err)}
 	}
-	return batchResult{out: outApplied, claims: claims, dur: time.Since(start)}
+	return batchResult{out: outApplied, claims: claims, dur: time.Since(start), handler: handlerDur, commit: time.Since(cstart)}
 }
 
 // claimBatch claims the ids of items, sorted so that concurrent batches take
@@ -336,7 +346,7 @@ func (r *Runtime) settleBatch(ctx context.Context, items []item, res batchResult
 			applied++
 			r.stats.applied.Add(1)
 			for _, h := range r.hooks.applied {
-				h.OnApplied(ctx, it.msg, res.dur, 0)
+				h.OnApplied(ctx, it.msg, res.handler[i], res.commit)
 			}
 			ack = append(ack, it.del)
 		case ClaimDuplicate:

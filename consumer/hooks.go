@@ -18,6 +18,8 @@ type HookReceived interface {
 
 // HookApplied is called after the transaction holding a new message's
 // effect committed. handler is the handler's duration, commit the commit's.
+// In batch mode commit is the batch's commit, and with a BatchHandler
+// handler is the batch handler's call.
 type HookApplied interface {
 	OnApplied(ctx context.Context, msg *Message, handler, commit time.Duration)
 }
