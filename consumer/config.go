@@ -185,6 +185,8 @@ func (c Config) validate() error {
 		return bad("Name", "required: it is the dedup scope")
 	case len(c.Name) > maxNameLen:
 		return bad("Name", "%d bytes, more than %d", len(c.Name), maxNameLen)
+	case !isText(c.Name):
+		return bad("Name", "%q is not valid UTF-8 text without NUL bytes; it is stored in Postgres", c.Name)
 	case c.Source == nil:
 		return bad("Source", "required")
 	case c.DB == nil:

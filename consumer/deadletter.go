@@ -19,7 +19,8 @@ const (
 	// ClassPanic: the handler panicked. Panics are not retried.
 	ClassPanic FailureClass = "panic"
 	// ClassMissingID: no usable message id: none could be extracted, it
-	// was empty, or it was longer than Config.MaxIDBytes.
+	// was empty, it was longer than Config.MaxIDBytes, or it was not
+	// valid UTF-8 text without NUL bytes (Postgres cannot store it).
 	ClassMissingID FailureClass = "missing-id"
 	// ClassFingerprintMismatch: the id was applied before with a
 	// different payload.

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
@@ -303,6 +305,10 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 	case len(id) > r.cfg.MaxIDBytes:
 		err = fmt.Errorf("message id is %d bytes, over the %d-byte limit", len(id), r.cfg.MaxIDBytes)
 		id = ""
+	case !isText(id):
+		// Postgres would refuse it on every claim, forever.
+		err = fmt.Errorf("message id %q is not valid UTF-8 text (or holds a NUL byte), which Postgres cannot store", id)
+		id = ""
 	}
 	if err != nil {
 		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
@@ -315,8 +321,23 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 		return it, false
 	}
 	claim := Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
-		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset}
+		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset}
 	return item{del: del, msg: msg, claim: claim, log: log}, true
+}
+
+// isText reports whether s can be stored in a Postgres text column: valid
+// UTF-8 without NUL bytes.
+func isText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// toText makes s storable in a Postgres text column, replacing invalid
+// UTF-8 and NUL bytes with U+FFFD. It is used for forensic fields only.
+func toText(s string) string {
+	if isText(s) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // runOne applies one message in its own transaction, with retries, and

@@ -138,6 +138,9 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 		cur.Error = truncate(f.Err.Error(), opts.MaxErrorBytes)
 	}
 	deadLetters := 1
+	// A history header that is not ours (forged, or malformed) would make
+	// the envelope unparseable: only a parsed previous envelope's stays.
+	delete(h, HeaderHistory)
 	if prev, err := Parse(msg); err == nil {
 		if prev.Source != "" {
 			cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -186,9 +187,10 @@ func (c Config) validate() error {
 	if err := validBrokers(c.Brokers); err != nil {
 		return err
 	}
+	if err := validTopic(c.Topic); err != nil {
+		return bad("Topic", "%v", err)
+	}
 	switch {
-	case c.Topic == "":
-		return bad("Topic", "required")
 	case c.GroupID == "":
 		return bad("GroupID", "required")
 	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
@@ -211,6 +213,29 @@ func (c Config) validate() error {
 		return bad("FetchMaxWait", "negative")
 	case c.FetchMaxBytes < 0:
 		return bad("FetchMaxBytes", "negative")
+	}
+	return nil
+}
+
+// maxTopicLen is the longest topic name Kafka accepts.
+const maxTopicLen = 249
+
+// validTopic checks name against Kafka's rules for topic names: 1 to 249
+// of the characters a-z, A-Z, 0-9, '.', '_' and '-', and not "." or "..".
+func validTopic(name string) error {
+	switch {
+	case name == "":
+		return errors.New("required")
+	case len(name) > maxTopicLen:
+		return fmt.Errorf("%d bytes, more than Kafka's %d", len(name), maxTopicLen)
+	case name == "." || name == "..":
+		return fmt.Errorf("%q is not a legal topic name", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%q holds %q: Kafka topic names use only a-z, A-Z, 0-9, '.', '_' and '-'", name, c)
+		}
 	}
 	return nil
 }

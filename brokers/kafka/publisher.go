@@ -65,8 +65,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // the value and Timestamp, if set, to the record timestamp. Other fields are
 // ignored. On error some messages may have been written.
 func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer.Message) error {
-	if topic == "" {
-		return errors.New("kafka: publish: empty topic")
+	if err := validTopic(topic); err != nil {
+		return fmt.Errorf("kafka: publish: topic: %w", err)
 	}
 	if len(msgs) == 0 {
 		return nil

@@ -60,18 +60,16 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 }
 
 func (c BrowserConfig) validate() error {
+	if err := checkName("Queue", c.Queue); err != nil {
+		return err
+	}
 	switch {
-	case c.Queue == "":
-		return configError("Queue", "required")
 	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
 		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return configError("URL", "%v", err)
-	}
-	return nil
+	return checkURL(c.URL)
 }
 
 // Browser reads a queue as it was when the Browser was opened, without

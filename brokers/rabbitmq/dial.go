@@ -25,6 +25,10 @@ const (
 // recovery is left off: the callers reconnect themselves, so that a
 // delivery's channel is never silently replaced.
 func dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*amqp.Connection, error) {
+	// amqp091's own parse error would quote the URL, password included.
+	if err := checkURL(rawURL); err != nil {
+		return nil, err
+	}
 	props := amqp.NewConnectionProperties()
 	if name != "" {
 		props.SetClientConnectionName(name)
@@ -59,6 +63,35 @@ func dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*amq
 		return nil, fmt.Errorf("rabbitmq: dial %s: %w", redact(rawURL), err)
 	}
 	return conn, nil
+}
+
+// checkURL validates rawURL as amqp.ParseURI does, without the URL in the
+// error: net/url's parse errors quote the whole URL, password included.
+func checkURL(rawURL string) error {
+	if _, err := amqp.ParseURI(rawURL); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return configError("URL", "cannot parse the URL: %v (percent-encode reserved characters in the user name and password)", ue.Err)
+		}
+		return configError("URL", "%v", err)
+	}
+	return nil
+}
+
+// maxShortstr is the longest AMQP short string: queue, exchange and
+// consumer tag names, routing keys and header names.
+const maxShortstr = 255
+
+// checkName rejects a queue or exchange name AMQP cannot carry. Other bytes
+// are the broker's to judge.
+func checkName(field, name string) error {
+	switch {
+	case name == "":
+		return configError(field, "required")
+	case len(name) > maxShortstr:
+		return configError(field, "%d bytes, more than AMQP's %d-byte limit", len(name), maxShortstr)
+	}
+	return nil
 }
 
 // redact returns rawURL without its password, for logs and errors.

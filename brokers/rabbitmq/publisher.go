@@ -67,10 +67,7 @@ func (c PublisherConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return configError("URL", "%v", err)
-	}
-	return nil
+	return checkURL(c.URL)
 }
 
 // Publisher publishes messages with publisher confirms, persistent delivery

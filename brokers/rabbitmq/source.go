@@ -122,9 +122,12 @@ func configError(field, format string, args ...any) error {
 
 // validate checks a config that has had its defaults applied.
 func (c Config) validate() error {
+	if err := checkName("Queue", c.Queue); err != nil {
+		return err
+	}
 	switch {
-	case c.Queue == "":
-		return configError("Queue", "required")
+	case len(c.ConsumerTag) > maxShortstr:
+		return configError("ConsumerTag", "%d bytes, more than AMQP's %d-byte limit", len(c.ConsumerTag), maxShortstr)
 	case c.Concurrency < 1:
 		return configError("Concurrency", "%d, must be at least 1", c.Concurrency)
 	case c.Prefetch < 0:
@@ -140,10 +143,7 @@ func (c Config) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return configError("URL", "%v", err)
-	}
-	return nil
+	return checkURL(c.URL)
 }
 
 // Stats are a Source's counters since it was created.
@@ -399,7 +399,13 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	tag := s.cfg.ConsumerTag
 	if tag == "" {
-		tag = "idemq-" + s.cfg.Queue + "-" + randomHex(6)
+		// A tag is a short string too: keep it within 255 bytes
+		// whatever the queue's name.
+		q := s.cfg.Queue
+		if n := maxShortstr - len("idemq--") - 12; len(q) > n {
+			q = q[:n]
+		}
+		tag = "idemq-" + q + "-" + randomHex(6)
 	}
 	deliveries, err := ch.Consume(s.cfg.Queue, tag, false, false, false, false, nil)
 	if err != nil {

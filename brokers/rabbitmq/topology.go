@@ -40,9 +40,16 @@ func (t Topology) withDefaults() Topology {
 }
 
 func (t Topology) validate() error {
+	if err := checkName("Queue", t.Queue); err != nil {
+		return err
+	}
+	if err := checkName("DeadLetterExchange", t.DeadLetterExchange); err != nil {
+		return err
+	}
+	if err := checkName("DeadLetterQueue", t.DeadLetterQueue); err != nil {
+		return err
+	}
 	switch {
-	case t.Queue == "":
-		return configError("Queue", "required")
 	case t.DeliveryLimit < 0:
 		return configError("DeliveryLimit", "%d is negative", t.DeliveryLimit)
 	case t.DeliveryLimit > 0 && !t.Quorum:

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -47,15 +49,70 @@ func (d *dbFlags) databaseURL(e *env) (u, from string) {
 	}
 }
 
-// redact hides a password in a postgres:// URL. Key/value DSNs are not
-// shown at all.
+// redact hides the passwords in a postgres:// URL: the user info's and the
+// password and sslpassword query parameters. Key/value DSNs are not shown
+// at all.
 func redact(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return "(the DSN)"
 	}
+	q := u.Query()
+	for _, k := range []string{"password", "sslpassword"} {
+		if q.Has(k) {
+			q.Set(k, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
 	return u.Redacted()
 }
+
+// dsnPasswordRE finds password settings in a key/value DSN or a URL query,
+// however malformed the rest is.
+var dsnPasswordRE = regexp.MustCompile(`(?i)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s&]+)`)
+
+// scrubDSN returns err with every password found in dsn masked in its text.
+// pgx redacts its own parse errors only on a best-effort basis, and says
+// so; this makes sure no DSN password reaches the terminal or a log. It
+// still unwraps to err. Passwords shorter than 3 bytes are not masked: they
+// cannot be told apart from the rest of the text.
+func scrubDSN(err error, dsn string) error {
+	var secrets []string
+	add := func(s string) {
+		if len(s) >= 3 {
+			secrets = append(secrets, s)
+		}
+		if u, uerr := url.QueryUnescape(s); uerr == nil && u != s && len(u) >= 3 {
+			secrets = append(secrets, u)
+		}
+	}
+	for _, m := range dsnPasswordRE.FindAllStringSubmatch(dsn, -1) {
+		add(m[1])
+		add(strings.Trim(m[1], "'"))
+	}
+	if _, rest, ok := strings.Cut(dsn, "://"); ok {
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+			}
+		}
+	}
+	msg := err.Error()
+	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
+	for _, s := range secrets {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	}
+	return &scrubbedError{msg: msg, err: err}
+}
+
+// scrubbedError is an error whose text had secrets masked.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 // openStore validates the table names, connects, and returns the store and
 // the connection, which the caller closes.
@@ -73,14 +130,14 @@ func (d *dbFlags) openStore(ctx context.Context, e *env, batch int) (*processed.
 	raw, from := d.databaseURL(e)
 	pcfg, err := pgx.ParseConfig(raw)
 	if err != nil {
-		return nil, nil, fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err)
+		return nil, nil, scrubDSN(fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err), raw)
 	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = connectTimeout
 	}
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err)
+		return nil, nil, scrubDSN(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err), raw)
 	}
 	store, err := processed.New(conn, cfg)
 	if err != nil {

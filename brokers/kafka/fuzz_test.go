@@ -1,0 +1,138 @@
+package kafka
+
+import (
+	"errors"
+	"maps"
+	"strconv"
+	"strings"
+	"testing"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// FuzzRecordMapping maps arbitrary records, headers included (duplicate
+// names, empty names and values, any bytes), to messages: it never panics,
+// the id is the last non-empty id header or else the fallback id (or empty
+// with the fallback disabled), and the coordinates are carried over.
+func FuzzRecordMapping(f *testing.F) {
+	f.Add("orders", 0, int64(0), []byte("k"), "idempotency-key", []byte("id-1"), "x", []byte("y"), "idempotency-key", []byte(""), false, false)
+	f.Add("t", 3, int64(1<<40), []byte(nil), "", []byte(nil), "idempotency-key", []byte("\x00\xff"), "h\r\n", []byte("\x1b"), true, true)
+	f.Add("a.b_c-d", -1, int64(-2), []byte("\xff"), "idempotency-key", []byte(""), "idempotency-key", []byte("second"), "", []byte(""), false, true)
+	f.Fuzz(func(t *testing.T, topic string, partition int, offset int64, key []byte,
+		k1 string, v1 []byte, k2 string, v2 []byte, k3 string, v3 []byte, disable, byRecord bool) {
+		mode := KeyPartition
+		if byRecord {
+			mode = KeyRecord
+		}
+		mp := mapper{idHeader: DefaultIDHeader, disableFallback: disable, keyMode: mode}
+		rec := kafkago.Message{Topic: topic, Partition: partition, Offset: offset, Key: key, Value: v1,
+			Headers: []kafkago.Header{{Key: k1, Value: v1}, {Key: k2, Value: v2}, {Key: k3, Value: v3}}}
+		m := mp.message(rec)
+
+		want := map[string]string{}
+		for _, h := range rec.Headers {
+			want[h.Key] = string(h.Value) // the last one wins
+		}
+		if !maps.Equal(m.Headers, want) {
+			t.Fatalf("headers %q, want %q", m.Headers, want)
+		}
+		wantID := want[DefaultIDHeader]
+		if wantID == "" && !disable {
+			wantID = FallbackID(topic, partition, offset)
+		}
+		if m.ID != wantID {
+			t.Fatalf("id %q, want %q", m.ID, wantID)
+		}
+		wantKey := topic + "/" + strconv.Itoa(partition)
+		if byRecord {
+			wantKey += "/" + string(key)
+		}
+		if m.Key != wantKey || m.Source != topic || int(m.Partition) != int(int32(partition)) || m.Offset != offset ||
+			string(m.Body) != string(v1) || m.Metadata["kafka.offset"] != strconv.FormatInt(offset, 10) {
+			t.Fatalf("message %+v from record %+v", m, rec)
+		}
+	})
+}
+
+// FuzzPublishRoundTrip: what a Publisher writes, a Source reads back as the
+// same message: id, headers, key and body.
+func FuzzPublishRoundTrip(f *testing.F) {
+	f.Add("orders", "id-1", "k", []byte("body"), "h", "v", "idempotency-key", "stale")
+	f.Add("t", "", "", []byte(nil), "idempotency-key", "from-header", "", "")
+	f.Add("t", "\x00\xff", "\xfe", []byte("\x00"), "\r\n", "\x1b", "x-idemq-history", "[")
+	f.Fuzz(func(t *testing.T, topic, id, key string, body []byte, k1, v1, k2, v2 string) {
+		if validTopic(topic) != nil {
+			return
+		}
+		p, err := NewPublisher(PublisherConfig{Brokers: []string{"127.0.0.1:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = p.Close() }()
+		in := &consumer.Message{ID: id, Key: key, Body: body, Headers: map[string]string{k1: v1, k2: v2}}
+		rec := p.record(topic, in)
+		rec.Partition, rec.Offset = 1, 7
+		out := mapper{idHeader: DefaultIDHeader, keyMode: KeyRecord}.message(rec)
+
+		want := maps.Clone(in.Headers)
+		if id != "" {
+			want[DefaultIDHeader] = id
+		}
+		if !maps.Equal(out.Headers, want) {
+			t.Fatalf("headers %q, want %q", out.Headers, want)
+		}
+		wantID := want[DefaultIDHeader]
+		if wantID == "" {
+			wantID = FallbackID(topic, 1, 7)
+		}
+		if out.ID != wantID || string(out.Body) != string(body) || out.Key != topic+"/1/"+key {
+			t.Fatalf("read back id %q key %q body %q from id %q key %q body %q", out.ID, out.Key, out.Body, id, key, body)
+		}
+	})
+}
+
+// FuzzFallbackIDUnique: for legal topic names, different records never
+// share a fallback id.
+func FuzzFallbackIDUnique(f *testing.F) {
+	f.Add("a", 1, int64(23), "a1", 2, int64(3))
+	f.Add("a.1", 2, int64(3), "a", 12, int64(3))
+	f.Fuzz(func(t *testing.T, t1 string, p1 int, o1 int64, t2 string, p2 int, o2 int64) {
+		if validTopic(t1) != nil || validTopic(t2) != nil {
+			return
+		}
+		same := t1 == t2 && p1 == p2 && o1 == o2
+		if (FallbackID(t1, p1, o1) == FallbackID(t2, p2, o2)) != same {
+			t.Fatalf("FallbackID(%q, %d, %d) vs FallbackID(%q, %d, %d)", t1, p1, o1, t2, p2, o2)
+		}
+	})
+}
+
+// TestTopicValidation: topic names Kafka would refuse are rejected with a
+// clear error before any connection, by NewSource and by Publish.
+func TestTopicValidation(t *testing.T) {
+	bad := []string{"", ".", "..", "orders/dlq", "a b", "a\x00b", "a;b", "ördërs", "a\nb", strings.Repeat("t", 250), "../etc"}
+	for _, topic := range bad {
+		_, err := NewSource(Config{Brokers: []string{"127.0.0.1:1"}, Topic: topic, GroupID: "g"})
+		var ce *consumer.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "kafka.Topic" {
+			t.Errorf("NewSource(topic %q): %v, want a ConfigError on kafka.Topic", topic, err)
+		}
+	}
+	p, err := NewPublisher(PublisherConfig{Brokers: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close() }()
+	for _, topic := range bad {
+		if err := p.Publish(t.Context(), topic, &consumer.Message{ID: "x"}); err == nil || !strings.Contains(err.Error(), "kafka: publish: topic:") {
+			t.Errorf("Publish(topic %q): %v", topic, err)
+		}
+	}
+	for _, topic := range []string{"orders", "orders.dlq", "a_b-c.D9", strings.Repeat("t", 249), "..."} {
+		if err := validTopic(topic); err != nil {
+			t.Errorf("validTopic(%q): %v", topic, err)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package rabbitmq
+
+import (
+	"maps"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// FuzzHeaderString renders every AMQP field-table value type, nested
+// tables and arrays included: it never panics, and strings, byte slices and
+// integers come out exactly.
+func FuzzHeaderString(f *testing.F) {
+	f.Add("id-1", []byte("raw"), int64(-42), 3.5, true, uint8(0))
+	f.Add("\x00\xff\r\n", []byte(nil), int64(math.MinInt64), math.NaN(), false, uint8(7))
+	f.Add("", []byte{0xff}, int64(math.MaxInt64), math.Inf(-1), true, uint8(13))
+	f.Fuzz(func(t *testing.T, s string, b []byte, i int64, fl float64, bo bool, kind uint8) {
+		values := []any{
+			nil, s, b, bo, int8(i), int16(i), int32(i), i, int(i), uint8(i), uint16(i), uint32(i), uint64(i),
+			float32(fl), fl, time.Unix(i%(1<<35), 0),
+			amqp.Decimal{Scale: uint8(i), Value: int32(i)},
+			amqp.Table{s: b, "n": amqp.Table{"deep": []any{s, i, nil}}},
+			[]any{s, b, amqp.Table{s: s}},
+		}
+		v := values[int(kind)%len(values)]
+		got := headerString(v)
+		switch v := v.(type) {
+		case string:
+			if got != v {
+				t.Fatalf("headerString(%q) = %q", v, got)
+			}
+		case []byte:
+			if got != string(v) {
+				t.Fatalf("headerString(%q) = %q", v, got)
+			}
+		case int64:
+			if got != strconv.FormatInt(v, 10) {
+				t.Fatalf("headerString(%d) = %q", v, got)
+			}
+		case nil:
+			if got != "" {
+				t.Fatalf("headerString(nil) = %q", got)
+			}
+		}
+	})
+}
+
+// FuzzMessageRoundTrip: a message the Publisher sends is read back by the
+// Source's mapping with the same id, key, body and headers, whether the id
+// travels in the message_id property or in a header. A header value the
+// broker sends as another type is stringified.
+func FuzzMessageRoundTrip(f *testing.F) {
+	f.Add("id-1", "k", []byte("body"), "h", "v", "x-idemq-history", "[", false)
+	f.Add("", "", []byte(nil), "Idempotency-Key", "from-header", "", "", true)
+	f.Add("\x00\xff", "\r\n", []byte{0}, "\x1b", "\x00", "x-key", "other", true)
+	f.Fuzz(func(t *testing.T, id, key string, body []byte, k1, v1, k2, v2 string, idInHeader bool) {
+		const keyHeader, idHeader = "x-key", "Idempotency-Key"
+		p := &Publisher{cfg: PublisherConfig{KeyHeader: keyHeader}}
+		in := &consumer.Message{ID: id, Key: key, Body: body, Headers: map[string]string{k1: v1, k2: v2}}
+		if idInHeader {
+			in.Headers[idHeader] = id
+		}
+		pub := p.publishing(in)
+		if err := pub.Headers.Validate(); err != nil {
+			t.Fatalf("the publisher made an invalid table: %v", err)
+		}
+		m := mapper{queue: "q", keyHeader: keyHeader}
+		if idInHeader {
+			m.idHeader = idHeader
+		}
+		d := amqp.Delivery{Headers: pub.Headers, MessageId: pub.MessageId, Body: pub.Body, DeliveryTag: 9}
+		out := m.message(d)
+
+		want := maps.Clone(in.Headers)
+		if key != "" {
+			want[keyHeader] = key
+		}
+		if !maps.Equal(out.Headers, want) {
+			t.Fatalf("headers %q, want %q", out.Headers, want)
+		}
+		wantKey := want[keyHeader]
+		wantID := id
+		if idInHeader {
+			wantID = want[idHeader]
+		}
+		if out.ID != wantID || out.Key != wantKey || string(out.Body) != string(body) ||
+			out.Source != "q" || out.Partition != -1 || out.Offset != -1 || out.Metadata[MetaDeliveryTag] != "9" {
+			t.Fatalf("read back %+v from %+v", out, in)
+		}
+	})
+}
