@@ -95,9 +95,10 @@ func (c BrowserConfig) validate() error {
 	if err := validBrokers(c.Brokers); err != nil {
 		return err
 	}
+	if err := validTopic(c.Topic); err != nil {
+		return bad("Topic", "%v", err)
+	}
 	switch {
-	case c.Topic == "":
-		return bad("Topic", "required")
 	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
 		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
 	case c.FetchMaxWait < 0:

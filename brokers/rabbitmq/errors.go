@@ -20,6 +20,9 @@ var (
 	ErrUnconfirmed = errors.New("rabbitmq: message not confirmed: channel lost")
 	// ErrPublisherClosed is returned by Publish after Close.
 	ErrPublisherClosed = errors.New("rabbitmq: publisher closed")
+	// ErrTooLong: an exchange, routing key or header name is longer than
+	// the 255 bytes AMQP allows. Nothing was sent.
+	ErrTooLong = errors.New("rabbitmq: longer than the 255 bytes AMQP allows")
 )
 
 // PublishError reports which message of a Publish call failed. Err wraps one

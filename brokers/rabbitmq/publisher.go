@@ -126,9 +126,19 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, ms
 	if len(msgs) == 0 {
 		return nil
 	}
+	// Over-long short strings make amqp091 write a broken frame, which
+	// closes the whole connection: refuse them up front.
+	if len(exchange) > maxShortstr || len(routingKey) > maxShortstr {
+		return fmt.Errorf("rabbitmq: publish: exchange or routing key: %w", ErrTooLong)
+	}
 	for i, m := range msgs {
 		if m == nil {
 			return fmt.Errorf("rabbitmq: publish: message %d is nil", i)
+		}
+		for k := range m.Headers {
+			if len(k) > maxShortstr {
+				return fmt.Errorf("rabbitmq: publish: message %d: header name of %d bytes: %w", i, len(k), ErrTooLong)
+			}
 		}
 	}
 	select {
@@ -308,10 +318,17 @@ func (p *Publisher) publishing(m *consumer.Message) amqp.Publishing {
 			headers[p.cfg.KeyHeader] = m.Key
 		}
 	}
+	id := m.ID
+	if len(id) > maxShortstr {
+		// It does not fit the message-id property. A dead-letter copy
+		// keeps it in its envelope; other long ids belong in a header
+		// (Config.MessageIDHeader).
+		id = ""
+	}
 	return amqp.Publishing{
 		Headers:      headers,
 		DeliveryMode: amqp.Persistent,
-		MessageId:    m.ID,
+		MessageId:    id,
 		Timestamp:    m.Timestamp,
 		Body:         m.Body,
 	}

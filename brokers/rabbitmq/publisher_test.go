@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,4 +131,37 @@ func TestPublisherClose(t *testing.T) {
 	if err := pub.Publish(ctx, "", "q", nil); err == nil {
 		t.Fatal("Publish accepted a nil message")
 	}
+}
+
+func TestPublishRefusesOverlongFieldsAndKeepsWorking(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q := newQueue(t)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{})
+	long := strings.Repeat("h", 256)
+	err := pub.Publish(ctx, "", q, &consumer.Message{ID: "a", Headers: map[string]string{long: "v"}})
+	if !errors.Is(err, rabbitmq.ErrTooLong) {
+		t.Fatalf("over-long header name: %v", err)
+	}
+	if err := pub.Publish(ctx, "", long, &consumer.Message{ID: "b"}); !errors.Is(err, rabbitmq.ErrTooLong) {
+		t.Fatalf("over-long routing key: %v", err)
+	}
+	// An id too long for message-id is published without it, and the
+	// connection survives.
+	longID := strings.Repeat("i", 300)
+	if err := pub.Publish(ctx, "", q, &consumer.Message{ID: longID, Body: []byte("x"), Headers: map[string]string{"id": longID}}); err != nil {
+		t.Fatalf("long id: %v", err)
+	}
+	if err := pub.Publish(ctx, "", q, &consumer.Message{ID: "short", Body: []byte("y")}); err != nil {
+		t.Fatalf("publisher broken after a long id: %v", err)
+	}
+	src := newSource(t, rabbitmq.Config{Queue: q, MessageIDHeader: "id"})
+	d, err := src.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Message().ID != longID {
+		t.Fatalf("long id lost: %q", d.Message().ID)
+	}
+	mustAck(ctx, t, d)
 }
