@@ -34,6 +34,7 @@ var commands = []*command{
 	dlqInspectCommand,
 	dlqReplayCommand,
 	statusCommand,
+	chaosCommand,
 }
 
 func (c *command) synopsis() string {

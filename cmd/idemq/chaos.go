@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/internal/chaos"
+)
+
+var chaosCommand = &command{
+	name:    "chaos",
+	summary: "run the chaos suite: consumer processes under faults, then an exactly-once check",
+	help: `Runs consumer processes (this binary, as hidden "chaos worker" subprocesses)
+against RabbitMQ and Kafka (an in-process kfake cluster) while a nemesis
+injects faults: SIGKILLs at random moments and right after COMMIT before the
+ack, Postgres connections reset at COMMIT, added database latency, AMQP
+connections dropped after commit, Postgres restarted with pg_ctl -m immediate,
+RabbitMQ restarted, Kafka members joining and leaving, OffsetCommit errors and
+handlers slower than consumer_timeout.
+
+Then it compares the published-and-confirmed ids, the processed_messages ids
+and the business effects, and reports lost messages, duplicate effects,
+unexpected effects, redeliveries per kill against the prefetch bound, and
+goroutines leaked by the workers. A scenario passes with 0 lost, 0 duplicate
+and 0 unexpected.
+
+By default the harness starts its own Postgres cluster (initdb into a
+temporary directory, from --pg-bin, as user postgres when run as root) and
+its own RabbitMQ node (a private node name and ports), all on 127.0.0.1, and
+removes them at the end. --short is the CI run (a few minutes); without it
+the long run (about a quarter of an hour, over 200 SIGKILLs).
+
+Exit status 0 if every scenario passed, 1 otherwise.`,
+	run: runChaos,
+}
+
+func runChaos(ctx context.Context, e *env, c *command, args []string) error {
+	if len(args) > 0 && args[0] == "worker" {
+		// The hidden consumer process started by the harness.
+		if code := chaos.WorkerMain(); code != 0 {
+			return fmt.Errorf("worker exited with status %d", code)
+		}
+		return nil
+	}
+	var (
+		short      bool
+		only       string
+		seed       uint64
+		asJSON     bool
+		keep       bool
+		markdown   string
+		dbURL      string
+		amqpURL    string
+		pgBin      string
+		rabbitBin  string
+		consumerTO time.Duration
+		list       bool
+	)
+	fs := c.flagSet()
+	fs.BoolVar(&short, "short", false, "run the short CI suite instead of the long run")
+	fs.StringVar(&only, "only", "", "comma-separated scenario names to run (default all of the suite)")
+	fs.BoolVar(&list, "list", false, "list the suite's scenarios and exit")
+	fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule and workload (default random)")
+	fs.BoolVar(&asJSON, "json", false, "print the results as JSON on stdout")
+	fs.BoolVar(&keep, "keep", false, "keep the delivery logs and worker output (always kept for failed scenarios)")
+	fs.StringVar(&markdown, "markdown", "", "also write the results as a Markdown table to this file")
+	fs.StringVar(&dbURL, "database-url", "", "use this Postgres instead of a private cluster (Postgres restarts are then impossible)")
+	fs.StringVar(&amqpURL, "amqp-url", "", "use this RabbitMQ instead of a private node (RabbitMQ restarts are then impossible)")
+	fs.StringVar(&pgBin, "pg-bin", chaos.DefaultPGBin, "directory of initdb and pg_ctl")
+	fs.StringVar(&rabbitBin, "rabbitmq-server", chaos.DefaultRabbitMQServer, "rabbitmq-server script for the private node")
+	fs.DurationVar(&consumerTO, "consumer-timeout", 5*time.Second, "consumer_timeout of the private RabbitMQ node")
+	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	suite := chaos.LongSuite()
+	if short {
+		suite = chaos.ShortSuite()
+	}
+	if list {
+		for _, s := range suite {
+			fmt.Fprintf(e.stdout, "%-24s %-8s %s\n", s.Name, s.Broker, s.Faults())
+		}
+		return nil
+	}
+	if only != "" {
+		want := strings.Split(only, ",")
+		var picked []chaos.Scenario
+		for _, s := range suite {
+			if slices.Contains(want, s.Name) {
+				picked = append(picked, s)
+			}
+		}
+		if len(picked) != len(want) {
+			return usagef("--only %q: unknown scenario (see --list)", only)
+		}
+		suite = picked
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	cfg := chaos.Config{
+		Scenarios:       suite,
+		WorkerCommand:   []string{self, "chaos", "worker"},
+		DatabaseURL:     dbURL,
+		AMQPURL:         amqpURL,
+		PGBin:           pgBin,
+		RabbitMQServer:  rabbitBin,
+		ConsumerTimeout: consumerTO,
+		Seed:            seed,
+		KeepDir:         keep,
+		Events:          &lineWriter{e: e},
+	}
+	tty := isTerminal(e.stderr)
+	var lastLine time.Time
+	cfg.Progress = func(p chaos.Progress) {
+		line := fmt.Sprintf("[%d/%d] %-24s %-9s confirmed %d/%d  processed %d  kills %d  faults %d  %s",
+			p.Index, p.Of, p.Scenario, p.Phase, p.Published, p.Messages, p.Processed, p.Kills, p.Faults, p.Elapsed.Round(time.Second))
+		switch {
+		case tty:
+			fmt.Fprintf(e.stderr, "\r\033[K%s", line)
+		case time.Since(lastLine) >= 10*time.Second:
+			lastLine = time.Now()
+			fmt.Fprintln(e.stderr, line)
+		}
+	}
+	if tty {
+		cfg.Events.(*lineWriter).clear = true
+	}
+	fmt.Fprintf(e.stderr, "idemq chaos: %d scenarios\n", len(suite))
+	results, runErr := chaos.Run(ctx, cfg)
+	if tty {
+		fmt.Fprint(e.stderr, "\r\033[K")
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(results); err != nil {
+			return err
+		}
+	} else {
+		chaos.WriteSummary(e.stdout, results)
+	}
+	if markdown != "" {
+		f, err := os.Create(markdown)
+		if err != nil {
+			return err
+		}
+		chaos.WriteMarkdown(f, results)
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if runErr != nil {
+		return fmt.Errorf("chaos: %w", runErr)
+	}
+	failed := 0
+	for _, r := range results {
+		if !r.Passed() {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return errors.New(fmt.Sprint(failed, " of ", len(results), " scenarios failed"))
+	}
+	fmt.Fprintln(e.stdout, "OK: every confirmed message applied exactly once in every scenario.")
+	return nil
+}
+
+// lineWriter writes the harness's event lines to stderr, clearing the
+// progress line first on a terminal.
+type lineWriter struct {
+	e     *env
+	clear bool
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	if w.clear {
+		fmt.Fprint(w.e.stderr, "\r\033[K")
+	}
+	return w.e.stderr.Write(p)
+}

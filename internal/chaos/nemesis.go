@@ -1,0 +1,118 @@
+package chaos
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// nemesis injects the scenario's process and service faults over the
+// publishing window, each kind on its own schedule, and returns when all
+// are done. Faults inside the workers (Postgres resets and latency, AMQP
+// drops, self-kills after COMMIT, slow handlers) are configured when each
+// worker starts.
+func (r *run) nemesis(ctx context.Context) {
+	window := r.s.PublishOver
+	var wg sync.WaitGroup
+	goFault := func(fn func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn()
+		}()
+	}
+	r.phase.Store("running")
+
+	if n := r.s.Kills; n > 0 {
+		goFault(func() {
+			at := make([]time.Duration, n)
+			for i := range at {
+				at[i] = window/20 + time.Duration(r.float()*float64(window*19/20))
+			}
+			slices.Sort(at)
+			for _, t := range at {
+				if !sleepCtx(ctx, time.Until(r.start.Add(t))) {
+					return
+				}
+				// Wait for a live worker, at most a few seconds.
+				for try := 0; try < 100 && !r.killRandom(); try++ {
+					if !sleepCtx(ctx, 50*time.Millisecond) {
+						return
+					}
+				}
+			}
+		})
+	}
+	if n := r.s.PGRestarts; n > 0 && r.h.pg != nil {
+		goFault(func() {
+			for i := 1; i <= n; i++ {
+				if !sleepCtx(ctx, time.Until(r.start.Add(window*time.Duration(i)/time.Duration(n+1)))) {
+					return
+				}
+				r.h.event("scenario %s: pg_ctl -m immediate restart %d/%d", r.s.Name, i, n)
+				r.inject("pg-restart", 1)
+				if err := r.h.pg.Restart(ctx, time.Duration(200+r.intn(800))*time.Millisecond); err != nil {
+					r.mu.Lock()
+					r.exitProblems = append(r.exitProblems, "postgres restart: "+err.Error())
+					r.mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	if n := r.s.RabbitRestarts; n > 0 && r.h.rabbit != nil {
+		goFault(func() {
+			for i := 1; i <= n; i++ {
+				// Offset from the Postgres restarts.
+				at := window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10
+				if !sleepCtx(ctx, time.Until(r.start.Add(at))) {
+					return
+				}
+				r.h.event("scenario %s: RabbitMQ node SIGKILL restart %d/%d", r.s.Name, i, n)
+				r.inject("rabbitmq-restart", 1)
+				if err := r.h.rabbit.Restart(ctx, time.Duration(200+r.intn(800))*time.Millisecond); err != nil {
+					r.mu.Lock()
+					r.exitProblems = append(r.exitProblems, "rabbitmq restart: "+err.Error())
+					r.mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	if n := r.s.Rebalances; n > 0 {
+		goFault(func() {
+			for i := 0; i < n; i++ {
+				at := window * time.Duration(i) / time.Duration(n)
+				if !sleepCtx(ctx, time.Until(r.start.Add(at))) {
+					return
+				}
+				slot := r.s.Workers + i
+				k, p, err := r.spawn(slot)
+				if err != nil {
+					return
+				}
+				r.inject("member-join", 1)
+				stay := window/time.Duration(2*n) + time.Duration(r.intn(1000))*time.Millisecond
+				select {
+				case <-p.done: // killed by the nemesis meanwhile
+				case <-time.After(stay):
+					r.inject("member-leave", 1)
+					_ = p.cmd.Process.Signal(syscall.SIGTERM)
+					select {
+					case <-p.done:
+					case <-time.After(40 * time.Second):
+						_ = p.cmd.Process.Kill()
+						<-p.done
+					}
+				case <-ctx.Done():
+					_ = p.cmd.Process.Kill()
+					<-p.done
+				}
+				r.noteExit(k, p)
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -1,0 +1,227 @@
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Scenario is one workload run against one broker under a set of faults.
+// The zero value of every optional field selects a documented default or
+// disables the fault.
+type Scenario struct {
+	// Name identifies the scenario in reports. Required: lower-case
+	// letters, digits and dashes.
+	Name string
+	// Broker is BrokerRabbitMQ or BrokerKafka (a kfake cluster started
+	// for the scenario).
+	Broker string
+	// Mode is ModeMessage or ModeBatch. Defaults to ModeMessage.
+	Mode string
+
+	// Messages is the number of distinct message ids. Defaults to 1000.
+	Messages int
+	// DupRate is the fraction of ids the producer publishes more than
+	// once, each time as a separate, separately confirmed Publish: a
+	// producer-side duplicate. Defaults to 0.2; negative disables.
+	DupRate float64
+	// PublishOver spreads the publishing over this long, so that faults
+	// hit a steady stream. Defaults to 20s.
+	PublishOver time.Duration
+
+	// Workers is the number of consumer processes. Defaults to 3.
+	Workers int
+	// Concurrency is each runtime's Concurrency. Defaults to 4.
+	Concurrency int
+	// BatchSize is the runtime's BatchSize in ModeBatch. Defaults to 16.
+	BatchSize int
+	// Prefetch is the RabbitMQ prefetch, or the Kafka source's
+	// MaxInFlight per partition. Defaults to 2*Concurrency per message,
+	// Concurrency*BatchSize in batch mode.
+	Prefetch int
+	// Partitions is the Kafka topic's partition count. Defaults to 4.
+	Partitions int
+	// KafkaCommitEvery is the Kafka source's CommitInterval. Defaults to
+	// 100ms.
+	KafkaCommitEvery time.Duration
+
+	// Kills is the number of SIGKILLs the nemesis sends to random
+	// consumer processes at random moments during the publishing window.
+	Kills int
+	// SelfKills is the number of worker incarnations armed to SIGKILL
+	// themselves right after a COMMIT and before its ack (in the
+	// HookApplied hook), after a random number of commits around
+	// SelfKillEvery (default 40).
+	SelfKills     int
+	SelfKillEvery int
+	// PGResetRate is the probability that a COMMIT's connection is reset
+	// by the worker's Postgres proxy (half after forwarding it: the
+	// outcome is ambiguous to the runtime; half before).
+	PGResetRate float64
+	// PGLatency is added by the proxy to every statement.
+	PGLatency time.Duration
+	// AMQPDropEvery drops a worker's AMQP connection after every Nth
+	// commit, before the ack (RabbitMQ only).
+	AMQPDropEvery int
+	// PGRestarts is the number of `pg_ctl -m immediate` restarts of the
+	// harness's private Postgres cluster.
+	PGRestarts int
+	// RabbitRestarts is the number of SIGKILL restarts of the harness's
+	// private RabbitMQ node.
+	RabbitRestarts int
+	// Rebalances is the number of times an extra Kafka consumer process
+	// joins the group and leaves it again (gracefully) a little later.
+	Rebalances int
+	// OffsetCommitErrorRate is the probability that kfake answers an
+	// OffsetCommit request with an error (Kafka only).
+	OffsetCommitErrorRate float64
+	// SlowEvery makes the handler sleep SlowFor on about one message in
+	// SlowEvery. With SlowFor above the private node's consumer_timeout,
+	// RabbitMQ closes the channel under the handler.
+	SlowEvery int
+	SlowFor   time.Duration
+
+	// Sabotage, for the harness's own tests, breaks the workers on
+	// purpose (see SabotageEffectOutsideTx): the scenario must fail.
+	Sabotage string
+
+	// CheckRedeliveryBound makes the scenario fail if a kill caused more
+	// redeliveries than the prefetch (RabbitMQ) or partitions*MaxInFlight
+	// (Kafka). Enable it where kills are the only source of redelivery.
+	CheckRedeliveryBound bool
+	// Timeout bounds the whole scenario. Defaults to 3*PublishOver + 2m.
+	Timeout time.Duration
+}
+
+var scenarioName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,40}$`)
+
+func (s Scenario) withDefaults() Scenario {
+	if s.Mode == "" {
+		s.Mode = ModeMessage
+	}
+	if s.Messages == 0 {
+		s.Messages = 1000
+	}
+	if s.DupRate == 0 {
+		s.DupRate = 0.2
+	}
+	if s.DupRate < 0 {
+		s.DupRate = 0
+	}
+	if s.PublishOver == 0 {
+		s.PublishOver = 20 * time.Second
+	}
+	if s.Workers == 0 {
+		s.Workers = 3
+	}
+	if s.Concurrency == 0 {
+		s.Concurrency = 4
+	}
+	if s.BatchSize == 0 {
+		s.BatchSize = 16
+	}
+	if s.Mode != ModeBatch {
+		s.BatchSize = 1
+	}
+	if s.Prefetch == 0 {
+		s.Prefetch = 2 * s.Concurrency
+		if s.Mode == ModeBatch {
+			s.Prefetch = s.Concurrency * s.BatchSize
+		}
+	}
+	if s.Partitions == 0 {
+		s.Partitions = 4
+	}
+	if s.KafkaCommitEvery == 0 {
+		s.KafkaCommitEvery = 100 * time.Millisecond
+	}
+	if s.SelfKillEvery == 0 {
+		s.SelfKillEvery = 40
+	}
+	if s.Timeout == 0 {
+		s.Timeout = 3*s.PublishOver + 2*time.Minute
+	}
+	return s
+}
+
+func (s Scenario) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("chaos: scenario %q: %s", s.Name, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case !scenarioName.MatchString(s.Name):
+		return bad("name must match %s", scenarioName)
+	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka:
+		return bad("broker %q, want %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka)
+	case s.Mode != ModeMessage && s.Mode != ModeBatch:
+		return bad("mode %q, want %q or %q", s.Mode, ModeMessage, ModeBatch)
+	case s.Messages < 1 || s.Messages > 10_000_000:
+		return bad("messages %d out of range", s.Messages)
+	case s.DupRate >= 1:
+		return bad("dup rate %g, must be below 1", s.DupRate)
+	case s.Workers < 1 || s.Workers > 32:
+		return bad("workers %d, must be 1..32", s.Workers)
+	case s.Concurrency < 1 || s.BatchSize < 1 || s.Prefetch < 1 || s.Prefetch > 65535:
+		return bad("concurrency, batch size and prefetch must be positive (prefetch at most 65535)")
+	case s.Kills < 0 || s.SelfKills < 0 || s.PGRestarts < 0 || s.RabbitRestarts < 0 || s.Rebalances < 0:
+		return bad("fault counts must not be negative")
+	case s.PGResetRate < 0 || s.PGResetRate > 0.5 || s.OffsetCommitErrorRate < 0 || s.OffsetCommitErrorRate > 0.9:
+		return bad("PGResetRate must be in [0, 0.5], OffsetCommitErrorRate in [0, 0.9]")
+	case s.Broker == BrokerKafka && (s.RabbitRestarts > 0 || s.AMQPDropEvery > 0):
+		return bad("RabbitMQ faults on a Kafka scenario")
+	case s.Broker == BrokerRabbitMQ && (s.Rebalances > 0 || s.OffsetCommitErrorRate > 0):
+		return bad("Kafka faults on a RabbitMQ scenario")
+	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0:
+		return bad("negative duration or rate")
+	}
+	return nil
+}
+
+// redeliveryBound is the most redeliveries one kill may cause: the
+// deliveries a process may hold unacked.
+func (s Scenario) redeliveryBound() int {
+	if s.Broker == BrokerKafka {
+		return s.Prefetch * s.Partitions
+	}
+	return s.Prefetch
+}
+
+// Faults describes s's faults in one line.
+func (s Scenario) Faults() string {
+	var out []string
+	add := func(cond bool, format string, args ...any) {
+		if cond {
+			out = append(out, fmt.Sprintf(format, args...))
+		}
+	}
+	add(s.Kills > 0, "%d random SIGKILLs", s.Kills)
+	add(s.SelfKills > 0, "%d SIGKILLs after COMMIT before ack", s.SelfKills)
+	add(s.PGResetRate > 0, "PG reset at %.0f%% of COMMITs", 100*s.PGResetRate)
+	add(s.PGLatency > 0, "PG latency %s", s.PGLatency)
+	add(s.AMQPDropEvery > 0, "AMQP drop after every %dth commit", s.AMQPDropEvery)
+	add(s.PGRestarts > 0, "%d PG immediate restarts", s.PGRestarts)
+	add(s.RabbitRestarts > 0, "%d RabbitMQ restarts", s.RabbitRestarts)
+	add(s.Rebalances > 0, "%d join/leave rebalances", s.Rebalances)
+	add(s.OffsetCommitErrorRate > 0, "%.0f%% OffsetCommit errors", 100*s.OffsetCommitErrorRate)
+	add(s.SlowEvery > 0, "1/%d handlers sleep %s", s.SlowEvery, s.SlowFor)
+	if len(out) == 0 {
+		return "none"
+	}
+	return joinComma(out)
+}
+
+func joinComma(ss []string) string {
+	var b []byte
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, s...)
+	}
+	return string(b)
+}
+
+// errNeedsPrivate is returned for a scenario that restarts a service the
+// harness does not own.
+var errNeedsPrivate = errors.New("chaos: restarts need the harness's own cluster or node")

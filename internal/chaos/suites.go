@@ -1,0 +1,129 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// ShortSuite is the CI run: three scenarios, both brokers, every fault
+// kind, 55 planned SIGKILLs, a few minutes in all.
+func ShortSuite() []Scenario {
+	return []Scenario{
+		{Name: "rabbit-kills", Broker: BrokerRabbitMQ, Messages: 1500, PublishOver: 20 * time.Second,
+			Kills: 20, SelfKills: 10, SelfKillEvery: 30, CheckRedeliveryBound: true},
+		{Name: "rabbit-batch-infra", Broker: BrokerRabbitMQ, Mode: ModeBatch, Messages: 1500, PublishOver: 25 * time.Second,
+			Kills: 5, SelfKills: 5, SelfKillEvery: 60, PGResetRate: 0.03, PGLatency: 2 * time.Millisecond, AMQPDropEvery: 100,
+			PGRestarts: 1, RabbitRestarts: 1, SlowEvery: 500, SlowFor: 7 * time.Second},
+		{Name: "kafka-kills-rebalance", Broker: BrokerKafka, Mode: ModeBatch, Messages: 1500, PublishOver: 25 * time.Second,
+			Kills: 10, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2, OffsetCommitErrorRate: 0.2, PGRestarts: 1,
+			CheckRedeliveryBound: true},
+	}
+}
+
+// LongSuite is the long run: six scenarios, 225 planned SIGKILLs across
+// both brokers, about a quarter of an hour.
+func LongSuite() []Scenario {
+	return []Scenario{
+		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
+			Kills: 50, SelfKills: 25, SelfKillEvery: 40, CheckRedeliveryBound: true},
+		{Name: "long-rabbit-batch-kills", Broker: BrokerRabbitMQ, Mode: ModeBatch, BatchSize: 32, Messages: 5000,
+			PublishOver: 60 * time.Second, Workers: 4, Kills: 30, SelfKills: 20, SelfKillEvery: 60, CheckRedeliveryBound: true},
+		{Name: "long-rabbit-infra", Broker: BrokerRabbitMQ, Messages: 4000, PublishOver: 60 * time.Second,
+			Kills: 10, SelfKills: 5, PGResetRate: 0.03, PGLatency: 3 * time.Millisecond, AMQPDropEvery: 150,
+			PGRestarts: 2, RabbitRestarts: 2},
+		{Name: "long-rabbit-timeout", Broker: BrokerRabbitMQ, Messages: 2000, PublishOver: 40 * time.Second,
+			Kills: 5, SelfKills: 5, SlowEvery: 300, SlowFor: 7 * time.Second},
+		{Name: "long-kafka-kills", Broker: BrokerKafka, Messages: 4000, PublishOver: 90 * time.Second,
+			Kills: 30, SelfKills: 15, SelfKillEvery: 40, Rebalances: 4, CheckRedeliveryBound: true},
+		{Name: "long-kafka-batch-infra", Broker: BrokerKafka, Mode: ModeBatch, Messages: 5000, PublishOver: 90 * time.Second,
+			Kills: 20, SelfKills: 10, SelfKillEvery: 60, Rebalances: 4, OffsetCommitErrorRate: 0.3,
+			PGResetRate: 0.02, PGLatency: 2 * time.Millisecond, PGRestarts: 2},
+	}
+}
+
+// WriteSummary writes a plain-text table of results and one line per
+// failure.
+func WriteSummary(w io.Writer, results []Result) {
+	fmt.Fprintf(w, "%-24s %-8s %-7s %6s %6s %6s %5s %5s %5s %5s %5s %9s %6s %5s %8s\n",
+		"scenario", "broker", "mode", "ids", "pub", "dups", "kills", "after", "lost", "dup", "unexp", "redel/k", "bound", "leaks", "result")
+	total := Totals(results)
+	for _, r := range results {
+		status := "PASS"
+		if !r.Passed() {
+			status = "FAIL"
+		}
+		fmt.Fprintf(w, "%-24s %-8s %-7s %6d %6d %6d %5d %5d %5d %5d %5d %4d/%4.1f %6d %5d %8s\n",
+			r.Scenario, r.Broker, r.Mode, r.Messages, r.Publishes, r.ProducerDuplicates, r.Kills, r.KillsAfterCommit,
+			len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Unexpected),
+			r.Redeliveries.Max, r.Redeliveries.Mean, r.RedeliveryBound, r.LeakyExits, status)
+	}
+	fmt.Fprintf(w, "total: %d scenarios, %d ids, %d SIGKILLs (%d right after COMMIT), %d lost, %d duplicate effects, %d unexpected\n",
+		len(results), total.Messages, total.Kills, total.KillsAfterCommit, total.Lost, total.Duplicates, total.Unexpected)
+	for _, r := range results {
+		fmt.Fprintf(w, "%s: faults: %s; injected: %s\n", r.Scenario, r.Faults, injectedString(r.Injected))
+		for _, f := range r.Failures {
+			fmt.Fprintf(w, "  FAIL %s: %s\n", r.Scenario, f)
+		}
+		if r.Dir != "" && !r.Passed() {
+			fmt.Fprintf(w, "  logs: %s\n", r.Dir)
+		}
+	}
+}
+
+// Total sums a run's results.
+type Total struct {
+	Messages, Kills, KillsAfterCommit, Lost, Duplicates, Unexpected int
+}
+
+// Totals sums results.
+func Totals(results []Result) Total {
+	var t Total
+	for _, r := range results {
+		t.Messages += r.Messages
+		t.Kills += r.Kills
+		t.KillsAfterCommit += r.KillsAfterCommit
+		t.Lost += len(r.Verdict.Lost)
+		t.Duplicates += len(r.Verdict.Duplicates)
+		t.Unexpected += len(r.Verdict.Unexpected)
+	}
+	return t
+}
+
+func injectedString(m map[string]int64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// WriteMarkdown writes results as the Markdown table RELIABILITY.md keeps.
+func WriteMarkdown(w io.Writer, results []Result) {
+	fmt.Fprintln(w, "| scenario | broker / mode | faults injected | ids (publishes, producer dups) | SIGKILLs (after COMMIT) | lost | duplicate effects | unexpected | redeliveries per kill max / mean (bound) | leaked goroutines | result |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	for _, r := range results {
+		status := "pass"
+		if !r.Passed() {
+			status = "**FAIL**: " + strings.Join(r.Failures, "; ")
+		}
+		bound := fmt.Sprintf("%d", r.RedeliveryBound)
+		if r.BoundChecked {
+			bound += ", checked"
+		}
+		fmt.Fprintf(w, "| %s | %s / %s | %s | %d (%d, %d) | %d (%d) | %d | %d | %d | %d / %.1f (%s) | %d of %d exits | %s |\n",
+			r.Scenario, r.Broker, r.Mode, injectedString(r.Injected), r.Messages, r.Publishes, r.ProducerDuplicates,
+			r.Kills, r.KillsAfterCommit, len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Unexpected),
+			r.Redeliveries.Max, r.Redeliveries.Mean, bound, r.LeakyExits, r.GracefulExits, status)
+	}
+}

@@ -1,0 +1,410 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// WorkerEnv is the environment variable holding a worker's JSON
+// WorkerConfig. A process started with it set runs RunWorker.
+const WorkerEnv = "IDEMQ_CHAOS_WORKER"
+
+// HeaderCopy carries the publish-copy id of each delivery: unique per
+// Publish call of a message, so that a broker redelivery of one copy can be
+// told from a producer duplicate (another copy of the same id).
+const HeaderCopy = "x-chaos-copy"
+
+// Modes of a worker's runtime.
+const (
+	ModeMessage = "message" // one transaction per message
+	ModeBatch   = "batch"   // batch mode with a per-message Handler
+)
+
+// Brokers.
+const (
+	BrokerRabbitMQ = "rabbitmq"
+	BrokerKafka    = "kafka"
+)
+
+// WorkerConfig is what one consumer process runs with. The harness passes
+// it as JSON in WorkerEnv.
+type WorkerConfig struct {
+	Slot, Incarnation int
+	Broker            string
+	AMQPURL, Queue    string
+	KafkaBrokers      []string
+	Topic, Group      string
+	DatabaseURL       string
+	Schema            string // holds processed_messages, effects and dead_letters
+	Consumer          string // the runtime's Name: the dedup scope
+	Mode              string
+	Concurrency       int
+	BatchSize         int
+	Prefetch          int // RabbitMQ basic.qos, Kafka MaxInFlight per partition
+	KafkaCommitEvery  time.Duration
+	LogPath           string // the delivery log this incarnation appends to
+	Seed              uint64
+
+	// KillAfterCommits, if positive, makes the worker SIGKILL itself in
+	// the HookApplied hook of its Nth applied message: after COMMIT,
+	// before the ack.
+	KillAfterCommits int
+	// PGResetRate is the probability that the Postgres proxy resets the
+	// connection at a COMMIT (half after forwarding it: an ambiguous
+	// commit; half before).
+	PGResetRate float64
+	// PGLatency is added to every statement sent to Postgres.
+	PGLatency time.Duration
+	// AMQPDropEvery, if positive, drops the AMQP connection in the
+	// HookApplied hook of every Nth applied message: after COMMIT, before
+	// the ack.
+	AMQPDropEvery int
+	// SlowEvery, if positive, makes the handler sleep SlowFor on
+	// (about) one message in SlowEvery, holding its delivery unacked.
+	SlowEvery int
+	SlowFor   time.Duration
+	// Sabotage breaks the worker on purpose, to prove the checker catches
+	// it: SabotageEffectOutsideTx writes the effect outside the dedup
+	// transaction.
+	Sabotage string
+}
+
+// SabotageEffectOutsideTx makes the handler write its effect on its own
+// connection, outside the dedup transaction: a rolled-back or ambiguous
+// commit then leaves an effect behind, and the retry adds another.
+const SabotageEffectOutsideTx = "effect-outside-tx"
+
+// Delivery-log line kinds. Each line is "<kind> <unix nanos> <fields...>",
+// written with one unbuffered write, so it survives a SIGKILL.
+const (
+	logStart    = "S" // S <t> <pid>
+	logReceived = "R" // R <t> <copy> <id> <redelivered 0|1>
+	logSelfKill = "K" // K <t> <reason>
+	logExit     = "X" // X <t> <json exit report>
+	logSlow     = "W" // W <t> <copy>: a handler starts sleeping SlowFor
+	logFault    = "F" // F <t> <kind>: the worker injected a fault
+)
+
+// ExitReport is what a worker writes at a graceful exit.
+type ExitReport struct {
+	Stats           consumer.Stats
+	GoroutinesStart int
+	GoroutinesEnd   int
+	Leaked          []string // goroutine stacks goleak found after everything was closed
+	PGProxy         ProxyStats
+	AMQPProxy       ProxyStats
+	RunError        string `json:",omitempty"`
+}
+
+// WorkerMain runs a worker from the WorkerEnv environment variable and
+// returns the process exit code. Call it from main (or TestMain) when
+// os.Getenv(WorkerEnv) is set.
+func WorkerMain() int {
+	var cfg WorkerConfig
+	if err := json.Unmarshal([]byte(os.Getenv(WorkerEnv)), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos worker: bad %s: %v\n", WorkerEnv, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := RunWorker(ctx, cfg, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos worker %d.%d: %v\n", cfg.Slot, cfg.Incarnation, err)
+		return 1
+	}
+	return 0
+}
+
+// dlog is an append-only delivery log.
+type dlog struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func (l *dlog) line(kind string, fields ...string) {
+	b := make([]byte, 0, 96)
+	b = append(b, kind...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
+	for _, f := range fields {
+		b = append(b, ' ')
+		b = append(b, f...)
+	}
+	b = append(b, '\n')
+	l.mu.Lock()
+	_, _ = l.f.Write(b)
+	l.mu.Unlock()
+}
+
+// workerHooks implements the consumer hooks the worker needs.
+type workerHooks struct {
+	log       *dlog
+	applied   atomic.Int64
+	killAfter int64
+	dropEvery int64
+	amqp      *Proxy
+}
+
+func (h *workerHooks) OnReceived(_ context.Context, msg *consumer.Message) {
+	red := "0"
+	if msg.Redelivered {
+		red = "1"
+	}
+	h.log.line(logReceived, nonEmpty(msg.Header(HeaderCopy)), nonEmpty(msg.ID), red)
+}
+
+// OnApplied runs after the message's transaction committed and before its
+// ack: the deterministic crash point.
+func (h *workerHooks) OnApplied(_ context.Context, _ *consumer.Message, _, _ time.Duration) {
+	n := h.applied.Add(1)
+	if h.killAfter > 0 && n == h.killAfter {
+		h.log.line(logSelfKill, "after-commit-"+strconv.FormatInt(n, 10))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // never returns: the kill is on its way
+	}
+	if h.dropEvery > 0 && h.amqp != nil && n%h.dropEvery == 0 {
+		h.log.line(logFault, "amqp-drop-after-commit")
+		h.amqp.DropAll()
+	}
+}
+
+func nonEmpty(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// RunWorker consumes until ctx is done, then stops gracefully, checks for
+// leaked goroutines and writes its exit report to the delivery log.
+func RunWorker(ctx context.Context, cfg WorkerConfig, stderr io.Writer) error {
+	f, err := os.OpenFile(cfg.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	log := &dlog{f: f}
+	log.line(logStart, strconv.Itoa(os.Getpid()))
+
+	snapshot := goleak.IgnoreCurrent()
+	report := ExitReport{GoroutinesStart: runtime.NumGoroutine()}
+	runErr := runWorker(ctx, cfg, log, &report)
+	if runErr != nil {
+		report.RunError = runErr.Error()
+	}
+	// goleak retries for about a second; give slow teardowns (kafka-go
+	// closes its connections asynchronously) a few more.
+	var leakErr error
+	for try := 0; try < 5; try++ {
+		if leakErr = goleak.Find(snapshot); leakErr == nil {
+			break
+		}
+	}
+	if leakErr != nil {
+		report.Leaked = []string{leakErr.Error()}
+	}
+	report.GoroutinesEnd = runtime.NumGoroutine()
+	b, _ := json.Marshal(report)
+	log.line(logExit, string(b))
+	return runErr
+}
+
+func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitReport) error {
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Slot)<<32|uint64(cfg.Incarnation)))
+	var rngMu sync.Mutex
+	chance := func(p float64) bool {
+		rngMu.Lock()
+		defer rngMu.Unlock()
+		return rng.Float64() < p
+	}
+
+	// Postgres through a proxy that resets connections at COMMIT and adds
+	// latency.
+	pgTarget, err := hostPort(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	pgProxy, err := NewProxy(pgTarget, ProxyOptions{Postgres: true, OnCommit: func() CommitAction {
+		if cfg.PGResetRate <= 0 || !chance(cfg.PGResetRate) {
+			return CommitPass
+		}
+		if chance(0.5) {
+			log.line(logFault, "pg-reset-after-commit")
+			return CommitResetAfter
+		}
+		log.line(logFault, "pg-reset-before-commit")
+		return CommitResetBefore
+	}})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		pgProxy.Close()
+		report.PGProxy = pgProxy.Stats()
+	}()
+	pgProxy.SetLatency(cfg.PGLatency)
+
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parse database url: %w", err)
+	}
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", uint16(portOf(pgProxy.Addr()))
+	pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pcfg.MaxConns = int32(cfg.Concurrency + 4)
+	pcfg.HealthCheckPeriod = 500 * time.Millisecond
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("pool: %w", err)
+	}
+	defer pool.Close()
+	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema})
+	if err != nil {
+		return err
+	}
+
+	hooks := &workerHooks{log: log, killAfter: int64(cfg.KillAfterCommits), dropEvery: int64(cfg.AMQPDropEvery)}
+	var src consumer.Source
+	switch cfg.Broker {
+	case BrokerRabbitMQ:
+		target, err := amqpHostPort(cfg.AMQPURL)
+		if err != nil {
+			return err
+		}
+		amqpProxy, err := NewProxy(target, ProxyOptions{})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			amqpProxy.Close()
+			report.AMQPProxy = amqpProxy.Stats()
+		}()
+		hooks.amqp = amqpProxy
+		// The first dial may meet a broker that is restarting: retry it
+		// until ctx is done.
+		var s *rabbitmq.Source
+		for {
+			s, err = rabbitmq.NewSource(ctx, rabbitmq.Config{
+				URL:            "amqp://guest:guest@" + amqpProxy.Addr() + "/",
+				Queue:          cfg.Queue,
+				Concurrency:    cfg.Concurrency,
+				Prefetch:       cfg.Prefetch,
+				ConnectionName: fmt.Sprintf("idemq-chaos-%d.%d", cfg.Slot, cfg.Incarnation),
+				Reconnect:      rabbitmq.ReconnectConfig{InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second},
+				DialTimeout:    5 * time.Second,
+			})
+			if err == nil {
+				break
+			}
+			var ce *consumer.ConfigError
+			if errors.As(err, &ce) {
+				return fmt.Errorf("rabbitmq source: %w", err)
+			}
+			if !sleepCtx(ctx, 250*time.Millisecond) {
+				return nil // stopped before the broker came back
+			}
+		}
+		src = s
+	case BrokerKafka:
+		s, err := kafka.NewSource(kafka.Config{
+			Brokers:           cfg.KafkaBrokers,
+			Topic:             cfg.Topic,
+			GroupID:           cfg.Group,
+			CommitInterval:    cfg.KafkaCommitEvery,
+			MaxInFlight:       cfg.Prefetch,
+			DrainTimeout:      time.Second,
+			SessionTimeout:    KafkaSessionTimeout,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RebalanceTimeout:  4 * time.Second,
+			JoinGroupBackoff:  100 * time.Millisecond,
+			FetchMaxWait:      100 * time.Millisecond,
+		})
+		if err != nil {
+			return fmt.Errorf("kafka source: %w", err)
+		}
+		src = s
+	default:
+		return fmt.Errorf("unknown broker %q", cfg.Broker)
+	}
+
+	insertEffect := fmt.Sprintf(`INSERT INTO %s.effects (msg_id, copy, slot, incarnation) VALUES ($1, $2, $3, $4)`, pgx.Identifier{cfg.Schema}.Sanitize())
+	handler := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		if cfg.SlowEvery > 0 && chance(1/float64(cfg.SlowEvery)) {
+			log.line(logSlow, nonEmpty(msg.Header(HeaderCopy)))
+			if !sleepCtx(ctx, cfg.SlowFor) {
+				return ctx.Err()
+			}
+		}
+		if cfg.Sabotage == SabotageEffectOutsideTx {
+			_, err := pool.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+			return err
+		}
+		_, err := tx.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+		return err
+	}
+	rcfg := consumer.Config{
+		Name:            cfg.Consumer,
+		Source:          src,
+		DB:              pool,
+		Store:           store,
+		Handler:         handler,
+		DeadLetterer:    &tableDeadLetterer{pool: pool, schema: cfg.Schema},
+		Concurrency:     cfg.Concurrency,
+		ShutdownTimeout: 10 * time.Second,
+		Retry:           consumer.RetryConfig{MaxAttempts: 10, InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxElapsed: 30 * time.Second},
+		Hooks:           []consumer.Hook{hooks},
+		Logger:          slog.New(slog.DiscardHandler),
+	}
+	if cfg.Mode == ModeBatch {
+		rcfg.BatchSize = cfg.BatchSize
+		rcfg.BatchWait = 10 * time.Millisecond
+	}
+	rt, err := consumer.New(rcfg)
+	if err != nil {
+		_ = src.Close()
+		return err
+	}
+	err = rt.Run(ctx)
+	report.Stats = rt.Stats()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// KafkaSessionTimeout is the group session timeout of Kafka workers: a
+// killed member's partitions move after this long.
+const KafkaSessionTimeout = 1500 * time.Millisecond
+
+// tableDeadLetterer stores dead letters in the schema's dead_letters table.
+// The workload has no poison messages, so any row there is a finding.
+type tableDeadLetterer struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func (d *tableDeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
+	_, err := d.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.dead_letters (msg_id, class, reason) VALUES ($1, $2, $3)`,
+		pgx.Identifier{d.schema}.Sanitize()), msg.ID, string(f.Class), fmt.Sprint(f.Err))
+	return err
+}
