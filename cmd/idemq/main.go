@@ -1,4 +1,5 @@
-// Command idemq administers idemq's Postgres tables.
+// Command idemq administers idemq: its Postgres tables, dead-letter queues,
+// benchmarks and the chaos suite.
 //
 // Usage:
 //
@@ -9,6 +10,11 @@
 //	migrate                          create or upgrade the dedup table
 //	processed show <consumer> <id>   print one dedup record
 //	processed purge --older-than D   delete dedup records older than D
+//	dlq inspect                      summarise a dead-letter queue without consuming it
+//	dlq replay                       republish dead letters through the dedup path, or --dry-run
+//	status --consumer NAME           dedup table size, purge backlog, DLQ depth, last applied
+//	bench                            throughput against baselines, side by side
+//	chaos                            the chaos suite with an exactly-once checker
 //
 // Every database command takes --database-url (defaulting to $DATABASE_URL,
 // then postgres://postgres@127.0.0.1:5432/test?sslmode=disable), --schema and
