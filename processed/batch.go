@@ -88,7 +88,10 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 		}
 		// A new statement, so a new snapshot: it sees the rows of the
 		// transactions the insert waited for.
-		rows, err = tx.Query(ctx, existingSQL, name, conflicted)
+		// Planned afresh each time: a cached generic plan, made while the
+		// table was small, filters every row of the consumer instead of
+		// probing the primary key per id, and grows slower with the table.
+		rows, err = tx.Query(ctx, existingSQL, pgx.QueryExecModeExec, name, conflicted)
 		if err != nil {
 			return nil, s.wrap("claim batch: select existing", err)
 		}

@@ -33,8 +33,9 @@ var commands = []*command{
 	processedPurgeCommand,
 	dlqInspectCommand,
 	dlqReplayCommand,
-	statusCommand,
+	benchCommand,
 	chaosCommand,
+	statusCommand,
 }
 
 func (c *command) synopsis() string {

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemq/idemq/internal/bench"
+)
+
+var benchCommand = &command{
+	name:    "bench",
+	summary: "measure throughput against the naive recipe and the broker alone",
+	help: `Publishes --messages deliveries, a --dup-rate fraction of them re-sending an
+earlier id, to --broker (memory, rabbitmq, or kafka: an in-process kfake
+cluster unless --kafka-brokers is given), and consumes them into a ledger
+table in each of --modes, one mode after another:
+
+  broker-only       consume and ack with the raw broker client, no database
+  naive             the plain recipe by hand: per message BEGIN; INSERT into
+                    the dedup table ON CONFLICT DO NOTHING; if new, the ledger
+                    INSERT; COMMIT; then ack
+  idemq             the idemq runtime, one transaction per message
+  idemq-batch       the runtime in batch mode, same per-message handler
+  idemq-batch-set   the runtime in batch mode with a BatchHandler (one INSERT
+                    per batch)
+
+The publisher runs concurrently with the consumer (unless --preload). Each
+mode reports msgs/s (first to last settled delivery), p50/p99 publish-to-commit
+latency (publish-to-ack for broker-only), peak RSS (process-wide, reset before
+each mode), the duplicates skipped, and its ratio to naive and broker-only.
+After each mode the ledger must hold exactly one row per unique id; otherwise
+the command exits 1.
+
+Everything runs in a fresh schema (and fresh queues or topics), removed at the
+end.`,
+	run: runBench,
+}
+
+func runBench(ctx context.Context, e *env, c *command, args []string) error {
+	var (
+		cfg          bench.Config
+		modes        string
+		dbURL        string
+		kafkaBrokers string
+		asJSON       bool
+	)
+	fs := c.flagSet()
+	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq or kafka")
+	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive, idemq, idemq-batch, idemq-batch-set, or all")
+	fs.IntVar(&cfg.Messages, "messages", bench.DefaultMessages, "deliveries to publish, duplicates included")
+	fs.Float64Var(&cfg.DupRate, "dup-rate", bench.DefaultDupRate, "fraction of deliveries that re-send an earlier id")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the workload's duplicates")
+	fs.IntVar(&cfg.Concurrency, "concurrency", bench.DefaultConcurrency, "runtime concurrency, and naive/broker-only workers")
+	fs.IntVar(&cfg.BatchSize, "batch-size", bench.DefaultBatchSize, "batch size of the batch modes")
+	fs.DurationVar(&cfg.BatchWait, "batch-wait", 0, "batch wait of the batch modes (default the runtime's, 5ms)")
+	fs.BoolVar(&cfg.Preload, "preload", false, "publish everything before consuming (latency then includes queueing)")
+	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
+	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
+	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", bench.DefaultAMQPURL, "RabbitMQ URL")
+	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
+	fs.IntVar(&cfg.KafkaPartitions, "kafka-partitions", 0, "partitions per topic (default --concurrency)")
+	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
+	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Modes, err = bench.ParseModes(modes); err != nil {
+		return usagef("--modes: %v", err)
+	}
+	switch {
+	case cfg.Messages < 1:
+		return usagef("--messages must be positive, got %d", cfg.Messages)
+	case cfg.DupRate < 0 || cfg.DupRate >= 1:
+		return usagef("--dup-rate must be in [0, 1), got %g", cfg.DupRate)
+	case cfg.Concurrency < 1:
+		return usagef("--concurrency must be positive, got %d", cfg.Concurrency)
+	case cfg.BatchSize < 2:
+		return usagef("--batch-size must be at least 2, got %d", cfg.BatchSize)
+	case cfg.Prefill < 0:
+		return usagef("--prefill must not be negative, got %d", cfg.Prefill)
+	case cfg.ModeTimeout <= 0:
+		return usagef("--timeout must be positive, got %s", cfg.ModeTimeout)
+	}
+	switch cfg.Broker {
+	case bench.BrokerMemory, bench.BrokerRabbitMQ, bench.BrokerKafka:
+	default:
+		return usagef("--broker must be memory, rabbitmq or kafka, got %q", cfg.Broker)
+	}
+	cfg.NoDups = cfg.DupRate == 0
+	if kafkaBrokers != "" {
+		cfg.KafkaBrokers = strings.Split(kafkaBrokers, ",")
+	}
+	cfg.DatabaseURL = dbURL
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = e.getenv("DATABASE_URL")
+	}
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = defaultDatabaseURL
+	}
+
+	tty := isTerminal(e.stderr)
+	if tty {
+		cfg.Progress = func(p bench.Progress) {
+			rate := float64(p.Settled) / max(p.Elapsed.Seconds(), 1e-9)
+			fmt.Fprintf(e.stderr, "\r\033[K%-16s published %d/%d  settled %d/%d  %.0f msgs/s  %s",
+				p.Mode, p.Published, p.Messages, p.Settled, p.Messages, rate, p.Elapsed.Round(100*time.Millisecond))
+		}
+	}
+	results, err := bench.Run(ctx, cfg)
+	if tty {
+		fmt.Fprint(e.stderr, "\r\033[K")
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		for _, r := range results {
+			if encErr := enc.Encode(r); encErr != nil {
+				return encErr
+			}
+		}
+		if tty {
+			printBenchTable(e.stderr, cfg, results)
+		}
+	} else if len(results) > 0 {
+		printBenchTable(e.stdout, cfg, results)
+	}
+	if err != nil && !errors.Is(err, bench.ErrVerify) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return err
+}
+
+// printBenchTable prints the summary table.
+func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
+	r0 := rs[0]
+	fmt.Fprintf(w, "broker %s, %d messages (%d unique, dup-rate %g), concurrency %d, batch size %d%s%s\n",
+		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, r0.Concurrency, cfg.BatchSize,
+		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
+		map[bool]string{true: ", purge during"}[cfg.PurgeDuring])
+	fmt.Fprintln(w, "modes ran one after another; peak RSS is process-wide (it includes an in-process broker)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive\t×broker-only\tpublish/s\tverified\t")
+	ratio := func(x float64) string {
+		if x == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", x)
+	}
+	for _, r := range rs {
+		ok := "yes"
+		if !r.Verified {
+			ok = "NO"
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t%.0f\t%s\t\n",
+			r.Mode, r.MsgsPerSec, r.P50Ms, r.P99Ms, r.PeakRSSMiB, r.DuplicatesSkipped,
+			ratio(r.RatioNaive), ratio(r.RatioBrokerOnly), r.PublishPerSec, ok)
+	}
+	_ = tw.Flush()
+	for _, r := range rs {
+		if r.Error != "" {
+			fmt.Fprintf(w, "%s: %s\n", r.Mode, r.Error)
+		}
+		if r.PurgeDuring {
+			fmt.Fprintf(w, "%s: purged %d rows, %d purge errors\n", r.Mode, r.PurgedRows, r.PurgeErrors)
+		}
+	}
+}
+
+// isTerminal reports whether w is a character device, such as a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

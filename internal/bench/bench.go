@@ -1,0 +1,404 @@
+// Package bench is the engine of `idemq bench`: it publishes a workload with
+// duplicates to a broker, consumes it into a business table in several modes
+// (the idemq runtime per message and in batches, the naive hand-written
+// recipe, and the broker alone), one mode after another, and verifies after
+// each that every distinct message id had exactly one effect.
+//
+// All modes of one Run see the same workload on the same broker and database,
+// so their ratios are comparable; absolute figures depend on the machine.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Mode is one way of consuming the workload.
+type Mode string
+
+// The modes, in the order Run measures them by default.
+const (
+	// ModeBrokerOnly consumes and acks with the raw broker client and no
+	// database: the ceiling.
+	ModeBrokerOnly Mode = "broker-only"
+	// ModeNaive is the plain recipe written by hand with pgx and the raw
+	// broker client: per message BEGIN; INSERT into the dedup table ON
+	// CONFLICT DO NOTHING; if inserted, the ledger INSERT; COMMIT; ack.
+	ModeNaive Mode = "naive"
+	// ModeIdemq is the idemq runtime in per-message mode.
+	ModeIdemq Mode = "idemq"
+	// ModeBatch is the idemq runtime in batch mode with the same
+	// per-message Handler as ModeIdemq (one ledger INSERT per message,
+	// BatchSize messages per transaction).
+	ModeBatch Mode = "idemq-batch"
+	// ModeBatchSet is the idemq runtime in batch mode with a BatchHandler
+	// that writes the whole batch's ledger rows with one INSERT.
+	ModeBatchSet Mode = "idemq-batch-set"
+)
+
+// AllModes lists every mode in the order Run measures them.
+var AllModes = []Mode{ModeBrokerOnly, ModeNaive, ModeIdemq, ModeBatch, ModeBatchSet}
+
+// Brokers Run supports.
+const (
+	BrokerMemory   = "memory"
+	BrokerRabbitMQ = "rabbitmq"
+	BrokerKafka    = "kafka"
+)
+
+// Defaults for Config.
+const (
+	DefaultMessages     = 20_000
+	DefaultDupRate      = 0.2
+	DefaultConcurrency  = consumer.DefaultConcurrency
+	DefaultBatchSize    = consumer.DefaultBatchSize
+	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultDatabaseURL  = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultModeTimeout  = 10 * time.Minute
+	DefaultPublishers   = 4
+	DefaultPublishChunk = 250
+)
+
+// ErrVerify is wrapped by the error of a mode whose effects do not match the
+// workload's unique ids, or that dead-lettered or lost messages.
+var ErrVerify = errors.New("bench: verification failed")
+
+// Config configures a Run. The zero value of every optional field selects a
+// documented default.
+type Config struct {
+	// Broker is "memory", "rabbitmq" or "kafka". Defaults to "memory".
+	Broker string
+	// Modes are measured in this order. Defaults to AllModes.
+	Modes []Mode
+	// Messages is the number of deliveries published, duplicates
+	// included. Defaults to 20,000.
+	Messages int
+	// DupRate is the fraction of deliveries that re-send an earlier id
+	// with the same body. Defaults to 0.2; set NoDups for none.
+	DupRate float64
+	// NoDups publishes no duplicates (DupRate 0 would select the default).
+	NoDups bool
+	// Seed seeds the workload's choice of duplicates. Defaults to 1.
+	Seed uint64
+	// Concurrency is the runtime's Concurrency and the number of naive and
+	// broker-only workers. Defaults to 8.
+	Concurrency int
+	// BatchSize is the batch modes' BatchSize. Defaults to 100.
+	BatchSize int
+	// BatchWait is the batch modes' BatchWait. Defaults to the runtime's.
+	BatchWait time.Duration
+	// Preload publishes the whole workload before consuming starts,
+	// instead of concurrently. Latencies then include the wait in the
+	// queue.
+	Preload bool
+	// Prefill inserts this many rows for another consumer into the dedup
+	// table before the run (and tops them up before each mode), so the
+	// modes run against a large table. Defaults to 0.
+	Prefill int
+	// PurgeDuring runs Store.Purge in a loop on the dedup table during
+	// each mode. The prefilled rows are 30 days old and are what it
+	// deletes; the run's own rows are too young to be purged.
+	PurgeDuring bool
+
+	// DatabaseURL is the Postgres to use. Defaults to
+	// DefaultDatabaseURL. Run creates a uniquely named schema and drops
+	// it at the end.
+	DatabaseURL string
+	// AMQPURL is RabbitMQ's URL. Defaults to DefaultAMQPURL.
+	AMQPURL string
+	// KafkaBrokers are Kafka's bootstrap addresses. Defaults to an
+	// in-process kfake cluster started for the run.
+	KafkaBrokers []string
+	// KafkaPartitions is the number of partitions of each topic.
+	// Defaults to Concurrency.
+	KafkaPartitions int
+
+	// ModeTimeout bounds each mode. Defaults to 10m.
+	ModeTimeout time.Duration
+	// Progress, if set, is called about every 200ms while a mode runs.
+	Progress func(Progress)
+	// Logger receives the run's logs. Defaults to discarding them.
+	Logger *slog.Logger
+
+	// effect replaces the ledger write of every mode, for tests of the
+	// verification.
+	effect func(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error
+}
+
+// Progress is a snapshot of the running mode.
+type Progress struct {
+	Mode      Mode
+	Published int
+	Settled   int64
+	Messages  int
+	Elapsed   time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Broker == "" {
+		c.Broker = BrokerMemory
+	}
+	if len(c.Modes) == 0 {
+		c.Modes = AllModes
+	}
+	if c.Messages == 0 {
+		c.Messages = DefaultMessages
+	}
+	if c.DupRate == 0 && !c.NoDups {
+		c.DupRate = DefaultDupRate
+	}
+	if c.NoDups {
+		c.DupRate = 0
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = consumer.DefaultBatchWait
+	}
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = DefaultDatabaseURL
+	}
+	if c.AMQPURL == "" {
+		c.AMQPURL = DefaultAMQPURL
+	}
+	if c.KafkaPartitions == 0 {
+		c.KafkaPartitions = c.Concurrency
+	}
+	if c.ModeTimeout == 0 {
+		c.ModeTimeout = DefaultModeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Broker != BrokerMemory && c.Broker != BrokerRabbitMQ && c.Broker != BrokerKafka:
+		return bad("Broker", "%q, want memory, rabbitmq or kafka", c.Broker)
+	case c.Messages < 1:
+		return bad("Messages", "%d, must be positive", c.Messages)
+	case c.DupRate < 0 || c.DupRate >= 1:
+		return bad("DupRate", "%g, must be in [0, 1)", c.DupRate)
+	case c.Concurrency < 1:
+		return bad("Concurrency", "%d, must be positive", c.Concurrency)
+	case c.BatchSize < 2 || c.BatchSize > 10_000:
+		return bad("BatchSize", "%d, must be between 2 and 10000", c.BatchSize)
+	case c.BatchWait < 0:
+		return bad("BatchWait", "negative")
+	case c.Prefill < 0:
+		return bad("Prefill", "negative")
+	case c.KafkaPartitions < 1:
+		return bad("KafkaPartitions", "%d, must be positive", c.KafkaPartitions)
+	case c.ModeTimeout < 0:
+		return bad("ModeTimeout", "negative")
+	}
+	seen := map[Mode]bool{}
+	for _, m := range c.Modes {
+		if !slices.Contains(AllModes, m) {
+			return bad("Modes", "unknown mode %q (want %s)", m, modeList())
+		}
+		if seen[m] {
+			return bad("Modes", "mode %q given twice", m)
+		}
+		seen[m] = true
+	}
+	return nil
+}
+
+func modeList() string {
+	s := make([]string, len(AllModes))
+	for i, m := range AllModes {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ", ")
+}
+
+// ParseModes parses a comma-separated list of modes; "all" or "" is
+// AllModes.
+func ParseModes(s string) ([]Mode, error) {
+	if s == "" || s == "all" {
+		return slices.Clone(AllModes), nil
+	}
+	var out []Mode
+	for _, f := range strings.Split(s, ",") {
+		m := Mode(strings.TrimSpace(f))
+		if !slices.Contains(AllModes, m) {
+			return nil, fmt.Errorf("unknown mode %q (want %s or all)", m, modeList())
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Result is the measurement of one mode.
+type Result struct {
+	Broker string `json:"broker"`
+	Mode   Mode   `json:"mode"`
+	// Messages is the number of deliveries published; Unique the
+	// number of distinct ids among them.
+	Messages int `json:"messages"`
+	Unique   int `json:"unique"`
+	// Concurrency and BatchSize (batch modes only) as configured.
+	Concurrency int `json:"concurrency"`
+	BatchSize   int `json:"batch_size,omitempty"`
+	// Seconds is the time from the first settled delivery to the last.
+	Seconds float64 `json:"seconds"`
+	// MsgsPerSec is Messages / Seconds.
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	// PublishPerSec is the publisher's rate: consumption cannot be faster
+	// while they run concurrently.
+	PublishPerSec float64 `json:"publish_per_sec"`
+	// P50Ms and P99Ms are publish-to-commit latencies (publish-to-ack for
+	// broker-only), in milliseconds.
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	// PeakRSSMiB is the process's peak resident set during the mode
+	// (VmHWM, reset before each mode where the kernel allows it). It is
+	// process-wide: it includes an in-process broker (memory, kfake).
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// PeakRSSReset reports that the peak could be reset before the mode;
+	// if false, PeakRSSMiB is the peak since the process started.
+	PeakRSSReset bool `json:"peak_rss_reset"`
+	// DuplicatesSkipped counts deliveries found to be already applied.
+	DuplicatesSkipped int64 `json:"duplicates_skipped"`
+	// Effects and DistinctEffects are the ledger's count(*) and
+	// count(DISTINCT id); both must equal Unique.
+	Effects         int64 `json:"effects"`
+	DistinctEffects int64 `json:"distinct_effects"`
+	// Errors counts failed attempts (database errors, handler errors,
+	// dead letters, failed acks).
+	Errors int64 `json:"errors"`
+	// Prefill is the number of other rows in the dedup table.
+	Prefill int `json:"prefill"`
+	// PurgedRows and PurgeErrors are set when Config.PurgeDuring.
+	PurgeDuring bool  `json:"purge_during"`
+	PurgedRows  int64 `json:"purged_rows"`
+	PurgeErrors int64 `json:"purge_errors"`
+	// RatioNaive and RatioBrokerOnly are MsgsPerSec divided by the naive
+	// and broker-only modes' rates in the same Run; 0 if not measured.
+	RatioNaive      float64 `json:"ratio_naive,omitempty"`
+	RatioBrokerOnly float64 `json:"ratio_broker_only,omitempty"`
+	// Verified reports that the checks passed; Error says why not.
+	Verified bool   `json:"verified"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Run measures cfg.Modes one after another and returns a Result per mode
+// run. It returns an error wrapping ErrVerify if any mode failed its checks
+// (the results are still returned), or another error if the run could not
+// be set up.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &runner{cfg: cfg, log: cfg.Logger, work: newWorkload(cfg.Messages, cfg.DupRate, cfg.Seed)}
+	defer r.close()
+	if err := r.setup(ctx); err != nil {
+		return nil, err
+	}
+	var (
+		results []Result
+		failed  []string
+	)
+	for _, m := range cfg.Modes {
+		if err := ctx.Err(); err != nil {
+			return results, err
+		}
+		res := r.runMode(ctx, m)
+		if !res.Verified {
+			failed = append(failed, fmt.Sprintf("%s: %s", m, res.Error))
+		}
+		results = append(results, res)
+	}
+	fillRatios(results)
+	if len(failed) > 0 {
+		return results, fmt.Errorf("%w: %s", ErrVerify, strings.Join(failed, "; "))
+	}
+	return results, nil
+}
+
+// fillRatios sets each result's ratios to the naive and broker-only modes.
+func fillRatios(rs []Result) {
+	var naive, only float64
+	for _, r := range rs {
+		switch r.Mode {
+		case ModeNaive:
+			naive = r.MsgsPerSec
+		case ModeBrokerOnly:
+			only = r.MsgsPerSec
+		}
+	}
+	for i := range rs {
+		if naive > 0 {
+			rs[i].RatioNaive = rs[i].MsgsPerSec / naive
+		}
+		if only > 0 {
+			rs[i].RatioBrokerOnly = rs[i].MsgsPerSec / only
+		}
+	}
+}
+
+// runner holds what the modes of one Run share.
+type runner struct {
+	cfg    Config
+	log    *slog.Logger
+	work   *workload
+	pool   *pgxpool.Pool
+	schema string
+	broker brokerEnv
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (r *runner) setup(ctx context.Context) error {
+	var err error
+	if r.broker, err = newBrokerEnv(ctx, r.cfg); err != nil {
+		return err
+	}
+	return r.setupDB(ctx)
+}
+
+func (r *runner) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if r.pool != nil {
+		if r.schema != "" {
+			if _, err := r.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE"); err != nil {
+				r.log.Warn("bench: drop schema", "schema", r.schema, "error", err)
+			}
+		}
+		r.pool.Close()
+	}
+	if r.broker != nil {
+		r.broker.close()
+	}
+}

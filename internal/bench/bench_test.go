@@ -1,0 +1,288 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// smallConfig is a run small enough for CI.
+func smallConfig(broker string) Config {
+	return Config{
+		Broker:      broker,
+		Messages:    400,
+		DatabaseURL: testdb.URL(),
+		ModeTimeout: 30 * time.Second,
+		BatchSize:   20,
+	}
+}
+
+func run(t *testing.T, cfg Config) ([]Result, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	return Run(ctx, cfg)
+}
+
+// checkAll checks that every mode ran, was verified, and applied each
+// unique id exactly once.
+func checkAll(t *testing.T, cfg Config, rs []Result, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rs) != len(AllModes) {
+		t.Fatalf("got %d results, want %d", len(rs), len(AllModes))
+	}
+	w := newWorkload(cfg.Messages, DefaultDupRate, 1)
+	for i, r := range rs {
+		if r.Mode != AllModes[i] || !r.Verified || r.Error != "" {
+			t.Fatalf("result %d: %+v", i, r)
+		}
+		if r.MsgsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMiB <= 0 {
+			t.Errorf("%s: implausible measurements %+v", r.Mode, r)
+		}
+		if r.Unique != w.unique || r.Messages != cfg.Messages {
+			t.Errorf("%s: unique %d of %d, want %d of %d", r.Mode, r.Unique, r.Messages, w.unique, cfg.Messages)
+		}
+		if r.Mode == ModeBrokerOnly {
+			if r.Effects != 0 || r.DuplicatesSkipped != 0 {
+				t.Errorf("broker-only: %+v", r)
+			}
+			continue
+		}
+		if r.Effects != int64(w.unique) || r.DistinctEffects != int64(w.unique) {
+			t.Errorf("%s: %d effects (%d distinct), want %d", r.Mode, r.Effects, r.DistinctEffects, w.unique)
+		}
+		// Every duplicate delivery was skipped (redeliveries may add
+		// more).
+		if r.DuplicatesSkipped < int64(cfg.Messages-w.unique) {
+			t.Errorf("%s: %d duplicates skipped, want at least %d", r.Mode, r.DuplicatesSkipped, cfg.Messages-w.unique)
+		}
+		if r.RatioNaive <= 0 || r.RatioBrokerOnly <= 0 {
+			t.Errorf("%s: ratios not filled: %+v", r.Mode, r)
+		}
+	}
+}
+
+func TestAllModesMemory(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	rs, err := run(t, cfg)
+	checkAll(t, cfg, rs, err)
+}
+
+func TestAllModesRabbitMQ(t *testing.T) {
+	cfg := smallConfig(BrokerRabbitMQ)
+	rs, err := run(t, cfg)
+	checkAll(t, cfg, rs, err)
+}
+
+func TestAllModesKafka(t *testing.T) {
+	cfg := smallConfig(BrokerKafka)
+	cfg.Concurrency = 4
+	rs, err := run(t, cfg)
+	checkAll(t, cfg, rs, err)
+}
+
+// TestVerificationCatchesDoubleEffects breaks the effect so that some ids
+// are applied twice, as a consumer without dedup would: every database mode
+// must fail its checks.
+func TestVerificationCatchesDoubleEffects(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeNaive, ModeIdemq, ModeBatchSet}
+	cfg.effect = func(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error {
+		n := 1
+		if strings.HasSuffix(id, "7") {
+			n = 2
+		}
+		for range n {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (id, amount) VALUES ($1, $2)", id, amount); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rs, err := run(t, cfg)
+	if !errors.Is(err, ErrVerify) {
+		t.Fatalf("Run: %v, want ErrVerify", err)
+	}
+	if len(rs) != len(cfg.Modes) {
+		t.Fatalf("got %d results", len(rs))
+	}
+	for _, r := range rs {
+		if r.Verified || r.Effects <= int64(r.Unique) || r.DistinctEffects != int64(r.Unique) || !strings.Contains(r.Error, "effects") {
+			t.Errorf("%s: the double effects were not caught: %+v", r.Mode, r)
+		}
+	}
+}
+
+// TestVerificationCatchesMissingEffects drops some effects while the claims
+// commit: the ledger count falls short and the checks fail.
+func TestVerificationCatchesMissingEffects(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeIdemq, ModeBatch}
+	cfg.effect = func(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error {
+		if strings.HasSuffix(id, "3") {
+			return nil
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (id, amount) VALUES ($1, $2)", id, amount)
+		return err
+	}
+	rs, err := run(t, cfg)
+	if !errors.Is(err, ErrVerify) {
+		t.Fatalf("Run: %v, want ErrVerify", err)
+	}
+	for _, r := range rs {
+		if r.Verified || r.Effects >= int64(r.Unique) {
+			t.Errorf("%s: the missing effects were not caught: %+v", r.Mode, r)
+		}
+	}
+}
+
+// TestDeadLetterFailsTheMode makes the effect fail permanently for one id:
+// the runtime dead-letters it and the mode fails fast instead of timing out.
+func TestDeadLetterFailsTheMode(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeIdemq}
+	cfg.effect = func(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error {
+		if id == "m-5" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (id, amount) VALUES ($1, $2)", id, amount)
+		return err
+	}
+	start := time.Now()
+	rs, err := run(t, cfg)
+	if !errors.Is(err, ErrVerify) || len(rs) != 1 || !strings.Contains(rs[0].Error, "dead-lettered") {
+		t.Fatalf("Run: %v, %+v", err, rs)
+	}
+	if time.Since(start) > cfg.ModeTimeout {
+		t.Fatalf("the mode ran into its timeout")
+	}
+}
+
+func TestPrefillAndPurgeDuring(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeIdemq, ModeBatchSet}
+	cfg.Prefill = 3000
+	cfg.PurgeDuring = true
+	rs, err := run(t, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, r := range rs {
+		if !r.Verified || r.Prefill != 3000 || r.PurgeErrors != 0 {
+			t.Errorf("%s: %+v", r.Mode, r)
+		}
+	}
+	// The first mode's purge deleted old rows; the second's found them
+	// topped up again. Whether a purge got to them before the mode ended
+	// depends on timing, so only the total is checked.
+	if rs[0].PurgedRows+rs[1].PurgedRows == 0 {
+		t.Errorf("nothing purged: %+v", rs)
+	}
+}
+
+func TestPreloadAndNoDups(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeBrokerOnly, ModeBatch}
+	cfg.Preload = true
+	cfg.NoDups = true
+	rs, err := run(t, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, r := range rs {
+		if !r.Verified || r.Unique != cfg.Messages || r.DuplicatesSkipped != 0 {
+			t.Errorf("%s: %+v", r.Mode, r)
+		}
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	w := newWorkload(10_000, 0.2, 7)
+	if w2 := newWorkload(10_000, 0.2, 7); w2.unique != w.unique {
+		t.Fatal("the workload is not deterministic")
+	}
+	if w.unique < 7_700 || w.unique > 8_300 {
+		t.Fatalf("%d unique of 10000 at dup rate 0.2", w.unique)
+	}
+	seen := make([]bool, w.unique)
+	next := int32(0)
+	for i, j := range w.seq {
+		if j > next || j < 0 {
+			t.Fatalf("delivery %d re-sends id %d before it was sent", i, j)
+		}
+		if j == next {
+			next++
+		}
+		seen[j] = true
+	}
+	for j, ok := range seen {
+		if !ok {
+			t.Fatalf("id %d never sent", j)
+		}
+	}
+	id, amount, err := parseBody(body(42))
+	if err != nil || id != msgID(42) || amount != amountOf(42) {
+		t.Fatalf("parseBody: %q %d %v", id, amount, err)
+	}
+	if _, _, err := parseBody([]byte("junk")); err == nil {
+		t.Fatal("parseBody accepted junk")
+	}
+}
+
+func TestHistogram(t *testing.T) {
+	var h histogram
+	if h.quantile(0.5) != 0 {
+		t.Fatal("empty histogram has a median")
+	}
+	for i := 1; i <= 1000; i++ {
+		h.add(time.Duration(i) * time.Millisecond)
+	}
+	near := func(got, want time.Duration) bool {
+		return got > want*97/100 && got < want*103/100
+	}
+	if p := h.quantile(0.5); !near(p, 500*time.Millisecond) {
+		t.Errorf("p50 = %s", p)
+	}
+	if p := h.quantile(0.99); !near(p, 990*time.Millisecond) {
+		t.Errorf("p99 = %s", p)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []Config{
+		{Broker: "nats"},
+		{Messages: -1},
+		{DupRate: 1},
+		{BatchSize: 1},
+		{Modes: []Mode{"fast"}},
+		{Modes: []Mode{ModeIdemq, ModeIdemq}},
+		{Prefill: -1},
+	}
+	for _, c := range bad {
+		var ce *consumer.ConfigError
+		if _, err := Run(context.Background(), c); !errors.As(err, &ce) {
+			t.Errorf("%+v: got %v, want a ConfigError", c, err)
+		}
+	}
+	if ms, err := ParseModes("naive, idemq"); err != nil || len(ms) != 2 || ms[1] != ModeIdemq {
+		t.Errorf("ParseModes: %v %v", ms, err)
+	}
+	if _, err := ParseModes("naive,warp"); err == nil {
+		t.Error("ParseModes accepted an unknown mode")
+	}
+}

@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// prefillConsumer owns the prefilled dedup rows.
+const prefillConsumer = "bench-prefill"
+
+// purgeOlderThan is the purge window: prefilled rows are 30 days old, the
+// run's own rows are new.
+const purgeOlderThan = 24 * time.Hour
+
+func (r *runner) setupDB(ctx context.Context) error {
+	pcfg, err := pgxpool.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("bench: database URL: %w", err)
+	}
+	// The consumer's connections, plus the purge loop, the progress and
+	// verification queries.
+	pcfg.MaxConns = int32(r.cfg.Concurrency + 3)
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return fmt.Errorf("bench: connect to Postgres: %w", err)
+	}
+	if err := r.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("bench: connect to Postgres: %w", err)
+	}
+	schema := "idemq_bench_" + randomHex(6)
+	if _, err := r.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("bench: create schema: %w", err)
+	}
+	r.schema = schema
+	store, err := r.store()
+	if err != nil {
+		return err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fmt.Errorf("bench: migrate: %w", err)
+	}
+	return nil
+}
+
+func (r *runner) store() (*processed.Store, error) {
+	return processed.New(r.pool, processed.Config{Schema: r.schema})
+}
+
+func (r *runner) dedupTable() string {
+	return pgx.Identifier{r.schema, processed.DefaultTable}.Sanitize()
+}
+
+func (r *runner) ledgerTable(m Mode) string {
+	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(string(m), "-", "_")}.Sanitize()
+}
+
+// createLedger creates mode m's business table. It has no unique key, so
+// that a double effect shows as count(*) > count(DISTINCT id).
+func (r *runner) createLedger(ctx context.Context, m Mode) error {
+	_, err := r.pool.Exec(ctx, "CREATE TABLE "+r.ledgerTable(m)+` (
+	id     text        NOT NULL,
+	amount bigint      NOT NULL,
+	at     timestamptz NOT NULL DEFAULT now())`)
+	if err != nil {
+		return fmt.Errorf("bench: create ledger: %w", err)
+	}
+	return nil
+}
+
+// topUpPrefill makes sure the prefill consumer has cfg.Prefill rows, 30 days
+// old, in the dedup table, with one INSERT ... SELECT generate_series.
+func (r *runner) topUpPrefill(ctx context.Context) error {
+	if r.cfg.Prefill == 0 {
+		return nil
+	}
+	var have int64
+	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", prefillConsumer).Scan(&have); err != nil {
+		return fmt.Errorf("bench: count prefill: %w", err)
+	}
+	if have >= int64(r.cfg.Prefill) {
+		return nil
+	}
+	start := time.Now()
+	conflict := ""
+	if have > 0 {
+		conflict = " ON CONFLICT DO NOTHING"
+	}
+	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.dedupTable()+` (consumer, message_id, fingerprint, processed_at, source)
+SELECT $1, 'p-' || g, sha256(int8send(g)), now() - interval '30 days', 'prefill'
+FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, r.cfg.Prefill)
+	if err != nil {
+		return fmt.Errorf("bench: prefill: %w", err)
+	}
+	if _, err := r.pool.Exec(ctx, "ANALYZE "+r.dedupTable()); err != nil {
+		return fmt.Errorf("bench: analyze: %w", err)
+	}
+	r.log.Info("bench: prefilled the dedup table", "rows", r.cfg.Prefill-int(have), "took", time.Since(start))
+	return nil
+}
+
+// purgeLoop runs Purge until ctx is done, pausing briefly when there was
+// nothing to delete.
+func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64) {
+	store, err := r.store()
+	if err != nil {
+		errs.Add(1)
+		return
+	}
+	for ctx.Err() == nil {
+		n, err := store.Purge(ctx, purgeOlderThan)
+		rows.Add(n)
+		if err != nil && ctx.Err() == nil {
+			errs.Add(1)
+			r.log.Warn("bench: purge", "error", err)
+		}
+		if n == 0 {
+			sleepCtx(ctx, 20*time.Millisecond)
+		}
+	}
+}
+
+// ledgerInsert is the per-message effect.
+func (r *runner) ledgerInsert(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error {
+	if r.cfg.effect != nil {
+		return r.cfg.effect(ctx, tx, ledger, id, amount)
+	}
+	_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (id, amount) VALUES ($1, $2)", id, amount)
+	return err
+}
+
+// handler is the per-message Handler of the idemq modes.
+func (r *runner) handler(ledger string) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		id, amount, err := parseBody(msg.Body)
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		return r.ledgerInsert(ctx, tx, ledger, id, amount)
+	}
+}
+
+// batchHandler is the set-based BatchHandler: one INSERT for the batch.
+func (r *runner) batchHandler(ledger string) consumer.BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		if r.cfg.effect != nil {
+			for _, m := range msgs {
+				id, amount, err := parseBody(m.Body)
+				if err != nil {
+					return consumer.Permanent(err)
+				}
+				if err := r.cfg.effect(ctx, tx, ledger, id, amount); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		ids := make([]string, len(msgs))
+		amounts := make([]int64, len(msgs))
+		for i, m := range msgs {
+			var err error
+			if ids[i], amounts[i], err = parseBody(m.Body); err != nil {
+				return consumer.Permanent(err)
+			}
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (id, amount) SELECT * FROM unnest($1::text[], $2::bigint[])", ids, amounts)
+		return err
+	}
+}
+
+// naiveApply is the plain recipe for one message: BEGIN; claim; effect if
+// new; COMMIT. It reports whether the message was new.
+func (r *runner) naiveApply(ctx context.Context, name, ledger string, id string, b []byte) (bool, error) {
+	fp := sha256.Sum256(b)
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	tag, err := tx.Exec(ctx, "INSERT INTO "+r.dedupTable()+" (consumer, message_id, fingerprint) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", name, id, fp[:])
+	if err != nil {
+		return false, err
+	}
+	inserted := tag.RowsAffected() == 1
+	if inserted {
+		bid, amount, err := parseBody(b)
+		if err != nil {
+			return false, err
+		}
+		if err := r.ledgerInsert(ctx, tx, ledger, bid, amount); err != nil {
+			return false, err
+		}
+	}
+	return inserted, tx.Commit(ctx)
+}
+
+// verify compares the ledger and the dedup rows of consumer name with the
+// workload's unique ids.
+func (r *runner) verify(ctx context.Context, m Mode, name string, res *Result) error {
+	if err := r.pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM "+r.ledgerTable(m)).
+		Scan(&res.Effects, &res.DistinctEffects); err != nil {
+		return fmt.Errorf("count effects: %w", err)
+	}
+	var claims int64
+	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", name).Scan(&claims); err != nil {
+		return fmt.Errorf("count dedup rows: %w", err)
+	}
+	u := int64(r.work.unique)
+	if res.Effects != u || res.DistinctEffects != u || claims != u {
+		return fmt.Errorf("%w: %d effects, %d distinct, %d dedup rows; want %d each", ErrVerify, res.Effects, res.DistinctEffects, claims, u)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

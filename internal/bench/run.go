@@ -1,0 +1,293 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// runMode measures one mode: a fresh queue or topic and ledger, the
+// consumer, the publisher (concurrently unless Preload), then the checks.
+func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
+	cfg := r.cfg
+	res = Result{
+		Broker: cfg.Broker, Mode: m, Messages: cfg.Messages, Unique: r.work.unique,
+		Concurrency: cfg.Concurrency, Prefill: cfg.Prefill, PurgeDuring: cfg.PurgeDuring,
+	}
+	if m == ModeBatch || m == ModeBatchSet {
+		res.BatchSize = cfg.BatchSize
+	}
+	fail := func(err error) Result {
+		res.Verified = false
+		res.Error = err.Error()
+		return res
+	}
+	db := m != ModeBrokerOnly
+	if db {
+		if err := r.createLedger(ctx, m); err != nil {
+			return fail(err)
+		}
+		if err := r.topUpPrefill(ctx); err != nil {
+			return fail(err)
+		}
+	}
+	tgt, err := r.broker.target(ctx, m)
+	if err != nil {
+		return fail(err)
+	}
+	defer tgt.cleanup()
+
+	res.PeakRSSReset = resetPeakRSS()
+	mctx, cancel := context.WithTimeout(ctx, cfg.ModeTimeout)
+	defer cancel()
+	tr := newTracker(cfg.Messages, r.work.unique, !db)
+	name := "bench-" + string(m)
+	ledger := r.ledgerTable(m)
+
+	// The consumer.
+	cctx, stopConsumer := context.WithCancel(mctx)
+	defer stopConsumer()
+	consumerDone := make(chan error, 1)
+	var rt *consumer.Runtime
+	startConsumer := func() error {
+		switch m {
+		case ModeBrokerOnly:
+			go func() {
+				consumerDone <- tgt.consume(cctx, m, cfg.Concurrency, func(_ context.Context, _ string, _ []byte, at string) error {
+					tr.record(at, true)
+					return nil
+				})
+			}()
+		case ModeNaive:
+			go func() {
+				consumerDone <- tgt.consume(cctx, m, cfg.Concurrency, func(ctx context.Context, id string, b []byte, at string) error {
+					for {
+						inserted, err := r.naiveApply(ctx, name, ledger, id, b)
+						if err == nil {
+							tr.record(at, inserted)
+							return nil
+						}
+						if ctx.Err() != nil {
+							return ctx.Err()
+						}
+						tr.errs.Add(1)
+						r.log.Warn("bench: naive apply", "error", err)
+						sleepCtx(ctx, 50*time.Millisecond)
+					}
+				})
+			}()
+		default:
+			src, err := tgt.source(cctx, m)
+			if err != nil {
+				return err
+			}
+			store, err := r.store()
+			if err != nil {
+				return err
+			}
+			rcfg := consumer.Config{
+				Name:        name,
+				Source:      src,
+				DB:          r.pool,
+				Store:       store,
+				Concurrency: cfg.Concurrency,
+				DeadLetterer: consumer.DeadLettererFunc(func(_ context.Context, _ *consumer.Message, f consumer.Failure) error {
+					tr.fail(fmt.Errorf("%w: message %s dead-lettered (%s): %v", ErrVerify, f.MessageID, f.Class, f.Err))
+					return nil
+				}),
+				Hooks:  []consumer.Hook{trackerHook{tr}},
+				Logger: r.log,
+			}
+			switch m {
+			case ModeIdemq:
+				rcfg.Handler = r.handler(ledger)
+			case ModeBatch:
+				rcfg.Handler = r.handler(ledger)
+				rcfg.BatchSize, rcfg.BatchWait = cfg.BatchSize, cfg.BatchWait
+			case ModeBatchSet:
+				rcfg.BatchHandler = r.batchHandler(ledger)
+				rcfg.BatchSize, rcfg.BatchWait = cfg.BatchSize, cfg.BatchWait
+			}
+			if rt, err = consumer.New(rcfg); err != nil {
+				_ = src.Close()
+				return err
+			}
+			go func() { consumerDone <- rt.Run(cctx) }()
+		}
+		return nil
+	}
+
+	// The purge loop.
+	var purgeWG sync.WaitGroup
+	var purged, purgeErrs atomic.Int64
+	if cfg.PurgeDuring {
+		purgeWG.Add(1)
+		go func() {
+			defer purgeWG.Done()
+			r.purgeLoop(cctx, &purged, &purgeErrs)
+		}()
+	}
+
+	// The publisher.
+	var published atomic.Int64
+	pubDone := make(chan error, 1)
+	var pubDur atomic.Int64
+	publish := func() error {
+		start := time.Now()
+		err := r.work.publish(mctx, tgt.publish, &published)
+		pubDur.Store(int64(time.Since(start)))
+		return err
+	}
+	start := time.Now()
+	if cfg.Preload {
+		if err := publish(); err != nil {
+			return fail(fmt.Errorf("publish: %w", err))
+		}
+		pubDone <- nil
+	}
+	if err := startConsumer(); err != nil {
+		return fail(fmt.Errorf("start consumer: %w", err))
+	}
+	consumerRunning := true
+	members := 1
+	if m == ModeBrokerOnly || m == ModeNaive {
+		members = cfg.Concurrency
+	}
+	if err := tgt.ready(mctx, members); err != nil {
+		stopConsumer()
+		<-consumerDone
+		return fail(err)
+	}
+	if !cfg.Preload {
+		go func() { pubDone <- publish() }()
+	}
+
+	// Wait for the end.
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var runErr error
+wait:
+	for {
+		select {
+		case <-tr.done:
+			break wait
+		case err := <-tr.failed:
+			runErr = err
+			break wait
+		case err := <-pubDone:
+			if err != nil {
+				runErr = fmt.Errorf("publish: %w", err)
+				break wait
+			}
+		case err := <-consumerDone:
+			consumerRunning = false
+			runErr = fmt.Errorf("consumer stopped early: %v", err)
+			break wait
+		case <-mctx.Done():
+			runErr = fmt.Errorf("timed out after %s with %d of %d deliveries settled and %d of %d ids applied",
+				cfg.ModeTimeout, tr.settled.Load(), cfg.Messages, tr.applied.Load(), r.work.unique)
+			if ctx.Err() != nil {
+				runErr = ctx.Err()
+			}
+			break wait
+		case <-tick.C:
+			if cfg.Progress != nil {
+				cfg.Progress(Progress{Mode: m, Published: int(published.Load()), Settled: tr.settled.Load(),
+					Messages: cfg.Messages, Elapsed: time.Since(start)})
+			}
+		}
+	}
+	stopConsumer()
+	if consumerRunning {
+		if err := <-consumerDone; err != nil && runErr == nil && !errors.Is(err, context.Canceled) {
+			runErr = fmt.Errorf("consumer: %w", err)
+		}
+	}
+	purgeWG.Wait()
+	cancel() // stops a publisher still running after a failure
+
+	res.PeakRSSMiB = peakRSSMiB()
+	res.Seconds = tr.elapsed().Seconds()
+	if res.Seconds > 0 {
+		res.MsgsPerSec = float64(cfg.Messages) / res.Seconds
+	}
+	if d := time.Duration(pubDur.Load()); d > 0 {
+		res.PublishPerSec = float64(published.Load()) / d.Seconds()
+	}
+	res.P50Ms = float64(tr.hist.quantile(0.50)) / float64(time.Millisecond)
+	res.P99Ms = float64(tr.hist.quantile(0.99)) / float64(time.Millisecond)
+	res.DuplicatesSkipped = tr.dups.Load()
+	if !db {
+		res.DuplicatesSkipped = 0
+	}
+	res.Errors = tr.errs.Load()
+	res.PurgedRows, res.PurgeErrors = purged.Load(), purgeErrs.Load()
+	if rt != nil {
+		st := rt.Stats()
+		res.DuplicatesSkipped = st.Duplicates
+		res.Errors += st.Retries + st.DeadLettered + st.AckFailures
+	}
+	if runErr != nil {
+		return fail(runErr)
+	}
+	if db {
+		vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer vcancel()
+		if err := r.verify(vctx, m, name, &res); err != nil {
+			return fail(err)
+		}
+	}
+	if res.PurgeErrors > 0 {
+		return fail(fmt.Errorf("%w: %d purge errors", ErrVerify, res.PurgeErrors))
+	}
+	res.Verified = true
+	return res
+}
+
+// trackerHook feeds the runtime's events to a tracker.
+type trackerHook struct{ t *tracker }
+
+func (h trackerHook) OnApplied(_ context.Context, msg *consumer.Message, _, _ time.Duration) {
+	h.t.record(msg.Header(HeaderPublishedAt), true)
+}
+
+func (h trackerHook) OnDuplicate(_ context.Context, msg *consumer.Message, _ time.Time) {
+	h.t.record(msg.Header(HeaderPublishedAt), false)
+}
+
+// resetPeakRSS collects garbage, returns freed memory to the OS and resets
+// the kernel's peak-RSS mark (Linux 4.0+). It reports whether the reset
+// worked.
+func resetPeakRSS() bool {
+	runtime.GC()
+	debug.FreeOSMemory()
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}
+
+// peakRSSMiB reads VmHWM from /proc/self/status, or 0 where there is none.
+func peakRSSMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			if err != nil {
+				return 0
+			}
+			return kb / 1024
+		}
+	}
+	return 0
+}
