@@ -51,7 +51,8 @@ type batchDispatcher struct {
 }
 
 func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
-	n := r.cfg.Concurrency * r.cfg.BatchSize
+	// Room for two batches per lane: one filling while one commits.
+	n := 2 * r.cfg.Concurrency * r.cfg.BatchSize
 	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)

@@ -37,6 +37,9 @@ const (
 	// broker client: per message BEGIN; INSERT into the dedup table ON
 	// CONFLICT DO NOTHING; if inserted, the ledger INSERT; COMMIT; ack.
 	ModeNaive Mode = "naive"
+	// ModeNaive1 is ModeNaive with a single consumer, the recipe as it is
+	// usually first written.
+	ModeNaive1 Mode = "naive-1"
 	// ModeIdemq is the idemq runtime in per-message mode.
 	ModeIdemq Mode = "idemq"
 	// ModeBatch is the idemq runtime in batch mode with the same
@@ -49,7 +52,7 @@ const (
 )
 
 // AllModes lists every mode in the order Run measures them.
-var AllModes = []Mode{ModeBrokerOnly, ModeNaive, ModeIdemq, ModeBatch, ModeBatchSet}
+var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeBatch, ModeBatchSet}
 
 // Brokers Run supports.
 const (
@@ -298,9 +301,11 @@ type Result struct {
 	PurgeDuring bool  `json:"purge_during"`
 	PurgedRows  int64 `json:"purged_rows"`
 	PurgeErrors int64 `json:"purge_errors"`
-	// RatioNaive and RatioBrokerOnly are MsgsPerSec divided by the naive
-	// and broker-only modes' rates in the same Run; 0 if not measured.
+	// RatioNaive, RatioNaive1 and RatioBrokerOnly are MsgsPerSec divided
+	// by the naive, naive-1 and broker-only modes' rates in the same Run;
+	// 0 if not measured.
 	RatioNaive      float64 `json:"ratio_naive,omitempty"`
+	RatioNaive1     float64 `json:"ratio_naive_1,omitempty"`
 	RatioBrokerOnly float64 `json:"ratio_broker_only,omitempty"`
 	// Verified reports that the checks passed; Error says why not.
 	Verified bool   `json:"verified"`
@@ -344,11 +349,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 
 // fillRatios sets each result's ratios to the naive and broker-only modes.
 func fillRatios(rs []Result) {
-	var naive, only float64
+	var naive, naive1, only float64
 	for _, r := range rs {
 		switch r.Mode {
 		case ModeNaive:
 			naive = r.MsgsPerSec
+		case ModeNaive1:
+			naive1 = r.MsgsPerSec
 		case ModeBrokerOnly:
 			only = r.MsgsPerSec
 		}
@@ -356,6 +363,9 @@ func fillRatios(rs []Result) {
 	for i := range rs {
 		if naive > 0 {
 			rs[i].RatioNaive = rs[i].MsgsPerSec / naive
+		}
+		if naive1 > 0 {
+			rs[i].RatioNaive1 = rs[i].MsgsPerSec / naive1
 		}
 		if only > 0 {
 			rs[i].RatioBrokerOnly = rs[i].MsgsPerSec / only

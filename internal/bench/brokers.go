@@ -62,10 +62,12 @@ func newBrokerEnv(ctx context.Context, cfg Config) (brokerEnv, error) {
 // modes and for broker-only (the ceiling).
 func prefetch(cfg Config, m Mode) int {
 	switch m {
+	case ModeNaive1:
+		return 2
 	case ModeIdemq, ModeNaive:
 		return 2 * cfg.Concurrency
 	default:
-		return min(cfg.Concurrency*cfg.BatchSize, 65535)
+		return min(2*cfg.Concurrency*cfg.BatchSize, 65535)
 	}
 }
 

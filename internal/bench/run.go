@@ -68,9 +68,9 @@ func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
 					return nil
 				})
 			}()
-		case ModeNaive:
+		case ModeNaive, ModeNaive1:
 			go func() {
-				consumerDone <- tgt.consume(cctx, m, cfg.Concurrency, func(ctx context.Context, id string, b []byte, at string) error {
+				consumerDone <- tgt.consume(cctx, m, naiveConcurrency(cfg, m), func(ctx context.Context, id string, b []byte, at string) error {
 					for {
 						inserted, err := r.naiveApply(ctx, name, ledger, id, b)
 						if err == nil {
@@ -160,8 +160,8 @@ func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
 	}
 	consumerRunning := true
 	members := 1
-	if m == ModeBrokerOnly || m == ModeNaive {
-		members = cfg.Concurrency
+	if m == ModeBrokerOnly || m == ModeNaive || m == ModeNaive1 {
+		members = naiveConcurrency(cfg, m)
 	}
 	if err := tgt.ready(mctx, members); err != nil {
 		stopConsumer()
@@ -290,4 +290,12 @@ func peakRSSMiB() float64 {
 		}
 	}
 	return 0
+}
+
+// naiveConcurrency is the number of hand-written consumers a mode runs.
+func naiveConcurrency(cfg Config, m Mode) int {
+	if m == ModeNaive1 {
+		return 1
+	}
+	return cfg.Concurrency
 }
