@@ -52,7 +52,8 @@ func FuzzHeaderString(f *testing.F) {
 
 // FuzzMessageRoundTrip: a message the Publisher sends is read back by the
 // Source's mapping with the same id, key, body and headers, whether the id
-// travels in the message_id property or in a header. A header value the
+// travels in the message_id property or in a header (an id over 255 bytes,
+// which the property cannot hold, only in a header). A header value the
 // broker sends as another type is stringified.
 func FuzzMessageRoundTrip(f *testing.F) {
 	f.Add("id-1", "k", []byte("body"), "h", "v", "x-idemq-history", "[", false)
@@ -85,8 +86,13 @@ func FuzzMessageRoundTrip(f *testing.F) {
 		}
 		wantKey := want[keyHeader]
 		wantID := id
-		if idInHeader {
+		switch {
+		case idInHeader:
 			wantID = want[idHeader]
+		case len(id) > 255:
+			// Too long for the message_id property: published without
+			// it (long ids belong in a header).
+			wantID = ""
 		}
 		if out.ID != wantID || out.Key != wantKey || string(out.Body) != string(body) ||
 			out.Source != "q" || out.Partition != -1 || out.Offset != -1 || out.Metadata[MetaDeliveryTag] != "9" {
