@@ -1,0 +1,252 @@
+// Command dlq-replay walks through safe dead-letter replay with idemq:
+//
+//  1. fail: a handler bug sends orders to the dead-letter queue, each with
+//     its failure envelope;
+//  2. inspect: the dead-letter queue is summarised without consuming it;
+//  3. fix: the handler is fixed (and one order was meanwhile applied by
+//     other means, so its dead-letter copy is stale);
+//  4. dry-run: every dead letter is classified against the dedup table,
+//     consuming nothing;
+//  5. replay: the dead letters run through the same dedup path, so the
+//     stale copy is skipped and the others apply exactly once;
+//  6. replay again: everything is skipped; no effect is applied twice.
+//
+// It uses the in-memory broker and Postgres at DATABASE_URL (defaulting to
+// the local server), in its own schema, idemq_example_dlq, recreated on
+// every run. It exits non-zero if any step does not show what it should.
+//
+//	go run ./examples/dlq-replay
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/processed"
+)
+
+const (
+	defaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	schema     = "idemq_example_dlq"
+	queue      = "orders"
+	dlqQueue   = "orders.dlq"
+	orders     = 12
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "dlq-replay:", err)
+		os.Exit(1)
+	}
+}
+
+// shop is the consumer: it records orders in a table, and has a bug that
+// can be switched off.
+type shop struct {
+	pool   *pgxpool.Pool
+	store  *processed.Store
+	broker *memory.Broker
+	buggy  atomic.Bool
+}
+
+func (s *shop) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+	if s.buggy.Load() {
+		return consumer.Permanent(errors.New("parse order: unknown currency \"EUR\" (handler bug)"))
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO idemq_example_dlq.orders (order_id, body) VALUES ($1, $2)`, msg.ID, string(msg.Body))
+	return err
+}
+
+func (s *shop) config(src consumer.Source) consumer.Config {
+	return consumer.Config{
+		Name: "shop", Source: src, DB: s.pool, Store: s.store, Handler: s.handle,
+		DeadLetterer: s.broker.DeadLetterer(dlqQueue),
+	}
+}
+
+// browser reads the dead-letter queue as it is now, without consuming it.
+func (s *shop) browser() (dlq.Browser, error) {
+	n := s.broker.Ready(dlqQueue)
+	sub, err := s.broker.Subscribe(dlqQueue, memory.SubscribeOptions{Prefetch: max(n, 1)})
+	if err != nil {
+		return nil, err
+	}
+	return dlq.SourceBrowser(sub, n, 500*time.Millisecond), nil
+}
+
+func (s *shop) effects(ctx context.Context) (rows, distinct int, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM idemq_example_dlq.orders`).Scan(&rows, &distinct)
+	return rows, distinct, err
+}
+
+func run(ctx context.Context, out io.Writer) error {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = defaultURL
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pool, err := pgxpool.New(cctx, url)
+	if err == nil {
+		err = pool.Ping(cctx)
+	}
+	cancel()
+	if err != nil {
+		return fmt.Errorf("cannot reach Postgres (set DATABASE_URL): %w", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example_dlq CASCADE`); err != nil {
+		return err
+	}
+	store, err := processed.New(pool, processed.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE idemq_example_dlq.orders (order_id text NOT NULL, body text NOT NULL)`); err != nil {
+		return err
+	}
+	s := &shop{pool: pool, store: store, broker: memory.NewBroker()}
+
+	// 1. fail.
+	s.buggy.Store(true)
+	for i := 1; i <= orders; i++ {
+		id := fmt.Sprintf("order-%03d", i)
+		if err := s.broker.Publish(ctx, queue, &consumer.Message{ID: id, Body: []byte(`{"total":"` + strconv.Itoa(10*i) + ` EUR"}`)}); err != nil {
+			return err
+		}
+	}
+	stats, err := s.consume(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "1. fail:         %d orders received, %d applied, %d dead-lettered to %s\n", stats.Received, stats.Applied, stats.DeadLettered, dlqQueue)
+
+	// 2. inspect.
+	b, err := s.browser()
+	if err != nil {
+		return err
+	}
+	rep, err := dlq.Inspect(ctx, b, dlq.Filter{}, 0)
+	if err != nil {
+		return err
+	}
+	for _, g := range rep.Groups {
+		fmt.Fprintf(out, "2. inspect:      %d × %s: %s (consumer %v, from %v); still %d in the DLQ\n", g.Count, g.Class, g.Error, g.Consumers, g.Sources, s.broker.Ready(dlqQueue))
+	}
+
+	// 3. fix, and order-001 is applied meanwhile through a resend.
+	s.buggy.Store(false)
+	if err := s.broker.Publish(ctx, queue, &consumer.Message{ID: "order-001", Body: []byte(`{"total":"10 EUR"}`)}); err != nil {
+		return err
+	}
+	if _, err := s.consume(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "3. fix:          handler fixed; order-001 was resent and applied meanwhile")
+
+	// 4. dry run.
+	if b, err = s.browser(); err != nil {
+		return err
+	}
+	cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: b, Store: store, Retention: 72 * time.Hour})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "4. dry run:      %d will apply, %d already applied, %d fingerprint mismatch; %d still in the DLQ (nothing consumed)\n",
+		cl.WillApply, cl.AlreadyApplied, cl.Mismatch, s.broker.Ready(dlqQueue))
+
+	// 5. replay.
+	replay := func() (dlq.Result, error) {
+		b, err := s.browser()
+		if err != nil {
+			return dlq.Result{}, err
+		}
+		return dlq.Replay(ctx, dlq.ReplayConfig{Browser: b, Consumer: s.config(nil), Retention: 72 * time.Hour})
+	}
+	dlqCopies := s.broker.Messages(dlqQueue) // kept to replay again below
+	res, err := replay()
+	if err != nil {
+		return err
+	}
+	rows, distinct, err := s.effects(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "5. replay:       applied %d, skipped %d already applied, failed again %d; %d orders in the table (%d distinct); DLQ now %d\n",
+		res.Applied, res.Skipped, res.FailedAgain, rows, distinct, s.broker.Ready(dlqQueue))
+
+	// 6. replay again: as if an operator ran it twice, or a replay crashed
+	// before acking its DLQ copies.
+	if err := s.broker.Publish(ctx, dlqQueue, dlqCopies...); err != nil {
+		return err
+	}
+	again, err := replay()
+	if err != nil {
+		return err
+	}
+	rows2, distinct2, err := s.effects(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "6. replay again: applied %d, skipped %d already applied; %d orders in the table (%d distinct)\n",
+		again.Applied, again.Skipped, rows2, distinct2)
+
+	switch {
+	case stats.DeadLettered != orders:
+		return fmt.Errorf("step 1: %d dead-lettered, want %d", stats.DeadLettered, orders)
+	case rep.Total != orders:
+		return fmt.Errorf("step 2: inspect saw %d, want %d", rep.Total, orders)
+	case cl.WillApply != orders-1 || cl.AlreadyApplied != 1:
+		return fmt.Errorf("step 4: dry run %d will apply / %d applied, want %d / 1", cl.WillApply, cl.AlreadyApplied, orders-1)
+	case res.Applied != orders-1 || res.Skipped != 1 || rows != orders || distinct != orders:
+		return fmt.Errorf("step 5: replay applied %d skipped %d, table %d/%d", res.Applied, res.Skipped, rows, distinct)
+	case again.Applied != 0 || again.Skipped != orders || rows2 != orders:
+		return fmt.Errorf("step 6: second replay applied %d, table %d rows", again.Applied, rows2)
+	}
+	fmt.Fprintln(out, "\nOK: every order applied exactly once, through failure, fix and two replays.")
+	return nil
+}
+
+// consume runs the live consumer until the work queue is drained.
+func (s *shop) consume(ctx context.Context) (consumer.Stats, error) {
+	sub, err := s.broker.Subscribe(queue, memory.SubscribeOptions{})
+	if err != nil {
+		return consumer.Stats{}, err
+	}
+	rt, err := consumer.New(s.config(sub))
+	if err != nil {
+		return consumer.Stats{}, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = s.broker.WaitFor(wctx, queue, memory.Drained)
+	wcancel()
+	for err == nil && rt.Stats().InFlight > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if rerr := <-done; err == nil {
+		err = rerr
+	}
+	return rt.Stats(), err
+}
