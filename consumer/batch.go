@@ -73,7 +73,9 @@ func (d *batchDispatcher) dispatch(del Delivery) {
 		_, _ = h.Write([]byte(key))
 		i = h.Sum64()
 	} else {
-		i = d.rr.Add(1)
+		// Runs of BatchSize go to one lane, so a batch holds
+		// consecutive deliveries, which a broker can ack in one call.
+		i = d.rr.Add(1) / uint64(d.r.cfg.BatchSize)
 	}
 	d.lanes[i%uint64(len(d.lanes))] <- del
 }
