@@ -60,6 +60,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pgpurge"
 )
 
 // DB is what the middleware needs from a database handle. *pgxpool.Pool and
@@ -95,7 +96,7 @@ type Middleware struct {
 	qTable  string
 	methods map[string]bool
 	sql     struct {
-		insert, lockSkip, peek, takeover, own, complete, release, cutoff, purge string
+		insert, lockSkip, peek, takeover, own, complete, release, purge string
 	}
 
 	// afterClaim, set by tests, runs after a claim commits; an error ends
@@ -139,7 +140,6 @@ WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_progress' FOR 
 	completed_at = now(), lock_token = NULL, locked_until = NULL
 WHERE scope = $1 AND key = $2 AND lock_token = $3`
 	m.sql.release = `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_progress'`
-	m.sql.cutoff = `SELECT now() - $1::bigint * interval '1 microsecond'`
 	m.sql.purge = `DELETE FROM ` + t + ` WHERE (scope, key) IN (
 	SELECT scope, key FROM ` + t + `
 	WHERE created_at < $1 AND (state = 'completed' OR locked_until < now())
@@ -438,27 +438,11 @@ func (m *Middleware) release(ctx context.Context, c *claim) {
 // it is treated as new: choose olderThan longer than clients may retry (24h
 // is common). It deletes in batches of Config.PurgeBatchSize rows.
 func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("httpidem: purge: olderThan is %s, must be positive", olderThan)
+	n, step, err := pgpurge.Run(ctx, m.db, m.sql.purge, olderThan, m.cfg.PurgeBatchSize)
+	if err != nil {
+		return n, m.wrap(string(step), err)
 	}
-	var cutoff time.Time
-	if err := m.db.QueryRow(ctx, m.sql.cutoff, olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, m.wrap("purge: cutoff", err)
-	}
-	var total int64
-	for {
-		tag, err := m.db.Exec(ctx, m.sql.purge, cutoff, m.cfg.PurgeBatchSize)
-		if err != nil {
-			return total, m.wrap("purge", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(m.cfg.PurgeBatchSize) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, fmt.Errorf("httpidem: purge: %w", err)
-		}
-	}
+	return n, nil
 }
 
 func (m *Middleware) wrap(op string, err error) error {

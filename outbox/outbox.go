@@ -49,6 +49,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pgpurge"
 )
 
 // DB is what an Outbox needs from a database handle. *pgxpool.Pool and
@@ -94,7 +95,7 @@ type Outbox struct {
 	cfg    Config
 	qTable string
 	sql    struct {
-		insert, existing, cutoff, purge, stats, claim, sent, failed string
+		insert, existing, purge, stats, claim, sent, failed string
 	}
 }
 
@@ -118,7 +119,6 @@ func newOutbox(db DB, cfg Config) (*Outbox, error) {
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (destination, message_id) DO NOTHING`
 	o.sql.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
-	o.sql.cutoff = `SELECT now() - $1::bigint * interval '1 microsecond'`
 	o.sql.purge = `DELETE FROM ` + t + ` WHERE seq IN (
 	SELECT seq FROM ` + t + `
 	WHERE sent_at < $1
@@ -216,28 +216,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 // new message: keep sent rows at least as long as the operations that
 // produce them may be retried.
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("outbox: purge: olderThan is %s, must be positive", olderThan)
+	n, step, err := pgpurge.Run(ctx, o.db, o.sql.purge, olderThan, o.cfg.PurgeBatchSize)
+	if err != nil {
+		return n, o.wrap(string(step), err)
 	}
-	var cutoff time.Time
-	if err := o.db.QueryRow(ctx, o.sql.cutoff, olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, o.wrap("purge: cutoff", err)
-	}
-	var total int64
-	n := o.cfg.PurgeBatchSize
-	for {
-		tag, err := o.db.Exec(ctx, o.sql.purge, cutoff, n)
-		if err != nil {
-			return total, o.wrap("purge", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(n) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, fmt.Errorf("outbox: purge: %w", err)
-		}
-	}
+	return n, nil
 }
 
 // Stats is a snapshot of the outbox table.

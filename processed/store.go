@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pgpurge"
 )
 
 // DB is what the store needs from a database handle. *pgxpool.Pool and
@@ -63,7 +64,7 @@ type Store struct {
 	// qTable is the quoted, schema-qualified table name.
 	qTable string
 	sql    struct {
-		insert, existing, cutoff, purge, lookup, stats string
+		insert, existing, purge, lookup, stats string
 	}
 }
 
@@ -88,7 +89,6 @@ func New(db DB, cfg Config) (*Store, error) {
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (consumer, message_id) DO NOTHING`
 	s.sql.existing = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
-	s.sql.cutoff = `SELECT now() - $1::bigint * interval '1 microsecond'`
 	// No FOR UPDATE: row locks need the UPDATE privilege, and the
 	// runtime's role needs only SELECT, INSERT and DELETE. A row another
 	// purge is deleting is waited for, then skipped.
@@ -173,28 +173,11 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 // privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("processed: purge: olderThan is %s, must be positive", olderThan)
+	n, step, err := pgpurge.Run(ctx, s.db, s.sql.purge, olderThan, s.cfg.PurgeBatchSize)
+	if err != nil {
+		return n, s.wrap(string(step), err)
 	}
-	var cutoff time.Time
-	if err := s.db.QueryRow(ctx, s.sql.cutoff, olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, s.wrap("purge: cutoff", err)
-	}
-	var total int64
-	n := s.cfg.PurgeBatchSize
-	for {
-		tag, err := s.db.Exec(ctx, s.sql.purge, cutoff, n)
-		if err != nil {
-			return total, s.wrap("purge", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(n) {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, fmt.Errorf("processed: purge: %w", err)
-		}
-	}
+	return n, nil
 }
 
 // Record is one row of the dedup table.
