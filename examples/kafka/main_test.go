@@ -14,10 +14,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).triggerHealthCheck.func1"),
-	)
+	goleak.VerifyTestMain(m, testdb.LeakOptions()...)
 }
 
 // TestKafkaExample runs the example on its in-process cluster (KAFKA_BROKERS
