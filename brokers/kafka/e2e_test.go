@@ -334,8 +334,10 @@ func testE2ERebalance(t *testing.T, drain, work time.Duration) {
 	if sa.Applied+sb.Applied != n {
 		t.Errorf("applied %d+%d, want %d", sa.Applied, sb.Applied, n)
 	}
-	if drain > 0 && sa.AckFailures == 0 {
-		t.Errorf("no stale acks on A: the abandon path was not exercised")
+	// Either member may be the one whose partitions are revoked with work
+	// in flight (B loses some when A leaves and the group rebalances).
+	if drain > 0 && sa.AckFailures+sb.AckFailures == 0 {
+		t.Errorf("no stale acks on A or B: the abandon path was not exercised")
 	}
 	log.check(t)
 }
