@@ -466,3 +466,47 @@ func TestDeadLetterPublishFailureRequeuesOriginal(t *testing.T) {
 		t.Fatalf("stats %+v, dlq %d", s, e.broker.Ready(memDLQ))
 	}
 }
+
+// A missing-id dead letter keeps having no id through every path, even when
+// the broker hands it an id of its own (Kafka's topic/partition/offset
+// fallback): it must never be applied under an id no producer gave it.
+func TestMissingIDDeadLetterNeverTakesABrokerID(t *testing.T) {
+	t.Parallel()
+	e := newMemEnv(t)
+	ctx := context.Background()
+	noID := dlq.Envelope(&consumer.Message{Body: []byte(`{"order":"?"}`), Source: memQueue},
+		consumer.Failure{Consumer: "billing", Class: consumer.ClassMissingID, Err: errors.New("message has no id")}, dlq.Options{})
+	noID.ID = "orders.dlq/0/17" // what a broker-made fallback id looks like
+	if err := e.broker.Publish(ctx, memDLQ, noID); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: e.browser(), Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MissingID != 1 || c.WillApply != 0 {
+		t.Fatalf("dry run: %+v, want one missing-id", c)
+	}
+
+	res, err := dlq.Requeue(ctx, dlq.RequeueConfig{Browser: e.browser(), Store: e.store,
+		Publish: func(ctx context.Context, dest string, m *consumer.Message) error { return e.broker.Publish(ctx, dest, m) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MissingID != 1 || res.Republished != 0 || e.broker.Ready(memDLQ) != 1 || e.broker.Ready(memQueue) != 0 {
+		t.Fatalf("requeue %+v; dlq=%d queue=%d", res, e.broker.Ready(memDLQ), e.broker.Ready(memQueue))
+	}
+
+	r := e.replay(nil)
+	if r.Applied != 0 || r.FailedAgain != 1 {
+		t.Fatalf("replay %+v: a missing-id dead letter was applied", r)
+	}
+	if rows, _ := e.effectCount(); rows != 0 {
+		t.Fatalf("%d effects from a message without an id", rows)
+	}
+	back := e.broker.Messages(memDLQ)
+	if len(back) != 1 || back[0].Header(dlq.HeaderErrorClass) != string(consumer.ClassMissingID) {
+		t.Fatalf("dead letter after replay: %+v", back)
+	}
+}
