@@ -490,7 +490,9 @@ func TestMissingIDDeadLetterNeverTakesABrokerID(t *testing.T) {
 	}
 
 	res, err := dlq.Requeue(ctx, dlq.RequeueConfig{Browser: e.browser(), Store: e.store,
-		Publish: func(ctx context.Context, dest string, m *consumer.Message) error { return e.broker.Publish(ctx, dest, m) }})
+		Publish: func(ctx context.Context, dest string, m *consumer.Message) error {
+			return e.broker.Publish(ctx, dest, m)
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
