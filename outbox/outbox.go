@@ -136,10 +136,10 @@ WHERE sent_at IS NULL AND next_attempt_at <= now()
 ORDER BY next_attempt_at, seq
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
-	o.sql.sent = `UPDATE ` + t + ` SET sent_at = now(), attempts = attempts + 1 WHERE seq = ANY($1)`
+	o.sql.sent = `UPDATE ` + t + ` SET sent_at = clock_timestamp(), attempts = attempts + 1 WHERE seq = ANY($1)`
 	o.sql.failed = `UPDATE ` + t + ` AS o
 SET attempts = o.attempts + 1, last_error = $2,
-    next_attempt_at = now() + d.delay * interval '1 microsecond'
+    next_attempt_at = clock_timestamp() + d.delay * interval '1 microsecond'
 FROM unnest($1::bigint[], $3::bigint[]) AS d(seq, delay)
 WHERE o.seq = d.seq`
 	return o, nil
