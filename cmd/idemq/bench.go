@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,6 +51,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		dbURL        string
 		kafkaBrokers string
 		asJSON       bool
+		cpuProfile   string
 	)
 	fs := c.flagSet()
 	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq or kafka")
@@ -69,6 +71,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.IntVar(&cfg.KafkaPartitions, "kafka-partitions", 0, "partitions per topic (default --concurrency)")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every mode) to this file, for go tool pprof")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -114,6 +117,17 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 			fmt.Fprintf(e.stderr, "\r\033[K%-16s published %d/%d  settled %d/%d  %.0f msgs/s  %s",
 				p.Mode, p.Published, p.Messages, p.Settled, p.Messages, rate, p.Elapsed.Round(100*time.Millisecond))
 		}
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	results, err := bench.Run(ctx, cfg)
 	if tty {
