@@ -171,6 +171,7 @@ func (r *Runtime) runBatch(ctx context.Context, items []item) {
 			return
 		case outInfraErr:
 			if ctx.Err() == nil {
+				r.stats.dbErrors.Add(1)
 				wait := infra.NextBackOff()
 				r.log.Warn("idemq: database error in batch; retrying", "error", res.err, "size", len(items), "wait", wait)
 				sleepCtx(ctx, wait)

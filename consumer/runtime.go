@@ -50,12 +50,16 @@ type Stats struct {
 	// Requeued counts messages given back to the broker unsettled (at
 	// shutdown, or because dead-lettering failed).
 	Requeued int64
+	// DBErrors counts transactions that failed on the database (a lost
+	// connection, a failed claim, an unknown commit outcome) and were
+	// retried without counting against the message.
+	DBErrors int64
 	// InFlight is the number of deliveries received and not yet settled.
 	InFlight int64
 }
 
 type stats struct {
-	received, applied, duplicates, retries, deadLettered, ackFailures, requeued, inFlight atomic.Int64
+	received, applied, duplicates, retries, deadLettered, ackFailures, requeued, dbErrors, inFlight atomic.Int64
 }
 
 // New validates cfg, fills in its defaults and returns a Runtime.
@@ -87,6 +91,7 @@ func (r *Runtime) Stats() Stats {
 		DeadLettered: r.stats.deadLettered.Load(),
 		AckFailures:  r.stats.ackFailures.Load(),
 		Requeued:     r.stats.requeued.Load(),
+		DBErrors:     r.stats.dbErrors.Load(),
 		InFlight:     r.stats.inFlight.Load(),
 	}
 }
@@ -378,6 +383,7 @@ func (r *Runtime) runOne(ctx context.Context, it item) {
 			if ctx.Err() != nil {
 				continue // requeued at the top of the loop
 			}
+			r.stats.dbErrors.Add(1)
 			wait := infra.NextBackOff()
 			log.Warn("idemq: database error; retrying", "error", res.err, "wait", wait)
 			sleepCtx(ctx, wait)
@@ -425,14 +431,12 @@ func (r *Runtime) runOne(ctx context.Context, it item) {
 
 // attempt runs one transaction: begin, claim, handler, commit.
 func (r *Runtime) attempt(ctx context.Context, msg *Message, claim Claim, attempt int) attemptResult {
-	tx, err := r.begin(ctx)
+	tx, res, err := r.beginClaim(ctx, claim)
+	if tx != nil {
+		defer r.rollback(ctx, tx)
+	}
 	if err != nil {
 		return attemptResult{out: outInfraErr, err: err}
-	}
-	defer r.rollback(ctx, tx)
-	res, err := r.cfg.Store.Claim(ctx, tx, claim)
-	if err != nil {
-		return attemptResult{out: outInfraErr, err: fmt.Errorf("claim: %w", err)}
 	}
 	switch res.Outcome {
 	case ClaimDuplicate:
@@ -489,7 +493,10 @@ type beginTxer interface {
 // syncBegin starts a transaction whose commit is synchronous whatever the
 // server or role default: acks depend on the commit being durable. Sent as
 // one simple-protocol query, it costs one round trip.
-const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on"
+const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSyncCommit
+
+// setSyncCommit makes the current transaction's commit synchronous.
+const setSyncCommit = "SET LOCAL synchronous_commit = on"
 
 // begin starts a dedup transaction.
 func (r *Runtime) begin(ctx context.Context) (pgx.Tx, error) {
@@ -504,11 +511,54 @@ func (r *Runtime) begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+	if _, err := tx.Exec(ctx, setSyncCommit); err != nil {
 		r.rollback(ctx, tx)
 		return nil, fmt.Errorf("set synchronous_commit: %w", err)
 	}
 	return tx, nil
+}
+
+// batchBeginner is implemented by *pgxpool.Pool and *pgx.Conn: a batch sent
+// on it can begin a transaction (pgx.Batch.BeginTx). pgx.Tx has no BeginTx,
+// so a savepoint DB does not qualify.
+type batchBeginner interface {
+	beginTxer
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// beginClaim begins the message's transaction and claims the message in it.
+// When the DB and the Store allow it, BEGIN, SET LOCAL and the claim go in
+// one pipelined round trip. A non-nil tx must be rolled back by the caller,
+// also when err is not nil.
+func (r *Runtime) beginClaim(ctx context.Context, claim Claim) (pgx.Tx, ClaimResult, error) {
+	if q, ok := r.cfg.Store.(ClaimQueuer); ok {
+		if db, ok := r.cfg.DB.(batchBeginner); ok {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			b.Queue(setSyncCommit)
+			finish := q.QueueClaim(b, claim)
+			br := db.SendBatch(ctx, b)
+			tx := br.Tx()
+			sendErr := br.Close()
+			if tx == nil {
+				return nil, ClaimResult{}, fmt.Errorf("begin and claim: the batch began no transaction (%v)", sendErr)
+			}
+			res, err := finish(ctx, tx, sendErr)
+			if err != nil {
+				return tx, ClaimResult{}, fmt.Errorf("begin and claim: %w", err)
+			}
+			return tx, res, nil
+		}
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, ClaimResult{}, err
+	}
+	res, err := r.cfg.Store.Claim(ctx, tx, claim)
+	if err != nil {
+		return tx, ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	return tx, res, nil
 }
 
 // rollback ends tx on a context detached from shutdown; after Commit it is

@@ -17,61 +17,63 @@ import (
 
 func TestDuplicateDeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t)
-	b.publish(msg("a", "pay 10"), msg("b", "pay 20"), msg("a", "pay 10"), msg("a", "pay 10"))
-	r := start(t, b.config(b.insertEffect))
-	waitFor(t, "all settled", func() bool { return r.rt.Stats().Applied+r.rt.Stats().Duplicates == 4 && b.settled() })
+	claimPaths(t, func(t *testing.T, b *bundle) {
+		b.publish(msg("a", "pay 10"), msg("b", "pay 20"), msg("a", "pay 10"), msg("a", "pay 10"))
+		r := start(t, b.config(b.insertEffect))
+		waitFor(t, "all settled", func() bool { return r.rt.Stats().Applied+r.rt.Stats().Duplicates == 4 && b.settled() })
 
-	if got := b.effectCounts(); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
-		t.Fatalf("effects %v, want a=1 b=1", got)
-	}
-	if s := r.rt.Stats(); s.Applied != 2 || s.Duplicates != 2 || s.DeadLettered != 0 {
-		t.Fatalf("stats %+v", s)
-	}
+		if got := b.effectCounts(); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
+			t.Fatalf("effects %v, want a=1 b=1", got)
+		}
+		if s := r.rt.Stats(); s.Applied != 2 || s.Duplicates != 2 || s.DeadLettered != 0 {
+			t.Fatalf("stats %+v", s)
+		}
+	})
 }
 
 func TestConcurrentDuplicatesApplyOnce(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t)
-	const copies, ids = 16, 5
-	var all []*consumer.Message
-	for c := 0; c < copies; c++ {
-		for i := 0; i < ids; i++ {
-			all = append(all, msg(fmt.Sprintf("id-%d", i), "same body"))
-		}
-	}
-	b.publish(all...)
-	var concurrent, maxConcurrent atomic.Int64
-	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		n := concurrent.Add(1)
-		defer concurrent.Add(-1)
-		for {
-			old := maxConcurrent.Load()
-			if n <= old || maxConcurrent.CompareAndSwap(old, n) {
-				break
+	claimPaths(t, func(t *testing.T, b *bundle) {
+		const copies, ids = 16, 5
+		var all []*consumer.Message
+		for c := 0; c < copies; c++ {
+			for i := 0; i < ids; i++ {
+				all = append(all, msg(fmt.Sprintf("id-%d", i), "same body"))
 			}
 		}
-		// Hold the claim so that the other copies block on it.
-		time.Sleep(20 * time.Millisecond)
-		return b.insertEffect(ctx, tx, m)
-	})
-	cfg.Concurrency = 16
-	r := start(t, cfg)
-	waitFor(t, "all settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
+		b.publish(all...)
+		var concurrent, maxConcurrent atomic.Int64
+		cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			n := concurrent.Add(1)
+			defer concurrent.Add(-1)
+			for {
+				old := maxConcurrent.Load()
+				if n <= old || maxConcurrent.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			// Hold the claim so that the other copies block on it.
+			time.Sleep(20 * time.Millisecond)
+			return b.insertEffect(ctx, tx, m)
+		})
+		cfg.Concurrency = 16
+		r := start(t, cfg)
+		waitFor(t, "all settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
 
-	got := b.effectCounts()
-	for i := 0; i < ids; i++ {
-		if n := got[fmt.Sprintf("id-%d", i)]; n != 1 {
-			t.Errorf("id-%d applied %d times", i, n)
+		got := b.effectCounts()
+		for i := 0; i < ids; i++ {
+			if n := got[fmt.Sprintf("id-%d", i)]; n != 1 {
+				t.Errorf("id-%d applied %d times", i, n)
+			}
 		}
-	}
-	s := r.rt.Stats()
-	if s.Applied != ids || s.Duplicates != copies*ids-ids || s.DeadLettered != 0 || s.Retries != 0 {
-		t.Fatalf("stats %+v", s)
-	}
-	if maxConcurrent.Load() < 2 {
-		t.Fatalf("handlers never overlapped (max %d): the test did not exercise concurrency", maxConcurrent.Load())
-	}
+		s := r.rt.Stats()
+		if s.Applied != ids || s.Duplicates != copies*ids-ids || s.DeadLettered != 0 || s.Retries != 0 {
+			t.Fatalf("stats %+v", s)
+		}
+		if maxConcurrent.Load() < 2 {
+			t.Fatalf("handlers never overlapped (max %d): the test did not exercise concurrency", maxConcurrent.Load())
+		}
+	})
 }
 
 func TestHandlerErrorRollsBackThenRetries(t *testing.T) {
@@ -225,40 +227,41 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 
 func TestBadInputDeadLettered(t *testing.T) {
 	t.Parallel()
-	b := newBundle(t)
-	b.publish(msg("x", "original"))
-	var handled atomic.Int32
-	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		handled.Add(1)
-		return b.insertEffect(ctx, tx, m)
-	})
-	cfg.MaxBodyBytes = 16
-	r := start(t, cfg)
-	waitFor(t, "original applied", func() bool { return r.rt.Stats().Applied == 1 })
+	claimPaths(t, func(t *testing.T, b *bundle) {
+		b.publish(msg("x", "original"))
+		var handled atomic.Int32
+		cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			handled.Add(1)
+			return b.insertEffect(ctx, tx, m)
+		})
+		cfg.MaxBodyBytes = 16
+		r := start(t, cfg)
+		waitFor(t, "original applied", func() bool { return r.rt.Stats().Applied == 1 })
 
-	b.publish(msg("x", "tampered"), msg("", "no id"), msg("big", strings.Repeat("z", 17)), msg(strings.Repeat("i", 513), "long id"))
-	waitFor(t, "bad input dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 4 && b.settled() })
-	if handled.Load() != 1 {
-		t.Fatalf("handler ran %d times; bad input must never reach it", handled.Load())
-	}
-	classes := map[consumer.FailureClass]string{}
-	for _, e := range b.dlq.list() {
-		classes[e.f.Class] += e.f.Err.Error() + ";"
-		if e.f.Attempts != 0 {
-			t.Errorf("%s: attempts %d, want 0", e.f.Class, e.f.Attempts)
+		b.publish(msg("x", "tampered"), msg("", "no id"), msg("big", strings.Repeat("z", 17)), msg(strings.Repeat("i", 513), "long id"))
+		waitFor(t, "bad input dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 4 && b.settled() })
+		if handled.Load() != 1 {
+			t.Fatalf("handler ran %d times; bad input must never reach it", handled.Load())
 		}
-	}
-	for _, want := range []consumer.FailureClass{consumer.ClassFingerprintMismatch, consumer.ClassMissingID, consumer.ClassTooLarge} {
-		if classes[want] == "" {
-			t.Errorf("no dead letter of class %s (got %v)", want, classes)
+		classes := map[consumer.FailureClass]string{}
+		for _, e := range b.dlq.list() {
+			classes[e.f.Class] += e.f.Err.Error() + ";"
+			if e.f.Attempts != 0 {
+				t.Errorf("%s: attempts %d, want 0", e.f.Class, e.f.Attempts)
+			}
 		}
-	}
-	if !strings.Contains(classes[consumer.ClassMissingID], "over the 512-byte limit") {
-		t.Errorf("long id reason unclear: %q", classes[consumer.ClassMissingID])
-	}
-	if !strings.Contains(classes[consumer.ClassFingerprintMismatch], "different payload") {
-		t.Errorf("mismatch reason unclear: %q", classes[consumer.ClassFingerprintMismatch])
-	}
+		for _, want := range []consumer.FailureClass{consumer.ClassFingerprintMismatch, consumer.ClassMissingID, consumer.ClassTooLarge} {
+			if classes[want] == "" {
+				t.Errorf("no dead letter of class %s (got %v)", want, classes)
+			}
+		}
+		if !strings.Contains(classes[consumer.ClassMissingID], "over the 512-byte limit") {
+			t.Errorf("long id reason unclear: %q", classes[consumer.ClassMissingID])
+		}
+		if !strings.Contains(classes[consumer.ClassFingerprintMismatch], "different payload") {
+			t.Errorf("mismatch reason unclear: %q", classes[consumer.ClassFingerprintMismatch])
+		}
+	})
 }
 
 func TestPanicRecoveredAndDeadLettered(t *testing.T) {
@@ -461,7 +464,7 @@ func TestAmbiguousCommitNotAckedThenSettledByDedup(t *testing.T) {
 	r := start(t, cfg)
 	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
 	s := r.rt.Stats()
-	if s.Applied != 2 || s.Duplicates != 3 || s.DeadLettered != 0 || s.Retries != 0 {
+	if s.Applied != 2 || s.Duplicates != 3 || s.DeadLettered != 0 || s.Retries != 0 || s.DBErrors != 3 {
 		t.Fatalf("stats %+v: 3 ambiguous commits should be re-claimed as duplicates", s)
 	}
 	for id, n := range b.effectCounts() {
@@ -488,38 +491,13 @@ func TestDatabaseConnectionLossIsRetriedNotDeadLettered(t *testing.T) {
 		return nil
 	}))
 	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().Applied == 6 })
-	if s := r.rt.Stats(); s.DeadLettered != 0 || s.Retries != 0 {
+	if s := r.rt.Stats(); s.DeadLettered != 0 || s.Retries != 0 || s.DBErrors < 3 {
 		t.Fatalf("connection loss counted against the message: %+v", s)
 	}
 	for id, n := range b.effectCounts() {
 		if n != 1 {
 			t.Errorf("%s applied %d times", id, n)
 		}
-	}
-}
-
-func TestSynchronousCommitForced(t *testing.T) {
-	t.Parallel()
-	b := newBundle(t)
-	ctx := context.Background()
-	b.publish(msg("a", "x"))
-	var setting string
-	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting)
-	})
-	// A pool whose sessions default to asynchronous commit.
-	conf := b.pool.Config()
-	conf.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	pool, err := newPool(ctx, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	cfg.DB = pool
-	r := start(t, cfg)
-	waitFor(t, "applied", func() bool { return r.rt.Stats().Applied == 1 })
-	if setting != "on" {
-		t.Fatalf("synchronous_commit inside the dedup transaction = %q, want on", setting)
 	}
 }
 

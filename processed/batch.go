@@ -12,7 +12,10 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.BatchStore = (*Store)(nil)
+var (
+	_ consumer.BatchStore  = (*Store)(nil)
+	_ consumer.ClaimQueuer = (*Store)(nil)
+)
 
 // batchSQL returns the statements of ClaimBatch, built on first use.
 func (s *Store) batchSQL() (insert, existing string) {

@@ -126,6 +126,52 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 	if c.Consumer == "" || c.MessageID == "" {
 		return consumer.ClaimResult{}, fmt.Errorf("processed: claim: empty consumer (%q) or message id (%q)", c.Consumer, c.MessageID)
 	}
+	args := claimArgs(c)
+	for attempt := 1; ; attempt++ {
+		tag, err := tx.Exec(ctx, s.sql.insert, args...)
+		if err != nil {
+			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
+		}
+		if tag.RowsAffected() == 1 {
+			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
+		}
+		res, found, err := s.existing(ctx, tx, c)
+		if err != nil || found {
+			return res, err
+		}
+		// Purged between the two statements: claim it afresh.
+		if attempt >= maxClaimAttempts {
+			return consumer.ClaimResult{}, fmt.Errorf("processed: claim: row for %q/%q conflicted but vanished %d times", c.Consumer, c.MessageID, attempt)
+		}
+	}
+}
+
+// existing reads the committed row that made c's insert conflict and tells a
+// duplicate from a mismatch. found is false if the row is gone (purged since).
+// A separate statement takes a new snapshot under READ COMMITTED, so it sees
+// the row of the transaction the insert waited for.
+func (s *Store) existing(ctx context.Context, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
+	var (
+		fp []byte
+		at time.Time
+	)
+	err = tx.QueryRow(ctx, s.sql.existing, c.Consumer, c.MessageID).Scan(&fp, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return consumer.ClaimResult{}, false, nil
+	}
+	if err != nil {
+		return consumer.ClaimResult{}, false, s.wrap("claim: select existing", err)
+	}
+	out := consumer.ClaimDuplicate
+	if !bytes.Equal(fp, c.Fingerprint[:]) {
+		out = consumer.ClaimMismatch
+	}
+	return consumer.ClaimResult{Outcome: out, ProcessedAt: at}, true, nil
+}
+
+// claimArgs are the arguments of the claim INSERT; a negative partition or
+// offset is stored as NULL.
+func claimArgs(c consumer.Claim) []any {
 	var partition, offset any // nil is NULL
 	if c.Partition >= 0 {
 		partition = c.Partition
@@ -133,36 +179,49 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 	if c.Offset >= 0 {
 		offset = c.Offset
 	}
-	for attempt := 1; ; attempt++ {
-		tag, err := tx.Exec(ctx, s.sql.insert, c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset)
-		if err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
+	return []any{c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset}
+}
+
+// QueueClaim implements [consumer.ClaimQueuer]: it queues the claim's INSERT
+// on b, the batch that begins the caller's transaction, so the runtime pays
+// one round trip for BEGIN and the claim together. finish reports the outcome
+// once b has been sent and closed: a new claim at no further cost; for a
+// conflict, the existing row's answer (duplicate or mismatch), read as
+// [Store.Claim] reads it. A sendErr is wrapped like Claim's errors, with
+// [ErrNotMigrated] when the table is missing.
+func (s *Store) QueueClaim(b *pgx.Batch, c consumer.Claim) (finish func(ctx context.Context, tx pgx.Tx, sendErr error) (consumer.ClaimResult, error)) {
+	if c.Consumer == "" || c.MessageID == "" {
+		// Claim reports the error; nothing is queued.
+		return func(ctx context.Context, tx pgx.Tx, _ error) (consumer.ClaimResult, error) {
+			return s.Claim(ctx, tx, c)
 		}
-		if tag.RowsAffected() == 1 {
+	}
+	var (
+		ran      bool
+		inserted bool
+	)
+	b.Queue(s.sql.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
+		ran, inserted = true, tag.RowsAffected() == 1
+		return nil
+	})
+	return func(ctx context.Context, tx pgx.Tx, sendErr error) (consumer.ClaimResult, error) {
+		switch {
+		case sendErr != nil:
+			return consumer.ClaimResult{}, s.wrap("claim: begin and insert", sendErr)
+		case tx == nil:
+			return consumer.ClaimResult{}, errors.New("processed: claim: nil transaction")
+		case !ran:
+			return consumer.ClaimResult{}, errors.New("processed: claim: the queued insert did not run; was the batch sent and closed?")
+		case inserted:
 			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
 		}
-		// A separate statement takes a new snapshot under READ COMMITTED,
-		// so it sees the row of the transaction the insert waited for.
-		var (
-			fp []byte
-			at time.Time
-		)
-		err = tx.QueryRow(ctx, s.sql.existing, c.Consumer, c.MessageID).Scan(&fp, &at)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// Purged between the two statements: claim it afresh.
-			if attempt < maxClaimAttempts {
-				continue
-			}
-			return consumer.ClaimResult{}, fmt.Errorf("processed: claim: row for %q/%q conflicted but vanished %d times", c.Consumer, c.MessageID, attempt)
+		// The insert conflicted with a committed row: read it, as Claim
+		// does. If it was purged meanwhile, Claim claims the id afresh.
+		res, found, err := s.existing(ctx, tx, c)
+		if err != nil || found {
+			return res, err
 		}
-		if err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: select existing", err)
-		}
-		out := consumer.ClaimDuplicate
-		if !bytes.Equal(fp, c.Fingerprint[:]) {
-			out = consumer.ClaimMismatch
-		}
-		return consumer.ClaimResult{Outcome: out, ProcessedAt: at}, nil
+		return s.Claim(ctx, tx, c)
 	}
 }
 

@@ -173,72 +173,108 @@ type claimAnswer struct {
 	err error
 }
 
+// claimOnConn claims c on conn in a transaction of its own and commits it;
+// it is how B claims in TestConcurrentClaims.
+type claimOnConn func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error)
+
+// claimers are the two ways to claim: Claim in a begun transaction, and
+// QueueClaim on the batch that begins it.
+var claimers = map[string]claimOnConn{
+	"claim": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return consumer.ClaimResult{}, err
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		res, err := s.Claim(ctx, tx, c)
+		if err != nil {
+			return res, err
+		}
+		return res, tx.Commit(ctx)
+	},
+	"queued": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		finish := s.QueueClaim(b, c)
+		br := conn.SendBatch(ctx, b)
+		tx := br.Tx()
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		res, err := finish(ctx, tx, br.Close())
+		if err != nil {
+			return res, err
+		}
+		return res, tx.Commit(ctx)
+	},
+}
+
+// TestConcurrentClaims: a claim of an id another transaction has claimed
+// but not committed waits for it, then answers duplicate (it committed) or
+// new (it rolled back), with either way of claiming.
 func TestConcurrentClaims(t *testing.T) {
 	t.Parallel()
-	for _, firstCommits := range []bool{true, false} {
-		t.Run(fmt.Sprintf("first_commits=%v", firstCommits), func(t *testing.T) {
-			t.Parallel()
-			s, pool := setup(t, processed.Config{})
-			c := claimOf("billing", "m-race", "x")
+	for name, claimB := range claimers {
+		for _, firstCommits := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/first_commits=%v", name, firstCommits), func(t *testing.T) {
+				t.Parallel()
+				s, pool := setup(t, processed.Config{})
+				c := claimOf("billing", "m-race", "x")
 
-			txA, err := pool.Begin(ctx(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = txA.Rollback(context.Background()) }()
-			if res, err := s.Claim(ctx(t), txA, c); err != nil || res.Outcome != consumer.ClaimNew {
-				t.Fatalf("A: %+v, %v", res, err)
-			}
+				txA, err := pool.Begin(ctx(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = txA.Rollback(context.Background()) }()
+				if res, err := s.Claim(ctx(t), txA, c); err != nil || res.Outcome != consumer.ClaimNew {
+					t.Fatalf("A: %+v, %v", res, err)
+				}
 
-			txB, err := pool.Begin(ctx(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = txB.Rollback(context.Background()) }()
-			pidB := txB.Conn().PgConn().PID()
-			answer := make(chan claimAnswer, 1)
-			go func() {
-				res, err := s.Claim(ctx(t), txB, c)
-				answer <- claimAnswer{res, err}
-			}()
+				connB, err := pool.Acquire(ctx(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				pidB := connB.Conn().PgConn().PID()
+				answer := make(chan claimAnswer, 1)
+				go func() {
+					defer connB.Release()
+					res, err := claimB(ctx(t), connB, s, c)
+					answer <- claimAnswer{res, err}
+				}()
 
-			waitUntilBlocked(t, pool, pidB)
-			select {
-			case a := <-answer:
-				t.Fatalf("B answered %+v while A's claim was uncommitted", a)
-			default:
-			}
+				waitUntilBlocked(t, pool, pidB)
+				select {
+				case a := <-answer:
+					t.Fatalf("B answered %+v while A's claim was uncommitted", a)
+				default:
+				}
 
-			if firstCommits {
-				err = txA.Commit(ctx(t))
-			} else {
-				err = txA.Rollback(ctx(t))
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+				if firstCommits {
+					err = txA.Commit(ctx(t))
+				} else {
+					err = txA.Rollback(ctx(t))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
 
-			var a claimAnswer
-			select {
-			case a = <-answer:
-			case <-time.After(10 * time.Second):
-				t.Fatal("B still blocked after A finished")
-			}
-			want := consumer.ClaimDuplicate
-			if !firstCommits {
-				want = consumer.ClaimNew
-			}
-			if a.err != nil || a.res.Outcome != want {
-				t.Fatalf("B: %+v, %v; want %v", a.res, a.err, want)
-			}
-			if err := txB.Commit(ctx(t)); err != nil {
-				t.Fatal(err)
-			}
-			st, err := s.Stats(ctx(t), "billing")
-			if err != nil || st.Rows != 1 {
-				t.Fatalf("Stats: %+v, %v; want 1 row", st, err)
-			}
-		})
+				var a claimAnswer
+				select {
+				case a = <-answer:
+				case <-time.After(10 * time.Second):
+					t.Fatal("B still blocked after A finished")
+				}
+				want := consumer.ClaimDuplicate
+				if !firstCommits {
+					want = consumer.ClaimNew
+				}
+				if a.err != nil || a.res.Outcome != want {
+					t.Fatalf("B: %+v, %v; want %v", a.res, a.err, want)
+				}
+				st, err := s.Stats(ctx(t), "billing")
+				if err != nil || st.Rows != 1 {
+					t.Fatalf("Stats: %+v, %v; want 1 row", st, err)
+				}
+			})
+		}
 	}
 }
 

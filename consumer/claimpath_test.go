@@ -1,0 +1,136 @@
+package consumer_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// countingStore counts which claim path the runtime takes.
+type countingStore struct {
+	s              *processed.Store
+	claims, queued atomic.Int64
+}
+
+func (c *countingStore) Claim(ctx context.Context, tx pgx.Tx, cl consumer.Claim) (consumer.ClaimResult, error) {
+	c.claims.Add(1)
+	return c.s.Claim(ctx, tx, cl)
+}
+
+// queuingStore also offers the pipelined claim.
+type queuingStore struct{ *countingStore }
+
+func (q queuingStore) QueueClaim(b *pgx.Batch, cl consumer.Claim) func(context.Context, pgx.Tx, error) (consumer.ClaimResult, error) {
+	q.queued.Add(1)
+	return q.s.QueueClaim(b, cl)
+}
+
+// claimPaths runs f once with the claim queued on the batch that begins the
+// transaction (one round trip), and once with BEGIN and Claim as separate
+// statements (a store without QueueClaim), and checks the path taken. The
+// bundle's config uses the path's store.
+func claimPaths(t *testing.T, f func(t *testing.T, b *bundle)) {
+	for _, pipelined := range []bool{true, false} {
+		name := "separate"
+		if pipelined {
+			name = "pipelined"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := newBundle(t)
+			cs := &countingStore{s: b.store}
+			b.claimStore = cs
+			if pipelined {
+				b.claimStore = queuingStore{cs}
+			}
+			f(t, b)
+			queued, claims := cs.queued.Load(), cs.claims.Load()
+			if pipelined && queued == 0 || !pipelined && claims == 0 {
+				t.Fatalf("path not taken: %d queued claims, %d separate claims", queued, claims)
+			}
+		})
+	}
+}
+
+// TestClaimPathsForceSynchronousCommit: both paths make the dedup
+// transaction's commit synchronous when the session default is async.
+func TestClaimPathsForceSynchronousCommit(t *testing.T) {
+	t.Parallel()
+	claimPaths(t, func(t *testing.T, b *bundle) {
+		ctx := context.Background()
+		b.publish(msg("a", "x"))
+		var setting, iso string
+		cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso)
+		})
+		conf := b.pool.Config()
+		conf.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		conf.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+		pool, err := newPool(ctx, conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		cfg.DB = pool
+		r := start(t, cfg)
+		waitFor(t, "applied", func() bool { return r.rt.Stats().Applied == 1 })
+		if setting != "on" || iso != "read committed" {
+			t.Fatalf("inside the dedup transaction: synchronous_commit %q, isolation %q; want on, read committed", setting, iso)
+		}
+	})
+}
+
+// TestClaimPathsFailingClaimIsRetried: when the claim fails (here the dedup
+// table does not exist yet), nothing is acked or dead-lettered, no
+// connection leaks, and the messages apply once the table is there.
+func TestClaimPathsFailingClaimIsRetried(t *testing.T) {
+	t.Parallel()
+	claimPaths(t, func(t *testing.T, b *bundle) {
+		ctx := context.Background()
+		pool, err := newPool(ctx, b.pool.Config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Close waits for every acquired connection: after a leak it
+		// would hang instead of letting the test report it.
+		defer func() {
+			if !t.Failed() {
+				pool.Close()
+			}
+		}()
+		if _, err := b.pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{b.schema, b.store.Table()}.Sanitize()+" RENAME TO hidden"); err != nil {
+			t.Fatal(err)
+		}
+		b.publish(msgs("m", 3)...)
+		cfg := b.config(b.insertEffect)
+		cfg.DB = pool
+		cfg.Concurrency = 2
+		r := start(t, cfg)
+		leaked := func() bool { return pool.Stat().AcquiredConns() > int32(cfg.Concurrency) }
+		waitFor(t, "failed claims", func() bool { return r.rt.Stats().DBErrors >= 6 || leaked() })
+		if leaked() {
+			r.cancel()
+			t.Fatalf("%d connections acquired for concurrency %d: failed claims leak them", pool.Stat().AcquiredConns(), cfg.Concurrency)
+		}
+		if s := r.rt.Stats(); s.Applied != 0 || s.DeadLettered != 0 || b.broker.Unacked(queue)+b.broker.Ready(queue) != 3 {
+			t.Fatalf("with no dedup table: stats %+v, %d unacked", s, b.broker.Unacked(queue))
+		}
+		if _, err := b.pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{b.schema, "hidden"}.Sanitize()+" RENAME TO "+pgx.Identifier{b.store.Table()}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "applied", func() bool { return b.settled() && r.rt.Stats().Applied == 3 })
+		for id, n := range b.effectCounts() {
+			if n != 1 {
+				t.Errorf("%s applied %d times", id, n)
+			}
+		}
+	})
+}
