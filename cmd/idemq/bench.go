@@ -39,6 +39,11 @@ each mode), the duplicates skipped, and its ratio to naive and broker-only.
 After each mode the ledger must hold exactly one row per unique id; otherwise
 the command exits 1.
 
+--compare measures what --prefill and --purge-during cost, side by side in
+one run: each mode runs first with neither, then with the prefilled rows,
+then with the purge loop as well, and each run shows its rate over the run
+before it (×prev phase).
+
 Everything runs in a fresh schema (and fresh queues or topics), removed at the
 end.`,
 	run: runBench,
@@ -65,6 +70,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.BoolVar(&cfg.Preload, "preload", false, "publish everything before consuming (latency then includes queueing)")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
+	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", bench.DefaultAMQPURL, "RabbitMQ URL")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
@@ -90,6 +96,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		return usagef("--batch-size must be at least 2, got %d", cfg.BatchSize)
 	case cfg.Prefill < 0:
 		return usagef("--prefill must not be negative, got %d", cfg.Prefill)
+	case cfg.Compare && cfg.Prefill == 0 && !cfg.PurgeDuring:
+		return usagef("--compare needs --prefill or --purge-during")
 	case cfg.ModeTimeout <= 0:
 		return usagef("--timeout must be positive, got %s", cfg.ModeTimeout)
 	}
@@ -114,8 +122,12 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	if tty {
 		cfg.Progress = func(p bench.Progress) {
 			rate := float64(p.Settled) / max(p.Elapsed.Seconds(), 1e-9)
-			fmt.Fprintf(e.stderr, "\r\033[K%-16s published %d/%d  settled %d/%d  %.0f msgs/s  %s",
-				p.Mode, p.Published, p.Messages, p.Settled, p.Messages, rate, p.Elapsed.Round(100*time.Millisecond))
+			label := string(p.Mode)
+			if p.Phase != "" {
+				label += "@" + p.Phase
+			}
+			fmt.Fprintf(e.stderr, "\r\033[K%-24s published %d/%d  settled %d/%d  %.0f msgs/s  %s",
+				label, p.Published, p.Messages, p.Settled, p.Messages, rate, p.Elapsed.Round(100*time.Millisecond))
 		}
 	}
 	if cpuProfile != "" {
@@ -161,7 +173,11 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		map[bool]string{true: ", purge during"}[cfg.PurgeDuring])
 	fmt.Fprintln(w, "modes ran one after another; peak RSS is process-wide (it includes an in-process broker)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t")
+	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
+	if cfg.Compare {
+		head = "phase\t" + head + "×prev phase\t"
+	}
+	fmt.Fprintln(tw, head)
 	ratio := func(x float64) string {
 		if x == 0 {
 			return "-"
@@ -173,17 +189,28 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		if !r.Verified {
 			ok = "NO"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t%s\t%.0f\t%s\t\n",
+		if cfg.Compare {
+			fmt.Fprintf(tw, "%s\t", r.Phase)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
 			r.Mode, r.MsgsPerSec, r.P50Ms, r.P99Ms, r.PeakRSSMiB, r.DuplicatesSkipped,
 			ratio(r.RatioNaive1), ratio(r.RatioNaive), ratio(r.RatioBrokerOnly), r.PublishPerSec, ok)
+		if cfg.Compare {
+			fmt.Fprintf(tw, "%s\t", ratio(r.RatioPrevPhase))
+		}
+		fmt.Fprintln(tw)
 	}
 	_ = tw.Flush()
 	for _, r := range rs {
+		label := string(r.Mode)
+		if r.Phase != "" {
+			label += "@" + r.Phase
+		}
 		if r.Error != "" {
-			fmt.Fprintf(w, "%s: %s\n", r.Mode, r.Error)
+			fmt.Fprintf(w, "%s: %s\n", label, r.Error)
 		}
 		if r.PurgeDuring {
-			fmt.Fprintf(w, "%s: purged %d rows, %d purge errors\n", r.Mode, r.PurgedRows, r.PurgeErrors)
+			fmt.Fprintf(w, "%s: purged %d rows, %d purge errors\n", label, r.PurgedRows, r.PurgeErrors)
 		}
 	}
 }

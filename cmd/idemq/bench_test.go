@@ -46,6 +46,17 @@ func TestBenchTable(t *testing.T) {
 	}
 }
 
+func TestBenchCompareTable(t *testing.T) {
+	r := idemq(t, "bench", "--modes", "idemq", "--messages", "200", "--prefill", "500", "--purge-during", "--compare",
+		"--cpuprofile", t.TempDir()+"/cpu.prof", "--database-url", testdb.URL())
+	want(t, r, 0, "×prev phase", "")
+	for _, s := range []string{"base", "prefill", "purge", "idemq@purge: purged"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("table lacks %q:\n%s", s, r.stdout)
+		}
+	}
+}
+
 func TestBenchUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"bench", "--broker", "nats"},
@@ -53,6 +64,7 @@ func TestBenchUsage(t *testing.T) {
 		{"bench", "--messages", "0"},
 		{"bench", "--dup-rate", "1.5"},
 		{"bench", "--batch-size", "1"},
+		{"bench", "--compare"},
 		{"bench", "extra"},
 	} {
 		want(t, idemq(t, args...), exitUsage, "", "Run 'idemq bench --help'")

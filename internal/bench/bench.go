@@ -114,6 +114,14 @@ type Config struct {
 	// each mode. The prefilled rows are 30 days old and are what it
 	// deletes; the run's own rows are too young to be purged.
 	PurgeDuring bool
+	// Compare measures the cost of Prefill and PurgeDuring side by side:
+	// every database mode runs first in the base phase (no prefilled
+	// rows, no purge), then with Prefill rows (phase "prefill", if
+	// Prefill > 0), then with Prefill rows and the purge loop (phase
+	// "purge", if PurgeDuring). Each Result's RatioPrevPhase is its rate
+	// over the same mode's rate in the phase before, which differs by one
+	// thing only. broker-only runs in the base phase only.
+	Compare bool
 
 	// DatabaseURL is the Postgres to use. Defaults to
 	// DefaultDatabaseURL. Run creates a uniquely named schema and drops
@@ -143,6 +151,7 @@ type Config struct {
 // Progress is a snapshot of the running mode.
 type Progress struct {
 	Mode      Mode
+	Phase     string // with Config.Compare
 	Published int
 	Settled   int64
 	Messages  int
@@ -214,6 +223,8 @@ func (c Config) validate() error {
 		return bad("BatchWait", "negative")
 	case c.Prefill < 0:
 		return bad("Prefill", "negative")
+	case c.Compare && c.Prefill == 0 && !c.PurgeDuring:
+		return bad("Compare", "needs Prefill or PurgeDuring: there is nothing to compare the base phase with")
 	case c.KafkaPartitions < 1:
 		return bad("KafkaPartitions", "%d, must be positive", c.KafkaPartitions)
 	case c.ModeTimeout < 0:
@@ -295,6 +306,9 @@ type Result struct {
 	// Errors counts failed attempts (database errors, handler errors,
 	// dead letters, failed acks).
 	Errors int64 `json:"errors"`
+	// Phase is "base", "prefill" or "purge" with Config.Compare, and
+	// empty otherwise.
+	Phase string `json:"phase,omitempty"`
 	// Prefill is the number of other rows in the dedup table.
 	Prefill int `json:"prefill"`
 	// PurgedRows and PurgeErrors are set when Config.PurgeDuring.
@@ -307,6 +321,11 @@ type Result struct {
 	RatioNaive      float64 `json:"ratio_naive,omitempty"`
 	RatioNaive1     float64 `json:"ratio_naive_1,omitempty"`
 	RatioBrokerOnly float64 `json:"ratio_broker_only,omitempty"`
+	// RatioPrevPhase, with Config.Compare, is MsgsPerSec divided by the
+	// same mode's rate in the phase before: prefill over base (the cost of
+	// the prefilled rows), purge over prefill, or over base without
+	// Prefill (the cost of the purge loop). 0 in the base phase.
+	RatioPrevPhase float64 `json:"ratio_prev_phase,omitempty"`
 	// Verified reports that the checks passed; Error says why not.
 	Verified bool   `json:"verified"`
 	Error    string `json:"error,omitempty"`
@@ -330,15 +349,20 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		results []Result
 		failed  []string
 	)
-	for _, m := range cfg.Modes {
-		if err := ctx.Err(); err != nil {
-			return results, err
+	for _, ph := range cfg.phases() {
+		for _, m := range cfg.Modes {
+			if m == ModeBrokerOnly && ph.name != "" && ph.name != phaseBase {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return results, err
+			}
+			res := r.runMode(ctx, m, ph)
+			if !res.Verified {
+				failed = append(failed, fmt.Sprintf("%s: %s", res.label(), res.Error))
+			}
+			results = append(results, res)
 		}
-		res := r.runMode(ctx, m)
-		if !res.Verified {
-			failed = append(failed, fmt.Sprintf("%s: %s", m, res.Error))
-		}
-		results = append(results, res)
 	}
 	fillRatios(results)
 	if len(failed) > 0 {
@@ -347,28 +371,76 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	return results, nil
 }
 
-// fillRatios sets each result's ratios to the naive and broker-only modes.
+// The phases of a Run with Config.Compare.
+const (
+	phaseBase    = "base"
+	phasePrefill = "prefill"
+	phasePurge   = "purge"
+)
+
+// phase is one pass over the modes: how many old rows the dedup table holds
+// and whether the purge loop runs.
+type phase struct {
+	name    string // empty without Config.Compare
+	prefill int
+	purge   bool
+}
+
+// phases returns the passes a Run makes over the modes.
+func (c Config) phases() []phase {
+	if !c.Compare {
+		return []phase{{prefill: c.Prefill, purge: c.PurgeDuring}}
+	}
+	ps := []phase{{name: phaseBase}}
+	if c.Prefill > 0 {
+		ps = append(ps, phase{name: phasePrefill, prefill: c.Prefill})
+	}
+	if c.PurgeDuring {
+		ps = append(ps, phase{name: phasePurge, prefill: c.Prefill, purge: true})
+	}
+	return ps
+}
+
+// label names a result in messages: the mode, and its phase if any.
+func (r Result) label() string {
+	if r.Phase == "" {
+		return string(r.Mode)
+	}
+	return string(r.Mode) + "@" + r.Phase
+}
+
+// fillRatios sets each result's ratios to the naive modes of its phase, to
+// broker-only, and to its own mode's run in the phase before.
 func fillRatios(rs []Result) {
-	var naive, naive1, only float64
+	rate := map[[2]string]float64{} // phase, mode
+	only := 0.0
 	for _, r := range rs {
-		switch r.Mode {
-		case ModeNaive:
-			naive = r.MsgsPerSec
-		case ModeNaive1:
-			naive1 = r.MsgsPerSec
-		case ModeBrokerOnly:
+		if r.Verified || r.MsgsPerSec > 0 {
+			rate[[2]string{r.Phase, string(r.Mode)}] = r.MsgsPerSec
+		}
+		if r.Mode == ModeBrokerOnly {
 			only = r.MsgsPerSec
 		}
 	}
-	for i := range rs {
-		if naive > 0 {
-			rs[i].RatioNaive = rs[i].MsgsPerSec / naive
+	div := func(x, y float64) float64 {
+		if y <= 0 {
+			return 0
 		}
-		if naive1 > 0 {
-			rs[i].RatioNaive1 = rs[i].MsgsPerSec / naive1
-		}
-		if only > 0 {
-			rs[i].RatioBrokerOnly = rs[i].MsgsPerSec / only
+		return x / y
+	}
+	for i, r := range rs {
+		rs[i].RatioNaive = div(r.MsgsPerSec, rate[[2]string{r.Phase, string(ModeNaive)}])
+		rs[i].RatioNaive1 = div(r.MsgsPerSec, rate[[2]string{r.Phase, string(ModeNaive1)}])
+		rs[i].RatioBrokerOnly = div(r.MsgsPerSec, only)
+		switch r.Phase {
+		case phasePrefill:
+			rs[i].RatioPrevPhase = div(r.MsgsPerSec, rate[[2]string{phaseBase, string(r.Mode)}])
+		case phasePurge:
+			prev := phasePrefill
+			if r.Prefill == 0 {
+				prev = phaseBase
+			}
+			rs[i].RatioPrevPhase = div(r.MsgsPerSec, rate[[2]string{prev, string(r.Mode)}])
 		}
 	}
 }

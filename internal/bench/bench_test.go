@@ -195,6 +195,45 @@ func TestPrefillAndPurgeDuring(t *testing.T) {
 	}
 }
 
+// TestCompare: each database mode runs in the base, prefill and purge
+// phases with its own dedup scope, broker-only in the base phase only, and
+// each run after the base carries its ratio to the phase before.
+func TestCompare(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeBrokerOnly, ModeIdemq}
+	cfg.Prefill = 2000
+	cfg.PurgeDuring = true
+	cfg.Compare = true
+	rs, err := run(t, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, r.label())
+		if !r.Verified || r.PurgeErrors != 0 {
+			t.Errorf("%s: %+v", r.label(), r)
+		}
+	}
+	if want := "broker-only@base idemq@base idemq@prefill idemq@purge"; strings.Join(got, " ") != want {
+		t.Fatalf("runs %q, want %q", got, want)
+	}
+	base, prefill, purge := rs[1], rs[2], rs[3]
+	if base.Prefill != 0 || base.PurgeDuring || base.RatioPrevPhase != 0 {
+		t.Errorf("base: %+v", base)
+	}
+	if prefill.Prefill != 2000 || prefill.PurgeDuring || prefill.PurgedRows != 0 {
+		t.Errorf("prefill: %+v", prefill)
+	}
+	if purge.Prefill != 2000 || !purge.PurgeDuring {
+		t.Errorf("purge: %+v", purge)
+	}
+	near := func(x, want float64) bool { return x > want*0.999 && x < want*1.001 }
+	if !near(prefill.RatioPrevPhase, prefill.MsgsPerSec/base.MsgsPerSec) || !near(purge.RatioPrevPhase, purge.MsgsPerSec/prefill.MsgsPerSec) {
+		t.Errorf("ratios: prefill %.3f, purge %.3f", prefill.RatioPrevPhase, purge.RatioPrevPhase)
+	}
+}
+
 func TestPreloadAndNoDups(t *testing.T) {
 	cfg := smallConfig(BrokerMemory)
 	cfg.Modes = []Mode{ModeBrokerOnly, ModeBatch}
@@ -272,6 +311,7 @@ func TestConfigValidate(t *testing.T) {
 		{Modes: []Mode{"fast"}},
 		{Modes: []Mode{ModeIdemq, ModeIdemq}},
 		{Prefill: -1},
+		{Compare: true},
 	}
 	for _, c := range bad {
 		var ce *consumer.ConfigError

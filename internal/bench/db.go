@@ -62,14 +62,16 @@ func (r *runner) dedupTable() string {
 	return pgx.Identifier{r.schema, processed.DefaultTable}.Sanitize()
 }
 
-func (r *runner) ledgerTable(m Mode) string {
-	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(string(m), "-", "_")}.Sanitize()
+// ledgerTable is the business table of a mode's run, named after key: the
+// mode, and the phase for runs after the base phase.
+func (r *runner) ledgerTable(key string) string {
+	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(key, "-", "_")}.Sanitize()
 }
 
-// createLedger creates mode m's business table. It has no unique key, so
+// createLedger creates a run's business table. It has no unique key, so
 // that a double effect shows as count(*) > count(DISTINCT id).
-func (r *runner) createLedger(ctx context.Context, m Mode) error {
-	_, err := r.pool.Exec(ctx, "CREATE TABLE "+r.ledgerTable(m)+` (
+func (r *runner) createLedger(ctx context.Context, key string) error {
+	_, err := r.pool.Exec(ctx, "CREATE TABLE "+r.ledgerTable(key)+` (
 	id     text        NOT NULL,
 	amount bigint      NOT NULL,
 	at     timestamptz NOT NULL DEFAULT now())`)
@@ -79,17 +81,17 @@ func (r *runner) createLedger(ctx context.Context, m Mode) error {
 	return nil
 }
 
-// topUpPrefill makes sure the prefill consumer has cfg.Prefill rows, 30 days
+// topUpPrefill makes sure the prefill consumer has at least n rows, 30 days
 // old, in the dedup table, with one INSERT ... SELECT generate_series.
-func (r *runner) topUpPrefill(ctx context.Context) error {
-	if r.cfg.Prefill == 0 {
+func (r *runner) topUpPrefill(ctx context.Context, n int) error {
+	if n == 0 {
 		return nil
 	}
 	var have int64
 	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", prefillConsumer).Scan(&have); err != nil {
 		return fmt.Errorf("bench: count prefill: %w", err)
 	}
-	if have >= int64(r.cfg.Prefill) {
+	if have >= int64(n) {
 		return nil
 	}
 	start := time.Now()
@@ -99,14 +101,14 @@ func (r *runner) topUpPrefill(ctx context.Context) error {
 	}
 	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.dedupTable()+` (consumer, message_id, fingerprint, processed_at, source)
 SELECT $1, 'p-' || g, sha256(int8send(g)), now() - interval '30 days', 'prefill'
-FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, r.cfg.Prefill)
+FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	if err != nil {
 		return fmt.Errorf("bench: prefill: %w", err)
 	}
 	if _, err := r.pool.Exec(ctx, "ANALYZE "+r.dedupTable()); err != nil {
 		return fmt.Errorf("bench: analyze: %w", err)
 	}
-	r.log.Info("bench: prefilled the dedup table", "rows", r.cfg.Prefill-int(have), "took", time.Since(start))
+	r.log.Info("bench: prefilled the dedup table", "rows", n-int(have), "took", time.Since(start))
 	return nil
 }
 
@@ -207,8 +209,8 @@ func (r *runner) naiveApply(ctx context.Context, name, ledger string, id string,
 
 // verify compares the ledger and the dedup rows of consumer name with the
 // workload's unique ids.
-func (r *runner) verify(ctx context.Context, m Mode, name string, res *Result) error {
-	if err := r.pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM "+r.ledgerTable(m)).
+func (r *runner) verify(ctx context.Context, key, name string, res *Result) error {
+	if err := r.pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM "+r.ledgerTable(key)).
 		Scan(&res.Effects, &res.DistinctEffects); err != nil {
 		return fmt.Errorf("count effects: %w", err)
 	}

@@ -18,11 +18,17 @@ import (
 
 // runMode measures one mode: a fresh queue or topic and ledger, the
 // consumer, the publisher (concurrently unless Preload), then the checks.
-func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
+func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	cfg := r.cfg
 	res = Result{
 		Broker: cfg.Broker, Mode: m, Messages: cfg.Messages, Unique: r.work.unique,
-		Concurrency: cfg.Concurrency, Prefill: cfg.Prefill, PurgeDuring: cfg.PurgeDuring,
+		Concurrency: cfg.Concurrency, Phase: ph.name, Prefill: ph.prefill, PurgeDuring: ph.purge,
+	}
+	// A mode's runs in different phases need their own dedup scope and
+	// ledger.
+	key := string(m)
+	if ph.name != "" && ph.name != phaseBase {
+		key += "_" + ph.name
 	}
 	if m == ModeBatch || m == ModeBatchSet {
 		res.BatchSize = cfg.BatchSize
@@ -34,10 +40,10 @@ func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
 	}
 	db := m != ModeBrokerOnly
 	if db {
-		if err := r.createLedger(ctx, m); err != nil {
+		if err := r.createLedger(ctx, key); err != nil {
 			return fail(err)
 		}
-		if err := r.topUpPrefill(ctx); err != nil {
+		if err := r.topUpPrefill(ctx, ph.prefill); err != nil {
 			return fail(err)
 		}
 	}
@@ -51,8 +57,8 @@ func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
 	mctx, cancel := context.WithTimeout(ctx, cfg.ModeTimeout)
 	defer cancel()
 	tr := newTracker(cfg.Messages, r.work.unique, !db)
-	name := "bench-" + string(m)
-	ledger := r.ledgerTable(m)
+	name := "bench-" + key
+	ledger := r.ledgerTable(key)
 
 	// The consumer.
 	cctx, stopConsumer := context.WithCancel(mctx)
@@ -130,7 +136,7 @@ func (r *runner) runMode(ctx context.Context, m Mode) (res Result) {
 	// The purge loop.
 	var purgeWG sync.WaitGroup
 	var purged, purgeErrs atomic.Int64
-	if cfg.PurgeDuring {
+	if ph.purge {
 		purgeWG.Add(1)
 		go func() {
 			defer purgeWG.Done()
@@ -202,7 +208,7 @@ wait:
 			break wait
 		case <-tick.C:
 			if cfg.Progress != nil {
-				cfg.Progress(Progress{Mode: m, Published: int(published.Load()), Settled: tr.settled.Load(),
+				cfg.Progress(Progress{Mode: m, Phase: ph.name, Published: int(published.Load()), Settled: tr.settled.Load(),
 					Messages: cfg.Messages, Elapsed: time.Since(start)})
 			}
 		}
@@ -243,7 +249,7 @@ wait:
 	if db {
 		vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer vcancel()
-		if err := r.verify(vctx, m, name, &res); err != nil {
+		if err := r.verify(vctx, key, name, &res); err != nil {
 			return fail(err)
 		}
 	}
