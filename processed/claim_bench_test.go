@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -31,21 +32,43 @@ func benchClaim(id string) consumer.Claim {
 	return consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Source: "q", Partition: -1, Offset: -1}
 }
 
-// BenchmarkClaim measures one transaction per claim, the per-message path:
-// BEGIN, Claim, COMMIT. "new" claims fresh ids; "duplicate" claims an id
-// already committed (an INSERT that conflicts, then the SELECT of the
-// existing row).
+// BenchmarkClaim measures one transaction per claim, the per-message path,
+// both ways the runtime can take it: "separate" sends BEGIN (with SET LOCAL
+// synchronous_commit) and then Claim, two round trips; "queued" sends both
+// in one pipelined batch with QueueClaim. Each op then commits. "new" claims
+// fresh ids; "duplicate" claims an id already committed (an INSERT that
+// conflicts, then the SELECT of the existing row).
 func BenchmarkClaim(b *testing.B) {
 	ctx := context.Background()
 	store, pool := benchStore(b)
-	run := func(b *testing.B, id func(i int) string, want consumer.ClaimOutcome) {
+	const setSync = "SET LOCAL synchronous_commit = on"
+	paths := []struct {
+		name  string
+		claim func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error)
+	}{
+		{"separate", func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSync})
+			if err != nil {
+				return nil, consumer.ClaimResult{}, err
+			}
+			res, err := store.Claim(ctx, tx, c)
+			return tx, res, err
+		}},
+		{"queued", func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
+			batch := &pgx.Batch{}
+			batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			batch.Queue(setSync)
+			finish := store.QueueClaim(batch, c)
+			br := pool.SendBatch(ctx, batch)
+			tx := br.Tx()
+			res, err := finish(ctx, tx, br.Close())
+			return tx, res, err
+		}},
+	}
+	run := func(b *testing.B, claim func(consumer.Claim) (pgx.Tx, consumer.ClaimResult, error), id func(i int) string, want consumer.ClaimOutcome) {
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			res, err := store.Claim(ctx, tx, benchClaim(id(i)))
+			tx, res, err := claim(benchClaim(id(i)))
 			if err != nil || res.Outcome != want {
 				b.Fatalf("claim: %v %v, want %v", res.Outcome, err, want)
 			}
@@ -55,12 +78,14 @@ func BenchmarkClaim(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
 	}
-	b.Run("new", func(b *testing.B) {
-		run(b, func(i int) string { return "new-" + strconv.Itoa(i) }, consumer.ClaimNew)
-	})
-	b.Run("duplicate", func(b *testing.B) {
-		run(b, func(int) string { return "new-0" }, consumer.ClaimDuplicate)
-	})
+	for _, p := range paths {
+		b.Run(p.name+"/new", func(b *testing.B) {
+			run(b, p.claim, func(i int) string { return p.name + "-new-" + strconv.Itoa(i) }, consumer.ClaimNew)
+		})
+		b.Run(p.name+"/duplicate", func(b *testing.B) {
+			run(b, p.claim, func(int) string { return p.name + "-new-0" }, consumer.ClaimDuplicate)
+		})
+	}
 }
 
 // BenchmarkClaimBatch measures the batch path: BEGIN, ClaimBatch of size

@@ -2,6 +2,7 @@ package processed
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
@@ -33,6 +34,13 @@ type Config struct {
 	// PurgeBatchSize is the number of rows Purge deletes per statement;
 	// each batch is its own short transaction. Defaults to 1000.
 	PurgeBatchSize int
+	// PurgePause is how long Purge waits between two batches, so that
+	// deleting a large backlog of expired rows (the first purge after
+	// retention is turned on, or after a janitor outage) yields to the
+	// consumers instead of competing with them flat out. It bounds Purge
+	// to about PurgeBatchSize rows per PurgePause. Defaults to 0: no
+	// pause, the fastest purge.
+	PurgePause time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -54,6 +62,9 @@ func (c Config) validate() error {
 	}
 	if err := validIdent("Table", c.Table); err != nil {
 		return err
+	}
+	if c.PurgePause < 0 {
+		return &consumer.ConfigError{Field: "PurgePause", Reason: fmt.Sprintf("%s, must not be negative", c.PurgePause)}
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}

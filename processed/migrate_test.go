@@ -143,6 +143,7 @@ func TestConfigValidation(t *testing.T) {
 		{"64 bytes", processed.Config{Table: long}, "Table"},
 		{"49 bytes", processed.Config{Schema: long[:49]}, "Schema"},
 		{"negative batch", processed.Config{PurgeBatchSize: -1}, "PurgeBatchSize"},
+		{"negative pause", processed.Config{PurgePause: -time.Millisecond}, "PurgePause"},
 	} {
 		_, err := processed.New(pool, tc.cfg)
 		var ce *consumer.ConfigError

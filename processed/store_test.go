@@ -423,6 +423,42 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// TestPurgePause: a paced purge waits PurgePause between batches (7 rows in
+// batches of 3 make two pauses) and stops during a pause when ctx ends.
+func TestPurgePause(t *testing.T) {
+	t.Parallel()
+	const pause = 150 * time.Millisecond
+	s, pool := setup(t, processed.Config{PurgeBatchSize: 3, PurgePause: pause})
+	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+	age := func() {
+		if _, err := pool.Exec(ctx(t), `UPDATE `+table+` SET processed_at = now() - interval '2 hours'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 7 {
+		claimTx(t, pool, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
+	}
+	age()
+	start := time.Now()
+	if n, err := s.Purge(ctx(t), time.Hour); err != nil || n != 7 {
+		t.Fatalf("Purge: %d, %v; want 7", n, err)
+	}
+	if el := time.Since(start); el < 2*pause {
+		t.Fatalf("7 rows in batches of 3 took %s, want at least two pauses of %s", el, pause)
+	}
+
+	for i := range 7 {
+		claimTx(t, pool, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
+	}
+	age()
+	cctx, cancel := context.WithTimeout(ctx(t), pause/2) // ends in the first pause
+	defer cancel()
+	n, err := s.Purge(cctx, time.Hour)
+	if !errors.Is(err, context.DeadlineExceeded) || n != 3 {
+		t.Fatalf("Purge cancelled in a pause: %d, %v; want 3 rows and the context's error", n, err)
+	}
+}
+
 func TestPurgeRejectsNonPositive(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t, processed.Config{})

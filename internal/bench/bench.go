@@ -108,12 +108,19 @@ type Config struct {
 	Preload bool
 	// Prefill inserts this many rows for another consumer into the dedup
 	// table before the run (and tops them up before each mode), so the
-	// modes run against a large table. Defaults to 0.
+	// modes run against a large table. After inserting, Run vacuums and
+	// analyzes the table and asks for a CHECKPOINT (where the role may),
+	// so the modes measure a large table rather than the aftermath of a
+	// bulk load. Defaults to 0.
 	Prefill int
 	// PurgeDuring runs Store.Purge in a loop on the dedup table during
 	// each mode. The prefilled rows are 30 days old and are what it
 	// deletes; the run's own rows are too young to be purged.
 	PurgeDuring bool
+	// PurgePause is the purge loop's processed.Config.PurgePause: the
+	// pause between two batches of 1000 deleted rows. Defaults to 0, a
+	// purge flat out.
+	PurgePause time.Duration
 	// Compare measures the cost of Prefill and PurgeDuring side by side:
 	// every database mode runs first in the base phase (no prefilled
 	// rows, no purge), then with Prefill rows (phase "prefill", if
@@ -223,6 +230,8 @@ func (c Config) validate() error {
 		return bad("BatchWait", "negative")
 	case c.Prefill < 0:
 		return bad("Prefill", "negative")
+	case c.PurgePause < 0:
+		return bad("PurgePause", "negative")
 	case c.Compare && c.Prefill == 0 && !c.PurgeDuring:
 		return bad("Compare", "needs Prefill or PurgeDuring: there is nothing to compare the base phase with")
 	case c.KafkaPartitions < 1:

@@ -29,8 +29,10 @@ const (
 // Run computes the cutoff now() - olderThan on the database's clock, then
 // runs del with $1 = cutoff and $2 = batch, each execution its own short
 // statement, until one deletes fewer than batch rows or ctx is done. It
-// returns the rows deleted, and on failure the step that failed.
-func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch int) (int64, Step, error) {
+// waits pause between two batches (none if pause is 0), so that deleting a
+// large backlog leaves the database to the work it runs beside. It returns
+// the rows deleted, and on failure the step that failed.
+func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch int, pause time.Duration) (int64, Step, error) {
 	if olderThan <= 0 {
 		return 0, StepDelete, fmt.Errorf("olderThan is %s, must be positive", olderThan)
 	}
@@ -50,6 +52,15 @@ func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch 
 		}
 		if err := ctx.Err(); err != nil {
 			return total, StepDelete, err
+		}
+		if pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return total, StepDelete, ctx.Err()
+			}
 		}
 	}
 }
