@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -80,10 +81,15 @@ func BenchmarkClaim(b *testing.B) {
 	}
 	for _, p := range paths {
 		b.Run(p.name+"/new", func(b *testing.B) {
-			run(b, p.claim, func(i int) string { return p.name + "-new-" + strconv.Itoa(i) }, consumer.ClaimNew)
+			prefix := p.name + "-new-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // fresh per round (-count)
+			run(b, p.claim, func(i int) string { return prefix + strconv.Itoa(i) }, consumer.ClaimNew)
 		})
 		b.Run(p.name+"/duplicate", func(b *testing.B) {
-			run(b, p.claim, func(int) string { return p.name + "-new-0" }, consumer.ClaimDuplicate)
+			dup := p.name + "-dup"
+			if tx, _, err := p.claim(benchClaim(dup)); err != nil || tx.Commit(ctx) != nil {
+				b.Fatalf("claim %s: %v", dup, err)
+			}
+			run(b, p.claim, func(int) string { return dup }, consumer.ClaimDuplicate)
 		})
 	}
 }
