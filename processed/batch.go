@@ -25,7 +25,19 @@ SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING message_id`
-	existing = `SELECT message_id, fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`
+	// One primary-key probe per id, whatever the planner believes. The
+	// plain form, WHERE consumer = $1 AND message_id = ANY($2), is planned
+	// as an index scan on consumer alone that filters message_id whenever
+	// the statistics do not know the consumer (a new consumer, stale
+	// statistics, or a generic plan made while the table was small): it
+	// then reads every row the consumer has, per batch. LIMIT 1 keeps the
+	// lateral subquery from being flattened into such a join.
+	existing = `SELECT p.message_id, p.fingerprint, p.processed_at
+FROM unnest($2::text[]) AS u(id)
+CROSS JOIN LATERAL (
+	SELECT message_id, fingerprint, processed_at FROM ` + t + `
+	WHERE consumer = $1 AND message_id = u.id
+	LIMIT 1) AS p`
 	return insert, existing
 }
 
@@ -90,11 +102,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 			}
 		}
 		// A new statement, so a new snapshot: it sees the rows of the
-		// transactions the insert waited for.
-		// Planned afresh each time: a cached generic plan, made while the
-		// table was small, filters every row of the consumer instead of
-		// probing the primary key per id, and grows slower with the table.
-		rows, err = tx.Query(ctx, existingSQL, pgx.QueryExecModeExec, name, conflicted)
+		// transactions the insert waited for. Its shape fixes the plan, so
+		// it can be a cached prepared statement (see batchSQL).
+		rows, err = tx.Query(ctx, existingSQL, name, conflicted)
 		if err != nil {
 			return nil, s.wrap("claim batch: select existing", err)
 		}

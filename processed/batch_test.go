@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testdb"
@@ -106,5 +109,59 @@ func TestClaimBatchWaitsForConcurrentClaim(t *testing.T) {
 	}
 	if got := <-done; got.Outcome != consumer.ClaimDuplicate {
 		t.Fatalf("concurrent batch claim after commit: %v", got.Outcome)
+	}
+}
+
+// TestClaimBatchLookupProbesPrimaryKey: ClaimBatch's lookup of conflicting
+// ids probes (consumer, message_id) once per id, in custom and in generic
+// plans, even when the statistics do not know the consumer. The plain
+// "consumer = $1 AND message_id = ANY($2)" is planned here as a scan of
+// every row of the consumer with message_id as a filter.
+func TestClaimBatchLookupProbesPrimaryKey(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, processed.Config{})
+	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+	fill := func(consumerName string, n int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx(t), `INSERT INTO `+table+` (consumer, message_id, fingerprint)
+			SELECT $1, 'id-' || g, sha256(int8send(g)) FROM generate_series(1, $2::int) AS g`, consumerName, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill("other", 20000)
+	if _, err := pool.Exec(ctx(t), "ANALYZE "+table); err != nil {
+		t.Fatal(err)
+	}
+	fill("c", 5000) // after ANALYZE: unknown to the statistics
+
+	_, existing := s.BatchSQL()
+	conn, err := pool.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx(t), "PREPARE idemq_plan_test(text, text[]) AS "+existing); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "DEALLOCATE idemq_plan_test") }()
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if _, err := conn.Exec(ctx(t), "SET plan_cache_mode = "+mode); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := conn.Query(ctx(t), "EXPLAIN EXECUTE idemq_plan_test('c', ARRAY['id-1', 'id-2', 'id-3'])", pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if !strings.Contains(plan, "message_id = u.id") || strings.Contains(plan, "Filter") {
+			t.Errorf("%s: the lookup does not probe the primary key per id:\n%s", mode, plan)
+		}
+	}
+	if _, err := conn.Exec(ctx(t), "RESET plan_cache_mode"); err != nil {
+		t.Fatal(err)
 	}
 }
