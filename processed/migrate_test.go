@@ -144,6 +144,7 @@ func TestConfigValidation(t *testing.T) {
 		{"49 bytes", processed.Config{Schema: long[:49]}, "Schema"},
 		{"negative batch", processed.Config{PurgeBatchSize: -1}, "PurgeBatchSize"},
 		{"negative pause", processed.Config{PurgePause: -time.Millisecond}, "PurgePause"},
+		{"pause -2ns", processed.Config{PurgePause: -2}, "PurgePause"},
 	} {
 		_, err := processed.New(pool, tc.cfg)
 		var ce *consumer.ConfigError
@@ -154,7 +155,7 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := processed.New(nil, processed.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("New(nil): %v", err)
 	}
-	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}} {
+	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}} {
 		s, err := processed.New(pool, cfg)
 		if err != nil {
 			t.Errorf("New(%+v): %v", cfg, err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/bench"
+	"github.com/idemq/idemq/processed"
 )
 
 var benchCommand = &command{
@@ -70,7 +71,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.BoolVar(&cfg.Preload, "preload", false, "publish everything before consuming (latency then includes queueing)")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
-	fs.DurationVar(&cfg.PurgePause, "purge-pause", 0, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause)")
+	fs.DurationVar(&cfg.PurgePause, "purge-pause", processed.DefaultPurgePause, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", bench.DefaultAMQPURL, "RabbitMQ URL")
@@ -99,6 +100,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		return usagef("--prefill must not be negative, got %d", cfg.Prefill)
 	case cfg.PurgePause < 0:
 		return usagef("--purge-pause must not be negative, got %s", cfg.PurgePause)
+	case cfg.PurgePause == 0:
+		cfg.PurgePause = -1 // none
 	case cfg.Compare && cfg.Prefill == 0 && !cfg.PurgeDuring:
 		return usagef("--compare needs --prefill or --purge-during")
 	case cfg.ModeTimeout <= 0:
@@ -173,7 +176,7 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 	fmt.Fprintf(w, "broker %s, %d messages (%d unique, dup-rate %g), concurrency %d, batch size %d%s%s\n",
 		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, r0.Concurrency, cfg.BatchSize,
 		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
-		map[bool]string{true: fmt.Sprintf(", purge during (pause %s)", cfg.PurgePause)}[cfg.PurgeDuring])
+		map[bool]string{true: fmt.Sprintf(", purge during (pause %s)", max(cfg.PurgePause, 0))}[cfg.PurgeDuring])
 	fmt.Fprintln(w, "modes ran one after another; peak RSS is process-wide (it includes an in-process broker)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"

@@ -153,7 +153,7 @@ func TestProcessedPurge(t *testing.T) {
 	want(t, idemq(t, append([]string{"processed", "purge", "--older-than", "2d", "--batch-size", "2"}, args...)...),
 		0, "deleted 3 records processed more than 48h0m0s ago", "")
 	want(t, idemq(t, append([]string{"processed", "purge", "--older-than", "2d"}, args...)...), 0, "deleted 0 records", "")
-	want(t, idemq(t, append([]string{"processed", "purge", "--older-than", "1h"}, args...)...), 0, "deleted 2 records", "")
+	want(t, idemq(t, append([]string{"processed", "purge", "--older-than", "1h", "--pause", "0"}, args...)...), 0, "deleted 2 records", "")
 	st, err := s.Stats(context.Background(), "")
 	if err != nil || st.Rows != 2 {
 		t.Fatalf("rows left: %+v, %v; want 2", st, err)
@@ -188,6 +188,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"processed", "purge", "--older-than", "-1h"}, 2, "", "must be positive"},
 		{[]string{"processed", "purge", "--older-than", "0s"}, 2, "", "must be positive"},
 		{[]string{"processed", "purge", "--older-than", "1h", "--batch-size", "0"}, 2, "", "--batch-size must be positive"},
+		{[]string{"processed", "purge", "--older-than", "1h", "--pause", "-1s"}, 2, "", "--pause must not be negative"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()

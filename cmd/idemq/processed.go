@@ -28,8 +28,8 @@ var processedPurgeCommand = &command{
 	name:    "processed purge",
 	args:    "--older-than <duration>",
 	summary: "delete old dedup records",
-	help: `Deletes the dedup records processed more than --older-than ago, in batches,
-and prints how many it deleted. A message redelivered after its record is
+	help: `Deletes the dedup records processed more than --older-than ago, in batches
+with a --pause between them, and prints how many it deleted. A message redelivered after its record is
 purged is applied again, so keep records longer than any redelivery can lag.`,
 	run: runProcessedPurge,
 }
@@ -57,7 +57,7 @@ func runProcessedShow(ctx context.Context, e *env, c *command, args []string) er
 	if err != nil {
 		return err
 	}
-	store, conn, err := db.openStore(ctx, e, 0)
+	store, conn, err := db.openStore(ctx, e, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -104,11 +104,13 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 		db        dbFlags
 		olderThan durationFlag
 		batch     int
+		pause     time.Duration
 	)
 	fs := c.flagSet()
 	db.register(fs)
 	fs.Var(&olderThan, "older-than", "delete records processed more than this long ago: a `duration` such as 72h, 90m or 7d (required)")
 	fs.IntVar(&batch, "batch-size", processed.DefaultPurgeBatchSize, "rows deleted per statement")
+	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "pause between two batches, so live consumers keep the database; 0 for none")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -121,7 +123,13 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 	if batch < 1 {
 		return usagef("--batch-size must be positive, got %d", batch)
 	}
-	store, conn, err := db.openStore(ctx, e, batch)
+	if pause < 0 {
+		return usagef("--pause must not be negative, got %s", pause)
+	}
+	if pause == 0 {
+		pause = -1 // processed.Config: no pause
+	}
+	store, conn, err := db.openStore(ctx, e, batch, pause)
 	if err != nil {
 		return err
 	}

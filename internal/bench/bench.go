@@ -118,8 +118,8 @@ type Config struct {
 	// deletes; the run's own rows are too young to be purged.
 	PurgeDuring bool
 	// PurgePause is the purge loop's processed.Config.PurgePause: the
-	// pause between two batches of 1000 deleted rows. Defaults to 0, a
-	// purge flat out.
+	// pause between two batches of 1000 deleted rows. Defaults to the
+	// store's, 10ms; -1 for none, a purge flat out.
 	PurgePause time.Duration
 	// Compare measures the cost of Prefill and PurgeDuring side by side:
 	// every database mode runs first in the base phase (no prefilled
@@ -230,8 +230,8 @@ func (c Config) validate() error {
 		return bad("BatchWait", "negative")
 	case c.Prefill < 0:
 		return bad("Prefill", "negative")
-	case c.PurgePause < 0:
-		return bad("PurgePause", "negative")
+	case c.PurgePause < 0 && c.PurgePause != -1:
+		return bad("PurgePause", "%s: must be positive, or -1 for none", c.PurgePause)
 	case c.Compare && c.Prefill == 0 && !c.PurgeDuring:
 		return bad("Compare", "needs Prefill or PurgeDuring: there is nothing to compare the base phase with")
 	case c.KafkaPartitions < 1:
