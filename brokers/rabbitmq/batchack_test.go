@@ -36,19 +36,23 @@ func TestAckBatchNeverCoversDeliveriesInFlight(t *testing.T) {
 		ds = append(ds, d)
 	}
 	// m-4 and m-5 are still in flight; m-0..m-3 can go in one multiple ack,
-	// m-6 and m-7 must be acked one by one.
+	// m-6 and m-7 wait for m-4 and m-5 (deferred), and Close acks them one
+	// by one since m-4 and m-5 never settle.
 	batch := append(append([]consumer.Delivery{}, ds[6:8]...), ds[0:4]...)
 	if err := src.AckBatch(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
-	if st := src.Stats(); st.MultipleAcks != 1 || st.Acked != 6 {
-		t.Fatalf("stats %+v, want 1 multiple ack covering 4 and 6 acks in all", st)
+	if st := src.Stats(); st.MultipleAcks != 1 || st.Acked != 4 {
+		t.Fatalf("stats %+v, want 1 multiple ack covering 4, and m-6, m-7 deferred", st)
 	}
 	if err := src.AckBatch(ctx, ds[0:1]); err == nil {
 		t.Fatal("acking a settled delivery again succeeded")
 	}
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if st := src.Stats(); st.MultipleAcks != 1 || st.Acked != 6 {
+		t.Fatalf("stats after Close %+v, want the 2 deferred acked", st)
 	}
 	// Only m-4, m-5, m-8 and m-9 come back.
 	again := newSource(t, rabbitmq.Config{Queue: q})
@@ -65,6 +69,99 @@ func TestAckBatchNeverCoversDeliveriesInFlight(t *testing.T) {
 	if fmt.Sprint(ids) != "[m-4 m-5 m-8 m-9]" {
 		t.Fatalf("requeued %v: a multiple ack covered a delivery that was in flight", ids)
 	}
+	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
+}
+
+// receiveN publishes n messages m-0.. to a fresh queue and receives them on
+// a source with the given prefetch.
+func receiveN(ctx context.Context, t *testing.T, n, prefetch int) (string, *rabbitmq.Source, []consumer.Delivery) {
+	t.Helper()
+	q := newQueue(t)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{})
+	var msgs []*consumer.Message
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")})
+	}
+	if err := pub.Publish(ctx, "", q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: prefetch})
+	var ds []consumer.Delivery
+	for i := 0; i < n; i++ {
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	return q, src, ds
+}
+
+// TestAckBatchDefersUntilLowerTagsSettle: a committed batch above a delivery
+// still in flight waits, and goes in one multiple ack once that settles.
+func TestAckBatchDefersUntilLowerTagsSettle(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q, src, ds := receiveN(ctx, t, 10, 20)
+	if err := src.AckBatch(ctx, ds[4:8]); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.Acked != 0 {
+		t.Fatalf("stats %+v: acked above m-0..m-3, which are in flight", st)
+	}
+	for _, d := range ds[0:3] {
+		mustAck(ctx, t, d)
+	}
+	if st := src.Stats(); st.Acked != 3 || st.MultipleAcks != 0 {
+		t.Fatalf("stats %+v: m-3 is still in flight", st)
+	}
+	mustAck(ctx, t, ds[3]) // the last one below: m-4..m-7 go together
+	if st := src.Stats(); st.Acked != 8 || st.MultipleAcks != 1 {
+		t.Fatalf("stats %+v, want m-4..m-7 in one multiple ack", st)
+	}
+	if err := src.AckBatch(ctx, ds[8:10]); err != nil { // nothing below: at once
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.Acked != 10 || st.MultipleAcks != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
+}
+
+// TestAckBatchDeferralBounded: at most half the prefetch waits; past that
+// the lowest waiting deliveries are acked one by one, so a slow delivery
+// never holds the window. A nack settles the slow one and frees the rest.
+func TestAckBatchDeferralBounded(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q, src, ds := receiveN(ctx, t, 8, 8) // at most 4 deferred
+	if err := src.AckBatch(ctx, ds[1:8]); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.Acked != 3 || st.MultipleAcks != 0 {
+		t.Fatalf("stats %+v, want m-1..m-3 acked one by one and 4 deferred", st)
+	}
+	if err := ds[0].Nack(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Stats(); st.Acked != 7 || st.MultipleAcks != 1 || st.Nacked != 1 {
+		t.Fatalf("stats %+v, want m-4..m-7 in one multiple ack after the nack", st)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := newSource(t, rabbitmq.Config{Queue: q})
+	d, err := again.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Message().ID != "m-0" {
+		t.Fatalf("redelivered %s, want only m-0", d.Message().ID)
+	}
+	mustAck(ctx, t, d)
 	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
 }
 

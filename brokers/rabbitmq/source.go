@@ -196,8 +196,9 @@ type session struct {
 	closes     chan *amqp.Error // the channel's NotifyClose, buffered
 	dead       atomic.Bool      // set once the session is known lost or closed
 
-	mu      sync.Mutex
-	unacked map[uint64]struct{} // delivery tags received and not yet settled
+	mu       sync.Mutex
+	unacked  map[uint64]bool // tags received and not yet acked; true: committed, ack deferred (see AckBatch)
+	deferred int             // the true entries of unacked
 }
 
 // NewSource validates cfg and opens a connection, channel and consumer on
@@ -280,6 +281,9 @@ func (s *Source) Close() error {
 		s.sess = nil
 		s.mu.Unlock()
 		if sess != nil {
+			// Committed deliveries still waiting for a multiple ack
+			// are acked now, not requeued by the channel's close.
+			s.flushDeferred(sess, true)
 			s.closeErr = sess.shutdown(true)
 		}
 	})
@@ -440,6 +444,13 @@ func (s *Source) lost(sess *session) {
 		s.log.Warn("rabbitmq: consumer lost; reconnecting", slog.String("reason", reason), slog.String("consumer_tag", sess.tag))
 	}
 	_ = sess.shutdown(false)
+	// Committed deliveries whose ack was deferred are redelivered by the
+	// broker and skipped by dedup; count them as abandoned.
+	sess.mu.Lock()
+	if err := s.abandonDeferredLocked(sess, "ack", nil); err != nil {
+		s.log.Warn("rabbitmq: deferred acks lost with the channel; dedup will skip the redeliveries", "error", err)
+	}
+	sess.mu.Unlock()
 }
 
 // shutdown closes the session. With cancel, it first cancels the consumer so
@@ -486,20 +497,23 @@ type delivery struct {
 func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
 	sess.mu.Lock()
 	if sess.unacked == nil {
-		sess.unacked = map[uint64]struct{}{}
+		sess.unacked = map[uint64]bool{}
 	}
-	sess.unacked[d.DeliveryTag] = struct{}{}
+	sess.unacked[d.DeliveryTag] = false
 	sess.mu.Unlock()
 	return &delivery{src: s, sess: sess, d: d, msg: s.mapper().message(d)}
 }
 
-// forget removes settled tags from the session's unacked set.
-func (sess *session) forget(tags ...uint64) {
+// forget removes a settled tag from the session's unacked set, and acks the
+// deferred deliveries that were waiting for it.
+func (s *Source) forget(sess *session, tag uint64) {
 	sess.mu.Lock()
-	for _, t := range tags {
-		delete(sess.unacked, t)
-	}
+	delete(sess.unacked, tag)
+	waiting := sess.deferred > 0
 	sess.mu.Unlock()
+	if waiting {
+		s.flushDeferred(sess, false)
+	}
 }
 
 func (s *Source) mapper() mapper {
@@ -576,16 +590,22 @@ func (d *delivery) settle(op string, f func() error, counter *atomic.Int64) erro
 	if err := f(); err != nil {
 		return d.abandon(op, err)
 	}
-	d.sess.forget(d.d.DeliveryTag)
 	counter.Add(1)
+	d.src.forget(d.sess, d.d.DeliveryTag)
 	return nil
 }
 
 func (d *delivery) abandon(op string, cause error) error {
 	d.src.abandoned.Add(1)
+	return fmt.Errorf("rabbitmq: %s delivery %d of queue %q: %w", op, d.d.DeliveryTag, d.src.cfg.Queue, d.src.staleErr(cause))
+}
+
+// staleErr explains why a delivery could not be settled: its channel is lost
+// (ErrDeliveryStale) or the Source is closed (ErrSourceClosed).
+func (s *Source) staleErr(cause error) error {
 	sentinel := consumer.ErrDeliveryStale
 	what := "channel lost"
-	if d.src.life.Err() != nil {
+	if s.life.Err() != nil {
 		sentinel = consumer.ErrSourceClosed
 		what = "source closed"
 	}
@@ -593,7 +613,7 @@ func (d *delivery) abandon(op string, cause error) error {
 		// Not wrapped: amqp091's errors stay behind the boundary.
 		what += " (" + cause.Error() + ")"
 	}
-	return fmt.Errorf("rabbitmq: %s delivery %d of queue %q: %s: %w", op, d.d.DeliveryTag, d.src.cfg.Queue, what, sentinel)
+	return fmt.Errorf("%s: %w", what, sentinel)
 }
 
 // headerString renders an AMQP header value as a string.
