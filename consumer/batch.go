@@ -27,7 +27,11 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 // fewer broker calls than one per delivery (RabbitMQ multiple acks, Kafka
 // offset commits). Batch mode uses it when the Source implements it.
 type BatchAcker interface {
-	// AckBatch acks every delivery in ds, which this source delivered.
+	// AckBatch acks every delivery in ds, which this source delivered,
+	// after their effects committed. It may send the acks later than the
+	// call (RabbitMQ waits until no unsettled delivery lies below them, to
+	// use one multiple ack), never earlier; the source must send whatever
+	// still waits when it is closed.
 	AckBatch(ctx context.Context, ds []Delivery) error
 }
 
