@@ -69,10 +69,15 @@ func (s *Source) ackSession(sess *session, group []*delivery) error {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	for _, d := range mine {
-		if _, ok := sess.unacked[d.d.DeliveryTag]; ok {
-			sess.unacked[d.d.DeliveryTag] = true
-			sess.deferred++
+		if _, ok := sess.unacked[d.d.DeliveryTag]; !ok {
+			// Not outstanding on this channel: acking it would close
+			// the channel (unknown tag). The broker redelivers it if
+			// it still holds it; dedup skips it.
+			errs = append(errs, d.abandon("ack", errors.New("tag not outstanding")))
+			continue
 		}
+		sess.unacked[d.d.DeliveryTag] = true
+		sess.deferred++
 	}
 	errs = append(errs, s.flushLocked(sess, s.maxDeferred()))
 	return errors.Join(errs...)
