@@ -544,6 +544,9 @@ func (r *Runtime) beginClaim(ctx context.Context, claim Claim) (pgx.Tx, ClaimRes
 				return nil, ClaimResult{}, fmt.Errorf("begin and claim: the batch began no transaction (%v)", sendErr)
 			}
 			res, err := finish(ctx, tx, sendErr)
+			if err == nil && sendErr != nil {
+				err = sendErr // a store that did not report it
+			}
 			if err != nil {
 				return tx, ClaimResult{}, fmt.Errorf("begin and claim: %w", err)
 			}
