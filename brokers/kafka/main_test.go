@@ -237,19 +237,7 @@ func (e *env) observeCommits(t *testing.T) *commitLog {
 		}
 		l.failed.Add(1)
 		e.c.KeepControl()
-		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, tp := range req.Topics {
-			rt := kmsg.NewOffsetCommitResponseTopic()
-			rt.Topic = tp.Topic
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewOffsetCommitResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.RequestTimedOut.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return kafkatest.OffsetCommitError(req, kerr.RequestTimedOut.Code), nil, true
 	})
 	return l
 }

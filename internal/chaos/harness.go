@@ -638,20 +638,7 @@ func (r *run) setupBroker(ctx context.Context) error {
 					return nil, nil, false
 				}
 				r.inject("offset-commit-error", 1)
-				ocr := req.(*kmsg.OffsetCommitRequest)
-				resp := ocr.ResponseKind().(*kmsg.OffsetCommitResponse)
-				for _, t := range ocr.Topics {
-					rt := kmsg.NewOffsetCommitResponseTopic()
-					rt.Topic = t.Topic
-					for _, p := range t.Partitions {
-						rp := kmsg.NewOffsetCommitResponseTopicPartition()
-						rp.Partition = p.Partition
-						rp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-						rt.Partitions = append(rt.Partitions, rp)
-					}
-					resp.Topics = append(resp.Topics, rt)
-				}
-				return resp, nil, true
+				return kafkatest.OffsetCommitError(req.(*kmsg.OffsetCommitRequest), kerr.CoordinatorNotAvailable.Code), nil, true
 			})
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // MinSessionTimeout is the smallest group session timeout the clusters made
@@ -116,4 +117,22 @@ func Serve(ctx context.Context, addr string, partitions int) error {
 	<-ctx.Done()
 	c.Close()
 	return nil
+}
+
+// OffsetCommitError answers req with code for every partition it commits,
+// for fault injection through kfake's ControlKey(kmsg.OffsetCommit, ...).
+func OffsetCommitError(req *kmsg.OffsetCommitRequest, code int16) *kmsg.OffsetCommitResponse {
+	resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+	for _, t := range req.Topics {
+		rt := kmsg.NewOffsetCommitResponseTopic()
+		rt.Topic = t.Topic
+		for _, p := range t.Partitions {
+			rp := kmsg.NewOffsetCommitResponseTopicPartition()
+			rp.Partition = p.Partition
+			rp.ErrorCode = code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
 }
