@@ -165,6 +165,40 @@ func TestAckBatchDeferralBounded(t *testing.T) {
 	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
 }
 
+// TestAckBatchDeferredLostWithChannel: deliveries whose ack was deferred
+// when their channel dies are never acked on the new one: they are counted
+// as abandoned and redelivered, with everything else unacked.
+func TestAckBatchDeferredLostWithChannel(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	_, src, ds := receiveN(ctx, t, 6, 20)
+	if err := src.AckBatch(ctx, ds[2:6]); err != nil { // m-0, m-1 in flight: deferred
+		t.Fatal(err)
+	}
+	if err := rabbitmq.BreakChannel(src); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for len(ids) < 6 {
+		d, err := src.Receive(ctx) // reconnects
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d.Message().ID)
+		mustAck(ctx, t, d)
+	}
+	slices.Sort(ids)
+	if fmt.Sprint(ids) != "[m-0 m-1 m-2 m-3 m-4 m-5]" {
+		t.Fatalf("redelivered %v, want all six", ids)
+	}
+	if err := ds[0].Ack(ctx); !errors.Is(err, consumer.ErrDeliveryStale) {
+		t.Fatalf("ack from the lost channel: %v, want ErrDeliveryStale", err)
+	}
+	if st := src.Stats(); st.Abandoned < 5 || st.Acked != 6 {
+		t.Fatalf("stats %+v, want the 4 deferred and m-0 abandoned, and the 6 redeliveries acked", st)
+	}
+}
+
 func TestE2EBatchModeMultipleAcks(t *testing.T) {
 	t.Parallel()
 	e := newE2E(t)
