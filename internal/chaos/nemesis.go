@@ -45,41 +45,33 @@ func (r *run) nemesis(ctx context.Context) {
 			}
 		})
 	}
-	if n := r.s.PGRestarts; n > 0 && r.h.pg != nil {
+	// restarts restarts a server n times, the i-th at at(i) into the
+	// window, each down for 200ms to 1s.
+	restarts := func(n int, at func(i int) time.Duration, label, kind string, restart func(context.Context, time.Duration) error) {
 		goFault(func() {
 			for i := 1; i <= n; i++ {
-				if !sleepCtx(ctx, time.Until(r.start.Add(window*time.Duration(i)/time.Duration(n+1)))) {
+				if !sleepCtx(ctx, time.Until(r.start.Add(at(i)))) {
 					return
 				}
-				r.h.event("scenario %s: pg_ctl -m immediate restart %d/%d", r.s.Name, i, n)
-				r.inject("pg-restart", 1)
-				if err := r.h.pg.Restart(ctx, time.Duration(200+r.intn(800))*time.Millisecond); err != nil {
+				r.h.event("scenario %s: %s %d/%d", r.s.Name, label, i, n)
+				r.inject(kind, 1)
+				if err := restart(ctx, time.Duration(200+r.intn(800))*time.Millisecond); err != nil {
 					r.mu.Lock()
-					r.exitProblems = append(r.exitProblems, "postgres restart: "+err.Error())
+					r.exitProblems = append(r.exitProblems, kind+": "+err.Error())
 					r.mu.Unlock()
 					return
 				}
 			}
 		})
 	}
+	if n := r.s.PGRestarts; n > 0 && r.h.pg != nil {
+		restarts(n, func(i int) time.Duration { return window * time.Duration(i) / time.Duration(n+1) },
+			"pg_ctl -m immediate restart", "pg-restart", r.h.pg.Restart)
+	}
 	if n := r.s.RabbitRestarts; n > 0 && r.h.rabbit != nil {
-		goFault(func() {
-			for i := 1; i <= n; i++ {
-				// Offset from the Postgres restarts.
-				at := window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10
-				if !sleepCtx(ctx, time.Until(r.start.Add(at))) {
-					return
-				}
-				r.h.event("scenario %s: RabbitMQ node SIGKILL restart %d/%d", r.s.Name, i, n)
-				r.inject("rabbitmq-restart", 1)
-				if err := r.h.rabbit.Restart(ctx, time.Duration(200+r.intn(800))*time.Millisecond); err != nil {
-					r.mu.Lock()
-					r.exitProblems = append(r.exitProblems, "rabbitmq restart: "+err.Error())
-					r.mu.Unlock()
-					return
-				}
-			}
-		})
+		// Offset from the Postgres restarts.
+		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
+			"RabbitMQ node SIGKILL restart", "rabbitmq-restart", r.h.rabbit.Restart)
 	}
 	if n := r.s.Rebalances; n > 0 {
 		goFault(func() {
