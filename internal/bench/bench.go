@@ -424,9 +424,7 @@ func fillRatios(rs []Result) {
 	rate := map[[2]string]float64{} // phase, mode
 	only := 0.0
 	for _, r := range rs {
-		if r.Verified || r.MsgsPerSec > 0 {
-			rate[[2]string{r.Phase, string(r.Mode)}] = r.MsgsPerSec
-		}
+		rate[[2]string{r.Phase, string(r.Mode)}] = r.MsgsPerSec
 		if r.Mode == ModeBrokerOnly {
 			only = r.MsgsPerSec
 		}
