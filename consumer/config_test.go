@@ -3,11 +3,14 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type nopSource struct{}
@@ -178,5 +181,83 @@ func TestBatchConfigValidation(t *testing.T) {
 		if _, err := New(c); !errors.As(err, &ce) || ce.Field != field {
 			t.Errorf("%s: got %v", field, err)
 		}
+	}
+}
+
+// fakePool reports a pgxpool size, as *pgxpool.Pool does, without a
+// database behind it.
+type fakePool struct {
+	nopDB
+	max int32
+}
+
+func (p fakePool) Config() *pgxpool.Config { return &pgxpool.Config{MaxConns: p.max} }
+
+func TestPoolSizeWarning(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name        string
+		maxConns    int32
+		concurrency int
+		retention   time.Duration
+		want        string // "needed" in the warning, or "" for none
+	}{
+		{"pgxpool default on 2 cores", 4, 0, 0, "8"},
+		{"one per worker", 8, 0, 0, ""},
+		{"janitor needs one more", 8, 0, time.Hour, "9"},
+		{"room for the janitor", 9, 0, time.Hour, ""},
+		{"batch lanes", 2, 3, 0, "3"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs strings.Builder
+			cfg := validConfig()
+			cfg.DB = fakePool{max: tc.maxConns}
+			cfg.Concurrency = tc.concurrency
+			if tc.retention > 0 {
+				cfg.Retention = tc.retention
+				cfg.Store = nopPurgeStore{}
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			if _, err := New(cfg); err != nil {
+				t.Fatal(err)
+			}
+			got := logs.String()
+			if tc.want == "" {
+				if got != "" {
+					t.Fatalf("unexpected log: %s", got)
+				}
+				return
+			}
+			if !strings.Contains(got, "level=WARN") || !strings.Contains(got, "needed="+tc.want) ||
+				!strings.Contains(got, fmt.Sprintf("pool_max_conns=%d", tc.maxConns)) {
+				t.Fatalf("want a warning with needed=%s, got %q", tc.want, got)
+			}
+		})
+	}
+}
+
+func TestPoolSizeWarningRealPool(t *testing.T) {
+	t.Parallel()
+	// A real *pgxpool.Pool must be recognised; it connects lazily, so no
+	// database is needed.
+	pcfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?pool_max_conns=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs strings.Builder
+	cfg := validConfig()
+	cfg.DB = pool
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "pool_max_conns=2") {
+		t.Fatalf("no pool-size warning for a real pgxpool: %q", logs.String())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // settleTimeout bounds an ack, nack, rollback or dead-letter call. They run
@@ -73,12 +74,41 @@ func New(cfg Config) (*Runtime, error) {
 		// A message isolated from its batch runs alone.
 		h = func(ctx context.Context, tx pgx.Tx, msg *Message) error { return bh(ctx, tx, []*Message{msg}) }
 	}
-	return &Runtime{
+	r := &Runtime{
 		cfg:     cfg,
 		handler: Chain(h, cfg.Middleware...),
 		hooks:   newHooks(cfg.Hooks),
 		log:     cfg.Logger.With("consumer", cfg.Name),
-	}, nil
+	}
+	r.checkPoolSize()
+	return r, nil
+}
+
+// pooled is implemented by *pgxpool.Pool.
+type pooled interface {
+	Config() *pgxpool.Config
+}
+
+// checkPoolSize warns when DB is a pool with fewer connections than the
+// runtime holds at once: each of the Concurrency workers (or batch lanes)
+// holds one for its transaction, and the janitor one more. A smaller pool
+// is not unsafe, but workers queue for connections and throughput is capped
+// at the pool's size, which is easy to miss: pgxpool defaults to
+// max(4, GOMAXPROCS) connections, fewer than the default Concurrency of 8 on
+// most machines.
+func (r *Runtime) checkPoolSize() {
+	p, ok := r.cfg.DB.(pooled)
+	if !ok {
+		return
+	}
+	need := r.cfg.Concurrency
+	if r.cfg.Retention > 0 {
+		need++
+	}
+	if have := int(p.Config().MaxConns); have < need {
+		r.log.Warn("idemq: the pgxpool has fewer connections than the runtime uses at once; workers will wait for connections and throughput is capped by the pool",
+			"pool_max_conns", have, "needed", need, "concurrency", r.cfg.Concurrency, "hint", "set pgxpool.Config.MaxConns (or pool_max_conns in the URL) to at least the needed count")
+	}
 }
 
 // Stats returns a snapshot of the runtime's counters.
