@@ -34,6 +34,9 @@ const (
 	// VerdictMissingID: the message has no dedup id; replay dead-letters it
 	// again.
 	VerdictMissingID Verdict = "missing-id"
+	// VerdictUnverified: ClassifyConfig.VerifyKeys is set and the
+	// envelope is not signed by any of them; replay leaves it in the queue.
+	VerdictUnverified Verdict = "unverified"
 )
 
 // Item is one classified message.
@@ -56,6 +59,7 @@ type Classification struct {
 	WillApply      int    `json:"will_apply"`
 	Mismatch       int    `json:"fingerprint_mismatch"`
 	MissingID      int    `json:"missing_id"`
+	Unverified     int    `json:"unverified"`
 	BeyondHorizon  int    `json:"beyond_horizon"`
 	Malformed      int    `json:"malformed"`
 }
@@ -70,10 +74,11 @@ type ClassifyConfig struct {
 	// Consumer is the dedup scope to check. Defaults to each message's
 	// HeaderConsumer.
 	Consumer string
-	// Filter, Limit and Retention are as for Replay.
-	Filter    Filter
-	Limit     int
-	Retention time.Duration
+	// Filter, Limit, Retention and VerifyKeys are as for Replay.
+	Filter     Filter
+	Limit      int
+	Retention  time.Duration
+	VerifyKeys [][]byte
 	// Progress, if set, is called after each classified message.
 	Progress func(Classification)
 }
@@ -87,6 +92,10 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		return out, &consumer.ConfigError{Field: "Browser/Store", Reason: "required"}
 	}
 	defer cfg.Browser.Close()
+	verify, err := newVerifier(cfg.VerifyKeys)
+	if err != nil {
+		return out, err
+	}
 	filter := cfg.Filter
 	if cfg.Consumer != "" {
 		filter.Consumer = cfg.Consumer
@@ -119,9 +128,15 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		// fall back to a broker-made id, which would apply it under an id
 		// no producer gave it.
 		id := rec.MessageID
-		if id == "" {
+		switch {
+		case !verify.trusted(msg):
+			it.Verdict = VerdictUnverified
+		case id == "":
 			it.Verdict = VerdictMissingID
-		} else if it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope, id, msg); err != nil {
+		default:
+			it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope, id, msg)
+		}
+		if err != nil {
 			return out, err
 		}
 		out.add(it)
@@ -143,6 +158,8 @@ func (c *Classification) add(it Item) {
 		c.Mismatch++
 	case VerdictMissingID:
 		c.MissingID++
+	case VerdictUnverified:
+		c.Unverified++
 	}
 	if it.BeyondHorizon {
 		c.BeyondHorizon++

@@ -10,6 +10,15 @@
 // JSON array, oldest first, at most Options.MaxHistory entries), so the
 // copy carries its whole story.
 //
+// # Signed envelopes
+//
+// Whoever can publish to a dead-letter queue can write envelope headers, and
+// a replay trusts them: the consumer and dedup id it applies under, and the
+// queue Requeue republishes to. With Options.SigningKey every envelope carries
+// HeaderSignature, an HMAC over the body and the x-idemq-* headers; with
+// VerifyKeys, Replay, Requeue and Classify replay only envelopes signed with
+// one of the keys and leave the others in the queue, counted as Unverified.
+//
 // # Replay
 //
 // Replay reads a dead-letter queue through a Browser and runs the messages

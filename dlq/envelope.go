@@ -64,6 +64,12 @@ type Options struct {
 	// MaxHistory bounds HeaderHistory; the oldest entries are dropped
 	// first. Defaults to 10.
 	MaxHistory int
+	// SigningKey, if set, signs every envelope (HeaderSignature), so that
+	// a replay given the key in VerifyKeys replays only envelopes written
+	// here, not ones forged by whoever can publish to the dead-letter
+	// queue. At least MinKeyBytes; use 32 random bytes, kept secret.
+	// Defaults to none: envelopes are not signed.
+	SigningKey []byte
 }
 
 func (o Options) withDefaults() Options {
@@ -85,6 +91,10 @@ func (o Options) validate() error {
 		return &consumer.ConfigError{Field: "MaxErrorBytes", Reason: fmt.Sprintf("%d, must be at least 16", o.MaxErrorBytes)}
 	case o.MaxHistory < 0:
 		return &consumer.ConfigError{Field: "MaxHistory", Reason: "negative"}
+	case o.SigningKey != nil:
+		if err := ValidateKey(o.SigningKey); err != nil {
+			return &consumer.ConfigError{Field: "SigningKey", Reason: err.Error()}
+		}
 	}
 	return nil
 }
@@ -122,6 +132,7 @@ var ErrNoEnvelope = errors.New("dlq: message has no idemq failure envelope")
 // plus headers describing f. A previous envelope on msg is moved into the
 // history. Source, Partition and Offset come from an earlier envelope if
 // there is one (a replayed message keeps its original source), else from msg.
+// With opts.SigningKey, the envelope is signed (HeaderSignature).
 func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer.Message {
 	opts = opts.withDefaults()
 	m := msg.Clone()
@@ -170,7 +181,13 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	}
 	h[HeaderHost] = cur.Host
 	h[HeaderDeadLetters] = strconv.Itoa(deadLetters)
+	// An earlier signature covers the earlier envelope: it goes, and a
+	// new one is made if there is a key.
+	delete(h, HeaderSignature)
 	m.Headers = h
+	if opts.SigningKey != nil {
+		Sign(m, opts.SigningKey)
+	}
 	return m
 }
 

@@ -19,6 +19,7 @@ import (
 func FuzzEnvelopeRoundTrip(f *testing.F) {
 	f.Add("billing", "m-1", "permanent", "boom", 3, "payments", int32(-1), int64(-1), "k", "v", "x-idemq-history", "[not json", int64(1_700_000_000))
 	f.Add("c", "", "missing-id", "", 0, "", int32(2), int64(42), "x-idemq-attempts", "NaN", "\x00", "\xff\xfe", int64(0))
+	f.Add("c", "m-2", "permanent", "e", 1, "q", int32(-1), int64(-1), "x-idemq-signature", "v1=00", "x-idemq-source", "admin", int64(5))
 	f.Add("c\x00", "id\r\n", "panic", strings.Repeat("é", 2000), 1, "orders", int32(0), int64(0), "", "", "x-idemq-error-class", "forged", int64(-1))
 	f.Fuzz(func(t *testing.T, name, id, class, errText string, attempts int, source string, partition int32, offset int64,
 		k1, v1, k2, v2 string, unix int64) {
@@ -76,6 +77,19 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		}
 		if string(env.Body) != string(msg.Body) || env.ID != msg.ID {
 			t.Fatal("body or id changed")
+		}
+
+		// Signed, the same envelope verifies, whatever the message carried
+		// (a forged signature header included), and only under its key.
+		signed := dlq.Envelope(msg, fl, dlq.Options{Host: "h", SigningKey: signKey})
+		if err := dlq.Verify(signed, signKey); err != nil {
+			t.Fatalf("Verify(Envelope(msg, key)): %v\nheaders %q", err, signed.Headers)
+		}
+		if err := dlq.Verify(signed, otherKey); !errors.Is(err, dlq.ErrBadSignature) {
+			t.Fatalf("Verify under another key: %v", err)
+		}
+		if srec, err := dlq.Parse(signed); err != nil || srec.Consumer != rec.Consumer || srec.MessageID != rec.MessageID || srec.Source != rec.Source {
+			t.Fatalf("signed envelope parses as %+v, %v; unsigned as %+v", srec, err, rec)
 		}
 
 		// Dead-lettered again, on replay: the first failure goes to the

@@ -34,6 +34,13 @@ type ReplayConfig struct {
 	Retention time.Duration
 	// Force replays messages beyond the retention horizon too.
 	Force bool
+	// VerifyKeys, if set, replays only messages whose envelope is signed
+	// (Options.SigningKey) with one of these keys; the others stay in the
+	// queue, counted as Unverified. List the current key first and keys
+	// being rotated out after it. Defaults to none: envelopes are trusted
+	// as they are, and whoever can publish to the dead-letter queue can
+	// choose a message's consumer, dedup id and source.
+	VerifyKeys [][]byte
 	// Progress, if set, is called after each replayed message settles.
 	Progress func(Result)
 }
@@ -64,6 +71,9 @@ type Result struct {
 	// Malformed counts messages with an unreadable envelope, left in the
 	// queue.
 	Malformed int64 `json:"malformed"`
+	// Unverified counts selected messages left in the queue because their
+	// envelope is not signed by any of VerifyKeys.
+	Unverified int64 `json:"unverified"`
 }
 
 // errEnd marks the end of the dead-letter queue to the runtime.
@@ -83,10 +93,15 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 		_ = cfg.Browser.Close()
 		return Result{}, &consumer.ConfigError{Field: "Limit/Rate/Retention", Reason: "negative"}
 	}
+	verify, err := newVerifier(cfg.VerifyKeys)
+	if err != nil {
+		_ = cfg.Browser.Close()
+		return Result{}, err
+	}
 	filter := cfg.Filter
 	filter.Consumer = cfg.Consumer.Name
 	src := &replaySource{browser: cfg.Browser, filter: filter, limit: cfg.Limit, retention: cfg.Retention,
-		force: cfg.Force, rate: newLimiter(cfg.Rate)}
+		force: cfg.Force, rate: newLimiter(cfg.Rate), verify: verify}
 
 	cc := cfg.Consumer
 	cc.Source = src
@@ -136,6 +151,7 @@ type replaySource struct {
 	retention time.Duration
 	force     bool
 	rate      *limiter
+	verify    verifier
 
 	mu  sync.Mutex // guards res and err against the hooks
 	res Result
@@ -183,6 +199,10 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		case !s.filter.Match(rec):
 			s.mu.Unlock()
 			continue
+		case !s.verify.trusted(msg):
+			s.res.Unverified++
+			s.mu.Unlock()
+			continue // left unacked: back in the queue at Close
 		case !s.force && beyondHorizon(rec, msg, s.retention, time.Now()):
 			s.res.BeyondHorizon++
 			s.mu.Unlock()

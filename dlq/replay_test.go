@@ -33,6 +33,8 @@ type memEnv struct {
 	effects string
 	broken  atomic.Bool // the handler bug
 	failIDs map[string]bool
+	// dl, if set, replaces the broker's unsigned DeadLetterer.
+	dl consumer.DeadLetterer
 }
 
 func newMemEnv(t *testing.T) *memEnv {
@@ -63,9 +65,13 @@ func (e *memEnv) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 }
 
 func (e *memEnv) config(src consumer.Source) consumer.Config {
+	dl := e.dl
+	if dl == nil {
+		dl = e.broker.DeadLetterer(memDLQ)
+	}
 	return consumer.Config{
 		Name: "billing", Source: src, DB: e.pool, Store: e.store, Handler: e.handler,
-		DeadLetterer: e.broker.DeadLetterer(memDLQ),
+		DeadLetterer: dl,
 		Retry:        consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
 	}
 }

@@ -32,12 +32,15 @@ type RequeueConfig struct {
 	// Consumer is the dedup scope for Store. Defaults to each message's
 	// HeaderConsumer.
 	Consumer string
-	// Filter, Limit, Rate, Retention and Force are as for Replay.
-	Filter    Filter
-	Limit     int
-	Rate      float64
-	Retention time.Duration
-	Force     bool
+	// Filter, Limit, Rate, Retention, Force and VerifyKeys are as for
+	// Replay. Requeue publishes to each message's HeaderSource, so
+	// without VerifyKeys a forged envelope chooses where it goes.
+	Filter     Filter
+	Limit      int
+	Rate       float64
+	Retention  time.Duration
+	Force      bool
+	VerifyKeys [][]byte
 	// Progress, if set, is called after each message.
 	Progress func(RequeueResult)
 }
@@ -51,6 +54,7 @@ type RequeueResult struct {
 	MissingID     int64 `json:"missing_id_left"`
 	BeyondHorizon int64 `json:"beyond_horizon"`
 	Malformed     int64 `json:"malformed"`
+	Unverified    int64 `json:"unverified"`
 }
 
 // Requeue is the alternative replay mode: instead of running a handler here,
@@ -65,6 +69,10 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 		return res, &consumer.ConfigError{Field: "Browser/Publish", Reason: "required"}
 	}
 	defer cfg.Browser.Close()
+	verify, err := newVerifier(cfg.VerifyKeys)
+	if err != nil {
+		return res, err
+	}
 	rate := newLimiter(cfg.Rate)
 	filter := cfg.Filter
 	if cfg.Consumer != "" {
@@ -91,6 +99,10 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			res.Malformed++
 			continue
 		case !filter.Match(rec):
+			continue
+		case !verify.trusted(msg):
+			res.Unverified++
+			progress()
 			continue
 		case !cfg.Force && beyondHorizon(rec, msg, cfg.Retention, time.Now()):
 			res.BeyondHorizon++

@@ -50,11 +50,18 @@ unless --force is given.
 already-applied, will-apply, fingerprint-mismatch or missing-id, and flags the
 ones beyond the retention horizon.
 
+--verify-key-file replays only messages whose envelope was signed with one
+of the listed keys (dlq.Options.SigningKey in the consumer); the others stay in
+the DLQ and are counted as unverified. Without it, envelopes are trusted as
+they are, so whoever can publish to the DLQ chooses where a message is
+republished.
+
 To run the handler in this process instead, use the Go API dlq.Replay.
 
 Examples:
   idemq dlq replay --queue payments.dlq --dry-run
-  idemq dlq replay --queue payments.dlq --class permanent --retention 72h --rate 200`,
+  idemq dlq replay --queue payments.dlq --class permanent --retention 72h --rate 200
+  idemq dlq replay --queue payments.dlq --verify-key-file /etc/idemq/dlq.key,/etc/idemq/dlq-old.key`,
 	run: runDLQReplay,
 }
 
@@ -292,6 +299,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		rate        float64
 		retention   string
 		destination string
+		keyFiles    string
 	)
 	fs := c.flagSet()
 	bf.register(fs)
@@ -303,8 +311,20 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	fs.Float64Var(&rate, "rate", 0, "republish at most this many messages per second (0: no limit)")
 	fs.StringVar(&retention, "retention", "", "the dedup table's retention window (e.g. 72h or 7d); older messages need --force")
 	fs.StringVar(&destination, "destination", "", "republish to this queue or topic instead of each message's original source")
+	fs.StringVar(&keyFiles, "verify-key-file", "", "replay only envelopes signed with the key in one of these files, comma-separated (current key first); leave the rest in the DLQ")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	var keys [][]byte
+	for _, f := range strings.Split(keyFiles, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		k, err := dlq.ReadKeyFile(f)
+		if err != nil {
+			return usagef("--verify-key-file: %v", err)
+		}
+		keys = append(keys, k)
 	}
 	if err := bf.validate(e); err != nil {
 		return err
@@ -338,7 +358,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 
 	if dryRun {
 		cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: conn.browser, Store: store, Consumer: ff.consumer,
-			Filter: filter, Limit: ff.limit, Retention: keep,
+			Filter: filter, Limit: ff.limit, Retention: keep, VerifyKeys: keys,
 			Progress: func(c dlq.Classification) { prog.update("classified %d (scanned %d)", len(c.Items), c.Scanned) }})
 		prog.done()
 		if err != nil {
@@ -356,13 +376,18 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 				it.Verdict, when(it.AppliedAt), it.BeyondHorizon)
 		}
 		_ = tw.Flush()
-		fmt.Fprintf(e.stdout, "\ndry run: scanned %d, selected %d: %d will apply, %d already applied, %d fingerprint mismatch, %d missing id; %d beyond the retention horizon. Nothing was consumed.\n",
-			cl.Scanned, len(cl.Items), cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.MissingID, cl.BeyondHorizon)
+		unverified := ""
+		if len(keys) > 0 {
+			unverified = fmt.Sprintf(", %d unverified (not signed with a given key)", cl.Unverified)
+		}
+		fmt.Fprintf(e.stdout, "\ndry run: scanned %d, selected %d: %d will apply, %d already applied, %d fingerprint mismatch, %d missing id%s; %d beyond the retention horizon. Nothing was consumed.\n",
+			cl.Scanned, len(cl.Items), cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.MissingID, unverified, cl.BeyondHorizon)
 		return nil
 	}
 
 	res, err := dlq.Requeue(ctx, dlq.RequeueConfig{Browser: conn.browser, Publish: conn.publish, Destination: destination,
 		Store: store, Consumer: ff.consumer, Filter: filter, Limit: ff.limit, Rate: rate, Retention: keep, Force: force,
+		VerifyKeys: keys,
 		Progress: func(r dlq.RequeueResult) {
 			prog.update("scanned %d · republished %d · skipped %d · mismatched %d", r.Scanned, r.Republished, r.Skipped, r.Mismatched)
 		}})
@@ -378,6 +403,9 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 			res.Scanned, res.Republished, res.Skipped, res.Mismatched, res.MissingID, res.BeyondHorizon)
 		if res.Malformed > 0 {
 			fmt.Fprintf(e.stdout, "; %d with an unreadable envelope", res.Malformed)
+		}
+		if res.Unverified > 0 {
+			fmt.Fprintf(e.stdout, "; %d unverified (not signed with a given key)", res.Unverified)
 		}
 		fmt.Fprintln(e.stdout)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -129,4 +130,61 @@ func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
 	want(t, idemq(t, "dlq", "replay", "--queue", dead, "--class", "bogus"), 2, "", "not an error class")
 	want(t, idemq(t, "dlq", "inspect"), 2, "", "--queue is required")
 	want(t, idemq(t, "dlq", "inspect", "--broker", "sqs", "--queue", "x"), 2, "", "want rabbitmq or kafka")
+}
+
+// TestDLQReplayVerifyKeyFile: with --verify-key-file, the CLI republishes
+// only signed dead letters, and a forged one naming another queue stays in
+// the DLQ.
+func TestDLQReplayVerifyKeyFile(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, dbArgs := migrated(t)
+	work, dead := rmqQueues(t)
+	target, _ := rmqQueues(t) // what the forged envelope names as its source
+
+	dir := t.TempDir()
+	keyFile, oldFile, shortFile := dir+"/dlq.key", dir+"/old.key", dir+"/short.key"
+	key := []byte("6f2d0c3e8a1b4f5d9e7c2a0b1d3f5e7a")
+	for f, k := range map[string]string{keyFile: string(key) + "\n", oldFile: "an old key, rotated out, 32 byte", shortFile: "short"} {
+		if err := os.WriteFile(f, []byte(k), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	deadLetter := func(id, source string, signingKey []byte) {
+		t.Helper()
+		dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+			return pub.Publish(ctx, "", dead, m)
+		}, dlq.Options{SigningKey: signingKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: []byte(`{}`), Source: source, Partition: -1, Offset: -1},
+			consumer.Failure{Consumer: "billing", MessageID: id, Class: consumer.ClassPermanent, Err: errors.New("bug"), Attempts: 1,
+				FirstFailure: time.Now(), LastFailure: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadLetter("signed-1", work, key)
+	deadLetter("signed-2", work, key)
+	deadLetter("forged", target, nil)
+
+	base := append([]string{"dlq", "replay", "--queue", dead, "--retention", "72h"}, dbArgs...)
+	want(t, idemq(t, append(base, "--verify-key-file", shortFile)...), 2, "", "at least 16")
+	want(t, idemq(t, append(base, "--verify-key-file", dir+"/missing.key")...), 2, "", "read key file")
+	r := idemq(t, append(base, "--dry-run", "--verify-key-file", keyFile)...)
+	want(t, r, 0, "2 will apply", "")
+	want(t, r, 0, "1 unverified", "")
+	r = idemq(t, append(base, "--verify-key-file", oldFile+","+keyFile)...)
+	want(t, r, 0, "republished 2", "")
+	want(t, r, 0, "1 unverified", "")
+	if w, tg, d := rmqDepth(t, work), rmqDepth(t, target), rmqDepth(t, dead); w != 2 || tg != 0 || d != 1 {
+		t.Fatalf("after replay: work queue %d (want 2), forged target %d (want 0), DLQ %d (want the forged one)", w, tg, d)
+	}
 }
