@@ -56,7 +56,7 @@ type batchDispatcher struct {
 
 func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
 	// Room for two batches per lane: one filling while one commits.
-	n := 2 * r.cfg.Concurrency * r.cfg.BatchSize
+	n := 2 * r.cfg.Concurrency * r.batchSize
 	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)
@@ -79,7 +79,7 @@ func (d *batchDispatcher) dispatch(del Delivery) {
 	} else {
 		// Runs of BatchSize go to one lane, so a batch holds
 		// consecutive deliveries, which a broker can ack in one call.
-		i = d.rr.Add(1) / uint64(d.r.cfg.BatchSize)
+		i = d.rr.Add(1) / uint64(d.r.batchSize)
 	}
 	d.lanes[i%uint64(len(d.lanes))] <- del
 }
@@ -92,7 +92,7 @@ func (d *batchDispatcher) close() {
 }
 
 func (d *batchDispatcher) runLane(lane chan Delivery) {
-	size, wait := d.r.cfg.BatchSize, d.r.cfg.BatchWait
+	size, wait := d.r.batchSize, d.r.cfg.BatchWait
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	batch := make([]Delivery, 0, size)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -298,4 +299,51 @@ func TestBatchHardStopAcksNothingUncommitted(t *testing.T) {
 	second := start(t, batchConfig(b, b.insertEffect))
 	waitFor(t, "rest", func() bool { return b.settled() && second.rt.Stats().InFlight == 0 && len(b.effectCounts()) == 200 })
 	assertOnce(t, b, 200)
+}
+
+type batchSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (h *batchSizes) OnBatch(_ context.Context, size, _ int, _ time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sizes = append(h.sizes, size)
+}
+
+// TestBatchCappedToSourceWindow: with a prefetch too small to fill the
+// batches of every lane, batches are capped to the lane's share of the
+// window and go at once, instead of each waiting BatchWait for deliveries
+// the window will not let in.
+func TestBatchCappedToSourceWindow(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msgs("w", 64)...)
+	cfg := b.config(b.insertEffect)
+	sub, err := b.broker.Subscribe(queue, memory.SubscribeOptions{Prefetch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Source = sub
+	cfg.Concurrency, cfg.BatchSize = 8, 100
+	cfg.BatchWait = 10 * time.Second // an uncapped lane would sit on its 16 deliveries this long
+	sizes := &batchSizes{}
+	cfg.Hooks = []consumer.Hook{sizes}
+	r := start(t, cfg)
+	deadline := time.Now().Add(5 * time.Second)
+	for r.rt.Stats().Applied < 64 {
+		if time.Now().After(deadline) {
+			t.Fatalf("applied %d of 64 in 5s: batches waited for a window that could not fill them", r.rt.Stats().Applied)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	assertOnce(t, b, 64)
+	sizes.mu.Lock()
+	defer sizes.mu.Unlock()
+	for _, n := range sizes.sizes {
+		if n > 2 { // 16 deliveries over 8 lanes
+			t.Fatalf("batch sizes %v, want at most 2", sizes.sizes)
+		}
+	}
 }

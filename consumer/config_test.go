@@ -261,3 +261,46 @@ func TestPoolSizeWarningRealPool(t *testing.T) {
 		t.Fatalf("no pool-size warning for a real pgxpool: %q", logs.String())
 	}
 }
+
+type windowSource struct {
+	nopSource
+	window int
+}
+
+func (s windowSource) Window() int { return s.window }
+
+func TestWindowedBatchSize(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name                string
+		window, conc, batch int
+		wantSize            int
+		wantWarning         bool
+	}{
+		{"no bound", 0, 8, 100, 100, false},
+		{"room for every lane", 800, 8, 100, 100, false},
+		{"rabbitmq default before batch sizing", 16, 8, 100, 2, true},
+		{"memory default", 64, 4, 50, 16, true},
+		{"less than one per lane", 4, 8, 100, 1, true},
+		{"per-message mode", 16, 8, 1, 1, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs strings.Builder
+			cfg := validConfig()
+			cfg.Source = windowSource{window: tc.window}
+			cfg.Concurrency, cfg.BatchSize = tc.conc, tc.batch
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			rt, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rt.batchSize != tc.wantSize {
+				t.Fatalf("batch size %d, want %d", rt.batchSize, tc.wantSize)
+			}
+			if warned := strings.Contains(logs.String(), "window"); warned != tc.wantWarning {
+				t.Fatalf("warning %v, want %v: %q", warned, tc.wantWarning, logs.String())
+			}
+		})
+	}
+}

@@ -26,12 +26,15 @@ const settleTimeout = 30 * time.Second
 // Runtime runs a Handler over a Source with exactly-once effects. Create one
 // with New and start it with Run.
 type Runtime struct {
-	cfg     Config
-	handler Handler
-	hooks   hooks
-	log     *slog.Logger
-	running atomic.Bool
-	stats   stats
+	cfg Config
+	// batchSize is cfg.BatchSize, capped to what the source's window
+	// lets one lane collect (see WindowedSource).
+	batchSize int
+	handler   Handler
+	hooks     hooks
+	log       *slog.Logger
+	running   atomic.Bool
+	stats     stats
 }
 
 // Stats are a Runtime's counters since it was created.
@@ -81,7 +84,28 @@ func New(cfg Config) (*Runtime, error) {
 		log:     cfg.Logger.With("consumer", cfg.Name),
 	}
 	r.checkPoolSize()
+	r.batchSize = r.windowedBatchSize()
 	return r, nil
+}
+
+// windowedBatchSize caps the batch size in batch mode to the source's window
+// shared by the lanes: a lane cannot collect more than that, and waiting
+// BatchWait for deliveries the window will not let in only adds latency.
+func (r *Runtime) windowedBatchSize() int {
+	size := r.cfg.BatchSize
+	ws, ok := r.cfg.Source.(WindowedSource)
+	if size <= 1 || !ok {
+		return size
+	}
+	w := ws.Window()
+	if w <= 0 || w >= r.cfg.Concurrency*size {
+		return size
+	}
+	capped := max(1, min(size, w/r.cfg.Concurrency))
+	r.log.Warn("idemq: the source's window (prefetch) is too small for the batch size; batches are capped and throughput suffers",
+		"window", w, "concurrency", r.cfg.Concurrency, "batch_size", size, "batch_size_used", capped,
+		"hint", "raise the source's prefetch to at least Concurrency×BatchSize (rabbitmq.Config.BatchSize sizes it)")
+	return capped
 }
 
 // pooled is implemented by *pgxpool.Pool.

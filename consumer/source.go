@@ -33,3 +33,16 @@ type Delivery interface {
 	// through a DeadLetterer.
 	Nack(ctx context.Context, requeue bool) error
 }
+
+// WindowedSource is implemented by sources that hold at most a fixed number
+// of unsettled deliveries at once: RabbitMQ's prefetch, the memory broker's.
+// Batch mode uses it: a lane's batch cannot fill past what the window lets
+// in, so the runtime caps batches at Window()/Concurrency (at least 1)
+// rather than wait BatchWait for deliveries that cannot come, and New logs a
+// warning when the window is below Concurrency×BatchSize.
+type WindowedSource interface {
+	Source
+	// Window is the most deliveries the source holds unsettled at once.
+	// 0 means no fixed bound.
+	Window() int
+}

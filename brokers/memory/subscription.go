@@ -48,7 +48,11 @@ type Subscription struct {
 	inflight map[*delivery]struct{}
 }
 
-var _ consumer.Source = (*Subscription)(nil)
+var _ consumer.WindowedSource = (*Subscription)(nil)
+
+// Window returns the subscription's prefetch. It implements
+// consumer.WindowedSource.
+func (s *Subscription) Window() int { return s.prefetch }
 
 // Subscribe opens a subscription on queue, creating the queue if needed.
 // The caller must Close it.

@@ -9,7 +9,10 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.BatchAcker = (*Source)(nil)
+var (
+	_ consumer.BatchAcker     = (*Source)(nil)
+	_ consumer.WindowedSource = (*Source)(nil)
+)
 
 // AckBatch acks deliveries this Source delivered, in as few broker calls as
 // it safely can. It implements consumer.BatchAcker for the runtime's batch

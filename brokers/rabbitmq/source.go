@@ -46,9 +46,16 @@ type Config struct {
 	// Concurrency is the consumer runtime's Concurrency, used only to size
 	// the default Prefetch. Defaults to 8, the runtime's default.
 	Concurrency int
+	// BatchSize is the consumer runtime's BatchSize in batch mode, used
+	// only to size the default Prefetch. Defaults to 1 (per-message
+	// mode). Set it with batch mode: otherwise the prefetch lets in too
+	// few deliveries to fill the batches (the runtime then caps them and
+	// logs a warning).
+	BatchSize int
 	// Prefetch is the most deliveries the broker sends without an ack
-	// (basic.qos prefetch-count). Defaults to 2*Concurrency, so that a
-	// message is waiting whenever a worker frees up. AMQP reads a
+	// (basic.qos prefetch-count). Defaults to 2*Concurrency*BatchSize, at
+	// most 65535, so that a message (or a batch) is waiting whenever a
+	// worker frees up. AMQP reads a
 	// prefetch of 0 as unbounded, which idemq never asks for: here 0
 	// selects the default, and there is no way to ask for unbounded.
 	// At most 65535; negative values are rejected.
@@ -98,8 +105,11 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.Prefetch == 0 && c.Concurrency > 0 {
-		c.Prefetch = min(2*c.Concurrency, maxPrefetch)
+	if c.BatchSize == 0 {
+		c.BatchSize = 1
+	}
+	if c.Prefetch == 0 && c.Concurrency > 0 && c.BatchSize > 0 {
+		c.Prefetch = min(2*c.Concurrency*c.BatchSize, maxPrefetch)
 	}
 	if c.Reconnect.InitialInterval == 0 {
 		c.Reconnect.InitialInterval = DefaultReconnectInitial
@@ -130,8 +140,10 @@ func (c Config) validate() error {
 		return configError("ConsumerTag", "%d bytes, more than AMQP's %d-byte limit", len(c.ConsumerTag), maxShortstr)
 	case c.Concurrency < 1:
 		return configError("Concurrency", "%d, must be at least 1", c.Concurrency)
+	case c.BatchSize < 0:
+		return configError("BatchSize", "%d is negative", c.BatchSize)
 	case c.Prefetch < 0:
-		return configError("Prefetch", "%d is negative; 0 selects the default of 2*Concurrency", c.Prefetch)
+		return configError("Prefetch", "%d is negative; 0 selects the default of 2*Concurrency*BatchSize", c.Prefetch)
 	case c.Prefetch > maxPrefetch:
 		return configError("Prefetch", "%d, at most %d", c.Prefetch, maxPrefetch)
 	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
@@ -289,6 +301,10 @@ func (s *Source) Close() error {
 	})
 	return s.closeErr
 }
+
+// Window returns the prefetch: the most deliveries the broker sends this
+// Source unacked. It implements consumer.WindowedSource.
+func (s *Source) Window() int { return s.cfg.Prefetch }
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {

@@ -29,6 +29,7 @@ func TestConfigValidation(t *testing.T) {
 		{"negative prefetch", rabbitmq.Config{Queue: "q", Prefetch: -1}, "Prefetch"},
 		{"prefetch too large", rabbitmq.Config{Queue: "q", Prefetch: 70000}, "Prefetch"},
 		{"negative concurrency", rabbitmq.Config{Queue: "q", Concurrency: -2}, "Concurrency"},
+		{"negative batch size", rabbitmq.Config{Queue: "q", BatchSize: -1}, "BatchSize"},
 		{"two id sources", rabbitmq.Config{Queue: "q", MessageIDHeader: "id", MessageIDFunc: func(amqp.Delivery) string { return "" }}, "MessageIDFunc"},
 		{"negative reconnect", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: -1}}, "Reconnect"},
 		{"max below initial", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}}, "Reconnect.MaxInterval"},
@@ -160,6 +161,7 @@ func TestPrefetchBound(t *testing.T) {
 	}{
 		{"explicit", rabbitmq.Config{Prefetch: 3}, 3},
 		{"from concurrency", rabbitmq.Config{Concurrency: 2}, 4},
+		{"from concurrency and batch size", rabbitmq.Config{Concurrency: 2, BatchSize: 3}, 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := newQueue(t)
@@ -170,6 +172,9 @@ func TestPrefetchBound(t *testing.T) {
 			cfg := tc.cfg
 			cfg.Queue = q
 			src := newSource(t, cfg)
+			if w := src.Window(); w != tc.k {
+				t.Fatalf("Window() = %d, want %d", w, tc.k)
+			}
 			ds := brokertest.ReceiveN(ctx, t, src, tc.k)
 			brokertest.ReceiveNone(ctx, t, src, 500*time.Millisecond)
 			mustAck(ctx, t, ds[0])

@@ -58,6 +58,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		kafkaBrokers string
 		asJSON       bool
 		cpuProfile   string
+		memProfile   string
 	)
 	fs := c.flagSet()
 	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq or kafka")
@@ -80,6 +81,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every mode) to this file, for go tool pprof")
+	fs.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the whole run (every mode) to this file at the end, for go tool pprof -sample_index=alloc_space")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -148,6 +150,11 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		defer pprof.StopCPUProfile()
 	}
 	results, err := bench.Run(ctx, cfg)
+	if memProfile != "" {
+		if perr := writeHeapProfile(memProfile); perr != nil {
+			return perr
+		}
+	}
 	if tty {
 		fmt.Fprint(e.stderr, "\r\033[K")
 	}
@@ -229,4 +236,21 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// writeHeapProfile writes the heap profile, whose alloc_* samples cover every
+// allocation since the process started.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: --memprofile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: --memprofile: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench: --memprofile: %w", err)
+	}
+	return nil
 }

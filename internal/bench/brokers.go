@@ -180,12 +180,19 @@ func (t *rabbitTarget) publish(ctx context.Context, msgs []*consumer.Message) er
 	return t.e.pub.Publish(ctx, "", t.queue, msgs...)
 }
 
+// source is the runtime's Source. Its prefetch is the Source's default, sized
+// from Concurrency and, in the batch modes, BatchSize: the bench measures
+// what a user gets without tuning it.
 func (t *rabbitTarget) source(ctx context.Context, m Mode) (consumer.Source, error) {
+	batch := 1
+	if m == ModeBatch || m == ModeBatchSet {
+		batch = t.e.cfg.BatchSize
+	}
 	return rabbitmq.NewSource(ctx, rabbitmq.Config{
 		URL:            t.e.cfg.AMQPURL,
 		Queue:          t.queue,
 		Concurrency:    t.e.cfg.Concurrency,
-		Prefetch:       prefetch(t.e.cfg, m),
+		BatchSize:      batch,
 		ConnectionName: "idemq-bench-" + string(m),
 	})
 }
