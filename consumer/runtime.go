@@ -351,7 +351,13 @@ func (r *Runtime) process(ctx context.Context, del Delivery) {
 // false.
 func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool) {
 	msg := del.Message()
-	log := r.log.With("source", msg.Source)
+	// The runtime logs at Error and below: with those off (the default
+	// discarding logger), skip building a per-message logger.
+	logging := r.log.Enabled(ctx, slog.LevelError)
+	log := r.log
+	if logging {
+		log = log.With("source", msg.Source)
+	}
 	if ctx.Err() != nil {
 		r.requeue(del, log)
 		return it, false
@@ -373,7 +379,9 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
 		return it, false
 	}
-	log = log.With("message_id", id)
+	if logging {
+		log = log.With("message_id", id)
+	}
 	if r.cfg.MaxBodyBytes >= 0 && len(msg.Body) > r.cfg.MaxBodyBytes {
 		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
 			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})

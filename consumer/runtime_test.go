@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -534,5 +535,44 @@ func TestRunTwiceConcurrentlyRejected(t *testing.T) {
 	cancel()
 	if err := r.rt.Run(ctx); err == nil {
 		t.Fatal("a second concurrent Run was accepted")
+	}
+}
+
+// syncBuffer is an io.Writer safe for the runtime's concurrent logging.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestLogsNameTheMessage: with logging on, a message's log records carry its
+// id and source (the runtime skips building them when logging is off).
+func TestLogsNameTheMessage(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msg("bad-1", "x"))
+	var logs syncBuffer
+	cfg := b.config(func(context.Context, pgx.Tx, *consumer.Message) error {
+		return consumer.Permanent(errors.New("unknown account"))
+	})
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r := start(t, cfg)
+	waitFor(t, "dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 1 && b.settled() })
+	out := logs.String()
+	for _, want := range []string{"message dead-lettered", "consumer=test-consumer", "source=" + queue, "message_id=bad-1", "unknown account"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("logs lack %q:\n%s", want, out)
+		}
 	}
 }
