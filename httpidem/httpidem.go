@@ -438,7 +438,7 @@ func (m *Middleware) release(ctx context.Context, c *claim) {
 // it is treated as new: choose olderThan longer than clients may retry (24h
 // is common). It deletes in batches of Config.PurgeBatchSize rows.
 func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, m.db, m.sql.purge, olderThan, m.cfg.PurgeBatchSize, 0)
+	n, step, err := pgpurge.Run(ctx, m.db, m.sql.purge, olderThan, m.cfg.PurgeBatchSize, pgpurge.Pace{})
 	if err != nil {
 		return n, m.wrap(string(step), err)
 	}

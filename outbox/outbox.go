@@ -216,7 +216,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 // new message: keep sent rows at least as long as the operations that
 // produce them may be retried.
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, o.db, o.sql.purge, olderThan, o.cfg.PurgeBatchSize, 0)
+	n, step, err := pgpurge.Run(ctx, o.db, o.sql.purge, olderThan, o.cfg.PurgeBatchSize, pgpurge.Pace{})
 	if err != nil {
 		return n, o.wrap(string(step), err)
 	}

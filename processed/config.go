@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pgpurge"
 )
 
 // Defaults for Config.
@@ -14,6 +15,7 @@ const (
 	DefaultTable          = "processed_messages"
 	DefaultPurgeBatchSize = 1000
 	DefaultPurgePause     = 10 * time.Millisecond
+	DefaultPurgeDutyCycle = 0.5
 )
 
 // MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
@@ -41,8 +43,21 @@ type Config struct {
 	// consumers instead of competing with them flat out. It bounds Purge
 	// to about PurgeBatchSize rows per PurgePause: with the defaults, at
 	// most 100,000 rows a second, in practice about half that. Defaults to
-	// 10ms; -1 for no pause, the fastest purge.
+	// 10ms; -1 for no fixed pause.
 	PurgePause time.Duration
+	// PurgeDutyCycle is the largest share of its time Purge spends
+	// deleting: after a batch that took d, it waits at least
+	// d*(1-PurgeDutyCycle)/PurgeDutyCycle, if that is longer than
+	// PurgePause. Batches slow down when the database is busy, so the
+	// purge then backs off further, by itself. Defaults to 0.5 (wait at
+	// least as long as the batch took); 1 turns it off. With PurgePause
+	// -1 as well, Purge runs flat out.
+	PurgeDutyCycle float64
+}
+
+// pace is how Purge spaces its batches.
+func (c Config) pace() pgpurge.Pace {
+	return pgpurge.Pace{Pause: max(c.PurgePause, 0), Duty: c.PurgeDutyCycle}
 }
 
 func (c Config) withDefaults() Config {
@@ -58,6 +73,9 @@ func (c Config) withDefaults() Config {
 	if c.PurgePause == 0 {
 		c.PurgePause = DefaultPurgePause
 	}
+	if c.PurgeDutyCycle == 0 {
+		c.PurgeDutyCycle = DefaultPurgeDutyCycle
+	}
 	return c
 }
 
@@ -70,6 +88,9 @@ func (c Config) validate() error {
 	}
 	if c.PurgePause < 0 && c.PurgePause != -1 {
 		return &consumer.ConfigError{Field: "PurgePause", Reason: fmt.Sprintf("%s: must be positive, or -1 for no pause", c.PurgePause)}
+	}
+	if !(c.PurgeDutyCycle > 0 && c.PurgeDutyCycle <= 1) {
+		return &consumer.ConfigError{Field: "PurgeDutyCycle", Reason: fmt.Sprintf("%g: must be in (0, 1]; 1 turns it off", c.PurgeDutyCycle)}
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}

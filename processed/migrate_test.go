@@ -145,6 +145,8 @@ func TestConfigValidation(t *testing.T) {
 		{"negative batch", processed.Config{PurgeBatchSize: -1}, "PurgeBatchSize"},
 		{"negative pause", processed.Config{PurgePause: -time.Millisecond}, "PurgePause"},
 		{"pause -2ns", processed.Config{PurgePause: -2}, "PurgePause"},
+		{"duty above 1", processed.Config{PurgeDutyCycle: 1.5}, "PurgeDutyCycle"},
+		{"negative duty", processed.Config{PurgeDutyCycle: -0.1}, "PurgeDutyCycle"},
 	} {
 		_, err := processed.New(pool, tc.cfg)
 		var ce *consumer.ConfigError
@@ -155,7 +157,7 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := processed.New(nil, processed.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("New(nil): %v", err)
 	}
-	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}} {
+	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}, {PurgePause: -1, PurgeDutyCycle: 1}} {
 		s, err := processed.New(pool, cfg)
 		if err != nil {
 			t.Errorf("New(%+v): %v", cfg, err)

@@ -232,7 +232,7 @@ func (s *Store) QueueClaim(b *pgx.Batch, c consumer.Claim) (finish func(ctx cont
 // privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, s.db, s.sql.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.PurgePause)
+	n, step, err := pgpurge.Run(ctx, s.db, s.sql.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
 	if err != nil {
 		return n, s.wrap(string(step), err)
 	}

@@ -73,6 +73,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
 	fs.DurationVar(&cfg.PurgePause, "purge-pause", processed.DefaultPurgePause, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
+	fs.Float64Var(&cfg.PurgeDutyCycle, "purge-duty", processed.DefaultPurgeDutyCycle, "with --purge-during, the largest share of time the purge spends deleting (processed.Config.PurgeDutyCycle); 1 for no limit")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", bench.DefaultAMQPURL, "RabbitMQ URL")
@@ -100,6 +101,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		return usagef("--batch-size must be at least 2, got %d", cfg.BatchSize)
 	case cfg.Prefill < 0:
 		return usagef("--prefill must not be negative, got %d", cfg.Prefill)
+	case !(cfg.PurgeDutyCycle > 0 && cfg.PurgeDutyCycle <= 1):
+		return usagef("--purge-duty must be in (0, 1], got %g", cfg.PurgeDutyCycle)
 	case cfg.PurgePause < 0:
 		return usagef("--purge-pause must not be negative, got %s", cfg.PurgePause)
 	case cfg.PurgePause == 0:
@@ -183,7 +186,7 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 	fmt.Fprintf(w, "broker %s, %d messages (%d unique, dup-rate %g), concurrency %d, batch size %d%s%s\n",
 		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, r0.Concurrency, cfg.BatchSize,
 		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
-		map[bool]string{true: fmt.Sprintf(", purge during (pause %s)", max(cfg.PurgePause, 0))}[cfg.PurgeDuring])
+		map[bool]string{true: fmt.Sprintf(", purge during (pause %s, duty %g)", max(cfg.PurgePause, 0), cfg.PurgeDutyCycle)}[cfg.PurgeDuring])
 	fmt.Fprintln(w, "modes ran one after another; peak RSS is process-wide (it includes an in-process broker)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"

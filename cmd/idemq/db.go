@@ -116,10 +116,10 @@ func (e *scrubbedError) Unwrap() error { return e.err }
 
 // openStore validates the table names, connects, and returns the store and
 // the connection, which the caller closes.
-func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.Duration) (*processed.Store, *pgx.Conn, error) {
+func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.Duration, duty float64) (*processed.Store, *pgx.Conn, error) {
 	// Validate the names before connecting, so that a hostile --table is
 	// rejected without touching the database.
-	cfg := processed.Config{Schema: d.schema, Table: d.table, PurgeBatchSize: batch, PurgePause: pause}
+	cfg := processed.Config{Schema: d.schema, Table: d.table, PurgeBatchSize: batch, PurgePause: pause, PurgeDutyCycle: duty}
 	if _, err := processed.New(&pgx.Conn{}, cfg); err != nil {
 		var ce *consumer.ConfigError
 		if errors.As(err, &ce) {

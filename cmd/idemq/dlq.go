@@ -344,7 +344,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	} else if !asJSON {
 		fmt.Fprintln(e.stderr, "idemq: no --retention given: the replay-horizon guard is off")
 	}
-	store, dbConn, err := db.openStore(ctx, e, 0, 0)
+	store, dbConn, err := db.openStore(ctx, e, 0, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,7 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
-	store, conn, err := db.openStore(ctx, e, 0, 0)
+	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func runProcessedShow(ctx context.Context, e *env, c *command, args []string) er
 	if err != nil {
 		return err
 	}
-	store, conn, err := db.openStore(ctx, e, 0, 0)
+	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -105,12 +105,14 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 		olderThan durationFlag
 		batch     int
 		pause     time.Duration
+		duty      float64
 	)
 	fs := c.flagSet()
 	db.register(fs)
 	fs.Var(&olderThan, "older-than", "delete records processed more than this long ago: a `duration` such as 72h, 90m or 7d (required)")
 	fs.IntVar(&batch, "batch-size", processed.DefaultPurgeBatchSize, "rows deleted per statement")
-	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "pause between two batches, so live consumers keep the database; 0 for none")
+	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "least pause between two batches, so live consumers keep the database; 0 for none")
+	fs.Float64Var(&duty, "duty", processed.DefaultPurgeDutyCycle, "largest share of the time spent deleting: after a batch that took d, wait at least d*(1-duty)/duty; 1 for no such wait (with --pause 0: flat out)")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -129,7 +131,10 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 	if pause == 0 {
 		pause = -1 // processed.Config: no pause
 	}
-	store, conn, err := db.openStore(ctx, e, batch, pause)
+	if !(duty > 0 && duty <= 1) {
+		return usagef("--duty must be in (0, 1], got %g", duty)
+	}
+	store, conn, err := db.openStore(ctx, e, batch, pause, duty)
 	if err != nil {
 		return err
 	}

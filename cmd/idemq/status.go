@@ -129,7 +129,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		}
 	}
 
-	store, conn, err := db.openStore(ctx, e, 0, 0)
+	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -121,6 +121,9 @@ type Config struct {
 	// pause between two batches of 1000 deleted rows. Defaults to the
 	// store's, 10ms; -1 for none, a purge flat out.
 	PurgePause time.Duration
+	// PurgeDutyCycle is the purge loop's processed.Config.PurgeDutyCycle.
+	// Defaults to the store's, 0.5; 1 turns it off.
+	PurgeDutyCycle float64
 	// Compare measures the cost of Prefill and PurgeDuring side by side:
 	// every database mode runs first in the base phase (no prefilled
 	// rows, no purge), then with Prefill rows (phase "prefill", if
@@ -230,6 +233,8 @@ func (c Config) validate() error {
 		return bad("BatchWait", "negative")
 	case c.Prefill < 0:
 		return bad("Prefill", "negative")
+	case c.PurgeDutyCycle < 0 || c.PurgeDutyCycle > 1:
+		return bad("PurgeDutyCycle", "%g: must be in (0, 1], or 0 for the default", c.PurgeDutyCycle)
 	case c.PurgePause < 0 && c.PurgePause != -1:
 		return bad("PurgePause", "%s: must be positive, or -1 for none", c.PurgePause)
 	case c.Compare && c.Prefill == 0 && !c.PurgeDuring:

@@ -55,7 +55,7 @@ func (r *runner) setupDB(ctx context.Context) error {
 }
 
 func (r *runner) store() (*processed.Store, error) {
-	return processed.New(r.pool, processed.Config{Schema: r.schema, PurgePause: r.cfg.PurgePause})
+	return processed.New(r.pool, processed.Config{Schema: r.schema, PurgePause: r.cfg.PurgePause, PurgeDutyCycle: r.cfg.PurgeDutyCycle})
 }
 
 func (r *runner) dedupTable() string {

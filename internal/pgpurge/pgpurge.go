@@ -26,13 +26,33 @@ const (
 	StepDelete Step = "purge"
 )
 
+// Pace spaces the batches of Run.
+type Pace struct {
+	// Pause is the least wait between two batches; 0 for none.
+	Pause time.Duration
+	// Duty, in (0, 1), also makes the wait after a batch that took d at
+	// least d*(1-Duty)/Duty, so that the purge deletes during at most
+	// that fraction of its time, and backs off as the database slows
+	// down under other load. 0 or 1 turns this off.
+	Duty float64
+}
+
+// wait is the pause after a batch that took took.
+func (p Pace) wait(took time.Duration) time.Duration {
+	w := p.Pause
+	if p.Duty > 0 && p.Duty < 1 {
+		w = max(w, time.Duration(float64(took)*(1-p.Duty)/p.Duty))
+	}
+	return w
+}
+
 // Run computes the cutoff now() - olderThan on the database's clock, then
 // runs del with $1 = cutoff and $2 = batch, each execution its own short
 // statement, until one deletes fewer than batch rows or ctx is done. It
-// waits pause between two batches (none if pause is 0), so that deleting a
-// large backlog leaves the database to the work it runs beside. It returns
-// the rows deleted, and on failure the step that failed.
-func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch int, pause time.Duration) (int64, Step, error) {
+// waits between two batches as pace says, so that deleting a large backlog
+// leaves the database to the work it runs beside. It returns the rows
+// deleted, and on failure the step that failed.
+func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch int, pace Pace) (int64, Step, error) {
 	if olderThan <= 0 {
 		return 0, StepDelete, fmt.Errorf("olderThan is %s, must be positive", olderThan)
 	}
@@ -42,10 +62,12 @@ func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch 
 	}
 	var total int64
 	for {
+		start := time.Now()
 		tag, err := db.Exec(ctx, del, cutoff, batch)
 		if err != nil {
 			return total, StepDelete, err
 		}
+		took := time.Since(start)
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
 			return total, "", nil
@@ -53,7 +75,7 @@ func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch 
 		if err := ctx.Err(); err != nil {
 			return total, StepDelete, err
 		}
-		if pause > 0 {
+		if pause := pace.wait(took); pause > 0 {
 			t := time.NewTimer(pause)
 			select {
 			case <-t.C:
