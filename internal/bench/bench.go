@@ -122,7 +122,7 @@ type Config struct {
 	// store's, 10ms; -1 for none, a purge flat out.
 	PurgePause time.Duration
 	// PurgeDutyCycle is the purge loop's processed.Config.PurgeDutyCycle.
-	// Defaults to the store's, 0.5; 1 turns it off.
+	// Defaults to the store's, 0.25; 1 turns it off.
 	PurgeDutyCycle float64
 	// Compare measures the cost of Prefill and PurgeDuring side by side:
 	// every database mode runs first in the base phase (no prefilled
