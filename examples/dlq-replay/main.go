@@ -5,11 +5,15 @@
 //  2. inspect: the dead-letter queue is summarised without consuming it;
 //  3. fix: the handler is fixed (and one order was meanwhile applied by
 //     other means, so its dead-letter copy is stale);
-//  4. dry-run: every dead letter is classified against the dedup table,
-//     consuming nothing;
-//  5. replay: the dead letters run through the same dedup path, so the
-//     stale copy is skipped and the others apply exactly once;
-//  6. replay again: everything is skipped; no effect is applied twice.
+//  4. forge: someone who can publish to the dead-letter queue adds an order
+//     with an envelope of their own; the consumer signs its envelopes
+//     (dlq.Options.SigningKey), and this one is not signed;
+//  5. dry-run: every dead letter is classified against the dedup table,
+//     consuming nothing; the forged one is unverified;
+//  6. replay: the dead letters run through the same dedup path, so the
+//     stale copy is skipped and the others apply exactly once; the forged
+//     one stays in the dead-letter queue (VerifyKeys);
+//  7. replay again: everything is skipped; no effect is applied twice.
 //
 // It uses the in-memory broker and Postgres at DATABASE_URL (defaulting to
 // the local server), in its own schema, idemq_example_dlq, recreated on
@@ -20,6 +24,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -63,6 +68,8 @@ type shop struct {
 	store  *processed.Store
 	broker *memory.Broker
 	buggy  atomic.Bool
+	key    []byte // signs the dead-letter envelopes
+	dl     *dlq.DeadLetterer
 }
 
 func (s *shop) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
@@ -76,7 +83,7 @@ func (s *shop) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message) err
 func (s *shop) config(src consumer.Source) consumer.Config {
 	return consumer.Config{
 		Name: "shop", Source: src, DB: s.pool, Store: s.store, Handler: s.handle,
-		DeadLetterer: s.broker.DeadLetterer(dlqQueue),
+		DeadLetterer: s.dl,
 	}
 }
 
@@ -123,7 +130,17 @@ func run(ctx context.Context, out io.Writer) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE idemq_example_dlq.orders (order_id text NOT NULL, body text NOT NULL)`); err != nil {
 		return err
 	}
-	s := &shop{pool: pool, store: store, broker: memory.NewBroker()}
+	s := &shop{pool: pool, store: store, broker: memory.NewBroker(), key: make([]byte, 32)}
+	// In production the key comes from a secret store (dlq.ReadKeyFile).
+	if _, err := rand.Read(s.key); err != nil {
+		return err
+	}
+	s.dl, err = dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		return s.broker.Publish(ctx, dlqQueue, m)
+	}, dlq.Options{SigningKey: s.key})
+	if err != nil {
+		return err
+	}
 
 	// 1. fail.
 	s.buggy.Store(true)
@@ -161,27 +178,37 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, "3. fix:          handler fixed; order-001 was resent and applied meanwhile")
+	dlqCopies := s.broker.Messages(dlqQueue) // kept to replay again below
 
-	// 4. dry run.
+	// 4. forge: an envelope anyone could write, for an order nobody placed.
+	forged := dlq.Envelope(&consumer.Message{ID: "order-999", Body: []byte(`{"total":"-5000 EUR"}`), Source: queue, Partition: -1, Offset: -1},
+		consumer.Failure{Consumer: "shop", MessageID: "order-999", Class: consumer.ClassPermanent, Err: errors.New("looks real"), Attempts: 1,
+			FirstFailure: time.Now(), LastFailure: time.Now()}, dlq.Options{})
+	if err := s.broker.Publish(ctx, dlqQueue, forged); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "4. forge:        an unsigned dead letter for order-999 was published to %s\n", dlqQueue)
+
+	// 5. dry run.
+	verify := [][]byte{s.key}
 	if b, err = s.browser(); err != nil {
 		return err
 	}
-	cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: b, Store: store, Retention: 72 * time.Hour})
+	cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: b, Store: store, Retention: 72 * time.Hour, VerifyKeys: verify})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "4. dry run:      %d will apply, %d already applied, %d fingerprint mismatch; %d still in the DLQ (nothing consumed)\n",
-		cl.WillApply, cl.AlreadyApplied, cl.Mismatch, s.broker.Ready(dlqQueue))
+	fmt.Fprintf(out, "5. dry run:      %d will apply, %d already applied, %d fingerprint mismatch, %d unverified; %d still in the DLQ (nothing consumed)\n",
+		cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.Unverified, s.broker.Ready(dlqQueue))
 
-	// 5. replay.
+	// 6. replay.
 	replay := func() (dlq.Result, error) {
 		b, err := s.browser()
 		if err != nil {
 			return dlq.Result{}, err
 		}
-		return dlq.Replay(ctx, dlq.ReplayConfig{Browser: b, Consumer: s.config(nil), Retention: 72 * time.Hour})
+		return dlq.Replay(ctx, dlq.ReplayConfig{Browser: b, Consumer: s.config(nil), Retention: 72 * time.Hour, VerifyKeys: verify})
 	}
-	dlqCopies := s.broker.Messages(dlqQueue) // kept to replay again below
 	res, err := replay()
 	if err != nil {
 		return err
@@ -190,10 +217,10 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "5. replay:       applied %d, skipped %d already applied, failed again %d; %d orders in the table (%d distinct); DLQ now %d\n",
-		res.Applied, res.Skipped, res.FailedAgain, rows, distinct, s.broker.Ready(dlqQueue))
+	fmt.Fprintf(out, "6. replay:       applied %d, skipped %d already applied, failed again %d, left %d unverified; %d orders in the table (%d distinct); DLQ now %d\n",
+		res.Applied, res.Skipped, res.FailedAgain, res.Unverified, rows, distinct, s.broker.Ready(dlqQueue))
 
-	// 6. replay again: as if an operator ran it twice, or a replay crashed
+	// 7. replay again: as if an operator ran it twice, or a replay crashed
 	// before acking its DLQ copies.
 	if err := s.broker.Publish(ctx, dlqQueue, dlqCopies...); err != nil {
 		return err
@@ -206,22 +233,22 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "6. replay again: applied %d, skipped %d already applied; %d orders in the table (%d distinct)\n",
-		again.Applied, again.Skipped, rows2, distinct2)
+	fmt.Fprintf(out, "7. replay again: applied %d, skipped %d already applied, left %d unverified; %d orders in the table (%d distinct)\n",
+		again.Applied, again.Skipped, again.Unverified, rows2, distinct2)
 
 	switch {
 	case stats.DeadLettered != orders:
 		return fmt.Errorf("step 1: %d dead-lettered, want %d", stats.DeadLettered, orders)
 	case rep.Total != orders:
 		return fmt.Errorf("step 2: inspect saw %d, want %d", rep.Total, orders)
-	case cl.WillApply != orders-1 || cl.AlreadyApplied != 1:
-		return fmt.Errorf("step 4: dry run %d will apply / %d applied, want %d / 1", cl.WillApply, cl.AlreadyApplied, orders-1)
-	case res.Applied != orders-1 || res.Skipped != 1 || rows != orders || distinct != orders:
-		return fmt.Errorf("step 5: replay applied %d skipped %d, table %d/%d", res.Applied, res.Skipped, rows, distinct)
-	case again.Applied != 0 || again.Skipped != orders || rows2 != orders:
-		return fmt.Errorf("step 6: second replay applied %d, table %d rows", again.Applied, rows2)
+	case cl.WillApply != orders-1 || cl.AlreadyApplied != 1 || cl.Unverified != 1:
+		return fmt.Errorf("step 5: dry run %d will apply / %d applied / %d unverified, want %d / 1 / 1", cl.WillApply, cl.AlreadyApplied, cl.Unverified, orders-1)
+	case res.Applied != orders-1 || res.Skipped != 1 || res.Unverified != 1 || rows != orders || distinct != orders:
+		return fmt.Errorf("step 6: replay applied %d skipped %d unverified %d, table %d/%d", res.Applied, res.Skipped, res.Unverified, rows, distinct)
+	case again.Applied != 0 || again.Skipped != orders || rows2 != orders || s.broker.Ready(dlqQueue) != 1:
+		return fmt.Errorf("step 7: second replay applied %d, table %d rows, DLQ %d", again.Applied, rows2, s.broker.Ready(dlqQueue))
 	}
-	fmt.Fprintln(out, "\nOK: every order applied exactly once, through failure, fix and two replays.")
+	fmt.Fprintln(out, "\nOK: every order applied exactly once, through failure, fix and two replays; the forged one never.")
 	return nil
 }
 

@@ -15,7 +15,7 @@ func TestWalkThrough(t *testing.T) {
 	if err := run(context.Background(), &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	for _, want := range []string{"12 dead-lettered", "11 will apply, 1 already applied", "applied 11, skipped 1", "applied 0, skipped 12", "OK:"} {
+	for _, want := range []string{"12 dead-lettered", "11 will apply, 1 already applied", "1 unverified", "applied 11, skipped 1", "left 1 unverified", "applied 0, skipped 12", "OK:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
