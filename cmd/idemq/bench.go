@@ -187,9 +187,9 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, r0.Concurrency, cfg.BatchSize,
 		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
 		map[bool]string{true: fmt.Sprintf(", purge during (pause %s, duty %g)", max(cfg.PurgePause, 0), cfg.PurgeDutyCycle)}[cfg.PurgeDuring])
-	fmt.Fprintln(w, "modes ran one after another; peak RSS is process-wide (it includes an in-process broker)")
+	fmt.Fprintln(w, "modes ran one after another; peak RSS and cpu µs/msg are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
+	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
 	if cfg.Compare {
 		head = "phase\t" + head + "×prev phase\t"
 	}
@@ -208,8 +208,8 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", r.Phase)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
-			r.Mode, r.MsgsPerSec, r.P50Ms, r.P99Ms, r.PeakRSSMiB, r.DuplicatesSkipped,
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
+			r.Mode, r.MsgsPerSec, r.P50Ms, r.P99Ms, r.PeakRSSMiB, r.CPUProcessUsPerMsg, orNA(r.CPUMachineUsPerMsg), r.DuplicatesSkipped,
 			ratio(r.RatioNaive1), ratio(r.RatioNaive), ratio(r.RatioBrokerOnly), r.PublishPerSec, ok)
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", ratio(r.RatioPrevPhase))
@@ -256,4 +256,12 @@ func writeHeapProfile(path string) error {
 		return fmt.Errorf("bench: --memprofile: %w", err)
 	}
 	return nil
+}
+
+// orNA prints a measurement, or "-" when it is unknown (0).
+func orNA(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", x)
 }

@@ -308,6 +308,15 @@ type Result struct {
 	// (VmHWM, reset before each mode where the kernel allows it). It is
 	// process-wide: it includes an in-process broker (memory, kfake).
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// CPUProcessUsPerMsg is this process's CPU time (user and system)
+	// from the consumer's start to the mode's end, in microseconds per
+	// delivery; it includes any in-process broker, and the publisher
+	// unless Preload. CPUMachineUsPerMsg is the whole machine's over the
+	// same time (Postgres, RabbitMQ, the kernel and anything else running;
+	// Linux only, else 0). Busy CPU per message moves far less between
+	// runs than msgs/s on a shared machine.
+	CPUProcessUsPerMsg float64 `json:"cpu_process_us_per_msg"`
+	CPUMachineUsPerMsg float64 `json:"cpu_machine_us_per_msg,omitempty"`
 	// PeakRSSReset reports that the peak could be reset before the mode;
 	// if false, PeakRSSMiB is the peak since the process started.
 	PeakRSSReset bool `json:"peak_rss_reset"`

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func checkAll(t *testing.T, cfg Config, rs []Result, err error) {
 		if r.Mode != AllModes[i] || !r.Verified || r.Error != "" {
 			t.Fatalf("result %d: %+v", i, r)
 		}
-		if r.MsgsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMiB <= 0 {
+		if r.MsgsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMiB <= 0 || r.CPUProcessUsPerMsg <= 0 || r.CPUMachineUsPerMsg < 0 {
 			t.Errorf("%s: implausible measurements %+v", r.Mode, r)
 		}
 		if r.Unique != w.unique || r.Messages != cfg.Messages {
@@ -324,5 +325,29 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := ParseModes("naive,warp"); err == nil {
 		t.Error("ParseModes accepted an unknown mode")
+	}
+}
+
+func TestCPUAccounting(t *testing.T) {
+	before := cpuNow()
+	if before.process <= 0 {
+		t.Fatalf("process CPU %s", before.process)
+	}
+	if runtime.GOOS == "linux" && before.machine <= 0 {
+		t.Fatalf("machine CPU %s from /proc/stat", before.machine)
+	}
+	// Burn about 50ms of CPU: both counters move, and per message is the
+	// delta divided by the count.
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+	}
+	proc, machine := before.perMessage(10)
+	if proc < 2_000 || proc > 100_000 {
+		t.Errorf("process: %.0f µs per message for ~50ms of CPU over 10 messages, want about 5,000", proc)
+	}
+	if runtime.GOOS == "linux" && machine < proc/2 {
+		t.Errorf("machine: %.0f µs per message, less than this process's %.0f", machine, proc)
+	}
+	if p, m := before.perMessage(0); p != 0 || m != 0 {
+		t.Errorf("no messages: %g, %g", p, m)
 	}
 }

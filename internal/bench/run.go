@@ -161,6 +161,9 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 		}
 		pubDone <- nil
 	}
+	// CPU is counted from here: after publishing with Preload, so that it
+	// is the consumer's alone; with the publisher concurrent, both.
+	cpu := cpuNow()
 	if err := startConsumer(); err != nil {
 		return fail(fmt.Errorf("start consumer: %w", err))
 	}
@@ -223,6 +226,7 @@ wait:
 	cancel() // stops a publisher still running after a failure
 
 	res.PeakRSSMiB = peakRSSMiB()
+	res.CPUProcessUsPerMsg, res.CPUMachineUsPerMsg = cpu.perMessage(cfg.Messages)
 	res.Seconds = tr.elapsed().Seconds()
 	if res.Seconds > 0 {
 		res.MsgsPerSec = float64(cfg.Messages) / res.Seconds
