@@ -204,7 +204,15 @@ func quickHarness(t *testing.T) Config {
 	if amqpURL == "" {
 		amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
 	}
-	return Config{DatabaseURL: db, AMQPURL: amqpURL, WorkerCommand: []string{os.Args[0]}, Seed: 42, Dir: t.TempDir()}
+	dir := t.TempDir()
+	if keep := os.Getenv("CHAOS_KEEP_DIR"); keep != "" {
+		// Keep the workers' logs past the test, for a failure to be read.
+		var err error
+		if dir, err = os.MkdirTemp(keep, t.Name()+"-"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return Config{DatabaseURL: db, AMQPURL: amqpURL, WorkerCommand: []string{os.Args[0]}, Seed: 42, Dir: dir}
 }
 
 func runQuick(t *testing.T, cfg Config) []Result {

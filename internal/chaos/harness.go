@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -571,10 +573,15 @@ func (r *run) check(ctx context.Context) (Verdict, error) {
 
 func (r *run) consumer() string { return "chaos-" + r.s.Name }
 
+// kafkaStallAfter is how long a Kafka scenario may go without a newly
+// processed id, ids still outstanding, before the harness nudges the group.
+const kafkaStallAfter = 10 * time.Second
+
 // waitProcessed waits until every confirmed id has a dedup row.
 func (r *run) waitProcessed(ctx context.Context) error {
 	want := r.confirmedN.Load()
 	var n int64
+	last, lastProgress, nudges := int64(-1), time.Now(), 0
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := r.h.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages WHERE consumer = $1`,
@@ -585,11 +592,90 @@ func (r *run) waitProcessed(ctx context.Context) error {
 			if n >= want {
 				return nil
 			}
+			if n != last {
+				last, lastProgress = n, time.Now()
+			}
+		}
+		if r.s.Broker == BrokerKafka && time.Since(lastProgress) > kafkaStallAfter && nudges < 3 {
+			lastProgress = time.Now()
+			if dead := r.deadGroupMembers(ctx); len(dead) > 0 {
+				nudges++
+				r.h.event("scenario %s: no id processed for %s; kfake still counts exited workers as group members: %s",
+					r.s.Name, kafkaStallAfter, strings.Join(dead, "; "))
+				r.nudgeGroup(ctx, r.s.Workers+r.s.Rebalances+nudges)
+			}
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return fmt.Errorf("timed out with %d of %d confirmed ids processed", n, want)
 		}
 	}
+}
+
+// deadGroupMembers lists the members of the scenario's consumer group, as
+// the broker describes it, whose worker process has exited. A stall with
+// only live members is left alone: it fails the scenario, as it should.
+func (r *run) deadGroupMembers(ctx context.Context) []string {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &kafkago.Client{Addr: kafkago.TCP(r.kafkaBrokers...), Timeout: 5 * time.Second, Transport: tr}
+	resp, err := client.DescribeGroups(dctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{r.consumer()}})
+	if err != nil {
+		r.h.event("scenario %s: describe group: %v", r.s.Name, err)
+		return nil
+	}
+	var dead []string
+	for _, g := range resp.Groups {
+		for _, m := range g.Members {
+			var k incKey
+			if _, err := fmt.Sscanf(m.ClientID, kafkaClientID, &k.slot, &k.inc); err != nil {
+				continue
+			}
+			r.mu.Lock()
+			_, alive := r.procs[k]
+			r.mu.Unlock()
+			if !alive {
+				var parts []int
+				for _, t := range m.MemberAssignments.Topics {
+					parts = append(parts, t.Partitions...)
+				}
+				dead = append(dead, fmt.Sprintf("worker %d.%d holding partitions %v", k.slot, k.inc, parts))
+			}
+		}
+	}
+	return dead
+}
+
+// nudgeGroup forces a consumer-group rebalance by starting an extra member
+// in slot for a few seconds. It works around kfake's group coordinator,
+// which can keep a member SIGKILLed during a rebalance in the group, with
+// the partitions the leader gave it, past its session timeout (when several
+// members are told they lead and the one that syncs first assigns to the
+// dead one): nothing reads those partitions until the next rebalance. A
+// real broker evicts the member after its session timeout. The nudge is
+// counted as "stall-rebalance", and exactly-once is checked as always.
+func (r *run) nudgeGroup(ctx context.Context, slot int) {
+	r.h.event("scenario %s: forcing a rebalance with an extra member", r.s.Name)
+	k, p, err := r.spawn(slot)
+	if err != nil {
+		return
+	}
+	r.inject("stall-rebalance", 1)
+	r.slotsWG.Add(1)
+	go func() {
+		defer r.slotsWG.Done()
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			<-p.done
+		case <-ctx.Done():
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		r.noteExit(k, p)
+	}()
 }
 
 // quiesce lets redeliveries in flight settle: RabbitMQ until the queue is
@@ -869,7 +955,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		return k, nil, err
 	}
 	cmd.Stdout, cmd.Stderr = errf, errf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr(false)
 	if err := cmd.Start(); err != nil {
 		errf.Close()
 		return k, nil, fmt.Errorf("chaos: start worker: %w", err)

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -127,7 +126,7 @@ func (n *RabbitNode) Start(ctx context.Context) error {
 		return fmt.Errorf("chaos: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr(true)
 	if err := cmd.Start(); err != nil {
 		_ = out.Close()
 		n.mu.Unlock()
@@ -174,7 +173,7 @@ func (n *RabbitNode) kill() {
 	if cmd == nil {
 		return
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	killGroup(cmd.Process.Pid)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):

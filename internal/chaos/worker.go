@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
 
 	"github.com/idemq/idemq/brokers/kafka"
@@ -180,7 +181,7 @@ func (h *workerHooks) OnApplied(_ context.Context, _ *consumer.Message, _, _ tim
 	n := h.applied.Add(1)
 	if h.killAfter > 0 && n == h.killAfter {
 		h.log.line(logSelfKill, "after-commit-"+strconv.FormatInt(n, 10))
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		killSelf()
 		select {} // never returns: the kill is on its way
 	}
 	if h.dropEvery > 0 && h.amqp != nil && n%h.dropEvery == 0 {
@@ -338,6 +339,11 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 			RebalanceTimeout:  4 * time.Second,
 			JoinGroupBackoff:  100 * time.Millisecond,
 			FetchMaxWait:      100 * time.Millisecond,
+			// The client id names the incarnation, so that the harness can
+			// tell a group member whose process has exited.
+			Dialer: &kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true,
+				ClientID: fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation)},
+			Logger: debugLogger(),
 		})
 		if err != nil {
 			return fmt.Errorf("kafka source: %w", err)
@@ -392,6 +398,9 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 	return nil
 }
 
+// kafkaClientID is the Kafka client id of worker slot.incarnation.
+const kafkaClientID = "idemq-chaos-%d.%d"
+
 // KafkaSessionTimeout is the group session timeout of Kafka workers: a
 // killed member's partitions move after this long.
 const KafkaSessionTimeout = 1500 * time.Millisecond
@@ -407,4 +416,14 @@ func (d *tableDeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Messag
 	_, err := d.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.dead_letters (msg_id, class, reason) VALUES ($1, $2, $3)`,
 		pgx.Identifier{d.schema}.Sanitize()), msg.ID, string(f.Class), fmt.Sprint(f.Err))
 	return err
+}
+
+// debugLogger logs at debug level to stderr (the scenario's workers.stderr)
+// when CHAOS_DEBUG is set in the worker's environment, and discards
+// otherwise.
+func debugLogger() *slog.Logger {
+	if os.Getenv("CHAOS_DEBUG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
