@@ -36,7 +36,9 @@ table in each of --modes, one mode after another:
 The publisher runs concurrently with the consumer (unless --preload). Each
 mode reports msgs/s (first to last settled delivery), p50/p99 publish-to-commit
 latency (publish-to-ack for broker-only), peak RSS (process-wide, reset before
-each mode), the duplicates skipped, and its ratio to naive and broker-only.
+each mode), CPU per delivery from the consumer's start (this process's, and
+the whole machine's from /proc/stat: steadier than msgs/s on a busy machine),
+the duplicates skipped, and its ratio to naive and broker-only.
 After each mode the ledger must hold exactly one row per unique id; otherwise
 the command exits 1.
 
