@@ -22,24 +22,50 @@ type Group struct {
 	Sources   []string              `json:"sources"`
 	// Sample holds up to five message ids of the group.
 	Sample []string `json:"sample_ids"`
+	// Unverified counts the group's messages whose envelope is not signed
+	// by any key given with VerifyWith (always 0 without it).
+	Unverified int `json:"unverified,omitempty"`
 }
 
 // Report is what Inspect found.
 type Report struct {
-	Total     int     `json:"total"`
-	Malformed int     `json:"malformed"`
-	Groups    []Group `json:"groups"`
+	Total     int `json:"total"`
+	Malformed int `json:"malformed"`
+	// Unverified counts the messages whose envelope is not signed by any
+	// key given with VerifyWith; a replay with those keys leaves them.
+	Unverified int     `json:"unverified,omitempty"`
+	Groups     []Group `json:"groups"`
+}
+
+// InspectOption tunes Inspect.
+type InspectOption func(*inspectOptions)
+
+type inspectOptions struct{ keys [][]byte }
+
+// VerifyWith makes Inspect check each envelope's signature against keys
+// (see Verify) and count the messages no key verifies as Unverified.
+func VerifyWith(keys ...[]byte) InspectOption {
+	return func(o *inspectOptions) { o.keys = append(o.keys, keys...) }
 }
 
 // Inspect reads the dead-letter queue, as it was at the start, and groups its
-// messages by error class and error text, largest group first. It consumes
-// nothing: it closes the browser, which gives every message back.
-func Inspect(ctx context.Context, b Browser, filter Filter, limit int) (Report, error) {
+// messages by error class and error text, largest group first. With
+// VerifyWith it also counts the messages whose envelope no key verifies. It
+// consumes nothing: it closes the browser, which gives every message back.
+func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...InspectOption) (Report, error) {
 	var rep Report
 	if b == nil {
 		return rep, &consumer.ConfigError{Field: "Browser", Reason: "required"}
 	}
 	defer b.Close()
+	var o inspectOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	verify, err := newVerifier(o.keys)
+	if err != nil {
+		return rep, err
+	}
 	index := map[[2]string]int{}
 	for limit <= 0 || rep.Total < limit {
 		d, err := b.Next(ctx)
@@ -49,7 +75,8 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int) (Report, 
 		if err != nil {
 			return rep, fmt.Errorf("dlq: read dead-letter queue: %w", err)
 		}
-		rec, err := readRecord(d.Message())
+		msg := d.Message()
+		rec, err := readRecord(msg)
 		if err != nil {
 			rep.Malformed++
 			continue
@@ -77,6 +104,10 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int) (Report, 
 		g.Sources = addUnique(g.Sources, rec.Source)
 		if len(g.Sample) < 5 && rec.MessageID != "" {
 			g.Sample = append(g.Sample, rec.MessageID)
+		}
+		if len(verify) > 0 && !verify.trusted(msg) {
+			g.Unverified++
+			rep.Unverified++
 		}
 	}
 	slices.SortStableFunc(rep.Groups, func(a, b Group) int { return b.Count - a.Count })

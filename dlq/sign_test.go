@@ -152,6 +152,9 @@ func TestSigningKeyValidation(t *testing.T) {
 	if _, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: emptyBrowser{}, Store: nopLookuper{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Classify with a short key: %v", err)
 	}
+	if _, err := dlq.Inspect(ctx, emptyBrowser{}, dlq.Filter{}, 0, dlq.VerifyWith(keys...)); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
+		t.Fatalf("Inspect with a short key: %v", err)
+	}
 	if _, err := dlq.Replay(ctx, dlq.ReplayConfig{Browser: emptyBrowser{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Replay with a short key: %v", err)
 	}
@@ -202,6 +205,16 @@ func TestReplayVerifiesSignatures(t *testing.T) {
 	}
 	e.broken.Store(false)
 
+	rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0, dlq.VerifyWith(signKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Total != 7 || rep.Unverified != 2 {
+		t.Fatalf("inspect: %+v", rep)
+	}
+	if rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0); err != nil || rep.Unverified != 0 {
+		t.Fatalf("inspect without keys: %+v, %v", rep, err)
+	}
 	cl, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: e.browser(), Store: e.store, VerifyKeys: [][]byte{signKey}})
 	if err != nil {
 		t.Fatal(err)

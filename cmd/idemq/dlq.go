@@ -222,17 +222,42 @@ func parseAge(s string) (time.Duration, error) {
 	return f.d, err
 }
 
+// keyFileFlag is the --verify-key-file flag's help.
+const keyFileFlag = "check envelope signatures against the key in each of these files, comma-separated (current key first)"
+
+// readKeyFiles reads the comma-separated --verify-key-file list.
+func readKeyFiles(list string) ([][]byte, error) {
+	var keys [][]byte
+	for _, f := range strings.Split(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		k, err := dlq.ReadKeyFile(f)
+		if err != nil {
+			return nil, usagef("--verify-key-file: %v", err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
 func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error {
 	var (
-		bf     brokerFlags
-		ff     filterFlags
-		asJSON bool
+		bf       brokerFlags
+		ff       filterFlags
+		asJSON   bool
+		keyFiles string
 	)
 	fs := c.flagSet()
 	bf.register(fs)
 	ff.register(fs)
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	fs.StringVar(&keyFiles, "verify-key-file", "", keyFileFlag+"; count the messages none verifies")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
+		return err
+	}
+	keys, err := readKeyFiles(keyFiles)
+	if err != nil {
 		return err
 	}
 	if err := bf.validate(e); err != nil {
@@ -247,7 +272,7 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 		return err
 	}
 	defer conn.close()
-	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit)
+	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, dlq.VerifyWith(keys...))
 	if err != nil {
 		return err
 	}
@@ -259,6 +284,9 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	fmt.Fprintf(e.stdout, "%d dead-lettered messages in %d groups", rep.Total, len(rep.Groups))
 	if rep.Malformed > 0 {
 		fmt.Fprintf(e.stdout, " (%d with an unreadable envelope)", rep.Malformed)
+	}
+	if len(keys) > 0 {
+		fmt.Fprintf(e.stdout, "; %d unverified (not signed with a given key)", rep.Unverified)
 	}
 	fmt.Fprintln(e.stdout)
 	if len(rep.Groups) == 0 {
@@ -311,20 +339,13 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	fs.Float64Var(&rate, "rate", 0, "republish at most this many messages per second (0: no limit)")
 	fs.StringVar(&retention, "retention", "", "the dedup table's retention window (e.g. 72h or 7d); older messages need --force")
 	fs.StringVar(&destination, "destination", "", "republish to this queue or topic instead of each message's original source")
-	fs.StringVar(&keyFiles, "verify-key-file", "", "replay only envelopes signed with the key in one of these files, comma-separated (current key first); leave the rest in the DLQ")
+	fs.StringVar(&keyFiles, "verify-key-file", "", keyFileFlag+"; replay only those one verifies, leave the rest in the DLQ")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
-	var keys [][]byte
-	for _, f := range strings.Split(keyFiles, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		k, err := dlq.ReadKeyFile(f)
-		if err != nil {
-			return usagef("--verify-key-file: %v", err)
-		}
-		keys = append(keys, k)
+	keys, err := readKeyFiles(keyFiles)
+	if err != nil {
+		return err
 	}
 	if err := bf.validate(e); err != nil {
 		return err

@@ -175,10 +175,12 @@ func TestDLQReplayVerifyKeyFile(t *testing.T) {
 	deadLetter("signed-2", work, key)
 	deadLetter("forged", target, nil)
 
+	r := idemq(t, "dlq", "inspect", "--queue", dead, "--verify-key-file", keyFile)
+	want(t, r, 0, "3 dead-lettered messages in 1 groups; 1 unverified", "")
 	base := append([]string{"dlq", "replay", "--queue", dead, "--retention", "72h"}, dbArgs...)
 	want(t, idemq(t, append(base, "--verify-key-file", shortFile)...), 2, "", "at least 16")
 	want(t, idemq(t, append(base, "--verify-key-file", dir+"/missing.key")...), 2, "", "read key file")
-	r := idemq(t, append(base, "--dry-run", "--verify-key-file", keyFile)...)
+	r = idemq(t, append(base, "--dry-run", "--verify-key-file", keyFile)...)
 	want(t, r, 0, "2 will apply", "")
 	want(t, r, 0, "1 unverified", "")
 	r = idemq(t, append(base, "--verify-key-file", oldFile+","+keyFile)...)
