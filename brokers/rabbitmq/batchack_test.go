@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
 )
@@ -17,24 +18,7 @@ import (
 func TestAckBatchNeverCoversDeliveriesInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
-	q := newQueue(t)
-	pub := newPublisher(t, rabbitmq.PublisherConfig{})
-	var msgs []*consumer.Message
-	for i := 0; i < 10; i++ {
-		msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")})
-	}
-	if err := pub.Publish(ctx, "", q, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: 20})
-	var ds []consumer.Delivery
-	for i := 0; i < 10; i++ {
-		d, err := src.Receive(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, d)
-	}
+	q, src, ds := receiveN(ctx, t, 10, 20)
 	// m-4 and m-5 are still in flight; m-0..m-3 can go in one multiple ack,
 	// m-6 and m-7 wait for m-4 and m-5 (deferred), and Close acks them one
 	// by one since m-4 and m-5 never settle.
@@ -56,17 +40,7 @@ func TestAckBatchNeverCoversDeliveriesInFlight(t *testing.T) {
 	}
 	// Only m-4, m-5, m-8 and m-9 come back.
 	again := newSource(t, rabbitmq.Config{Queue: q})
-	var ids []string
-	for i := 0; i < 4; i++ {
-		d, err := again.Receive(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, d.Message().ID)
-		mustAck(ctx, t, d)
-	}
-	slices.Sort(ids)
-	if fmt.Sprint(ids) != "[m-4 m-5 m-8 m-9]" {
+	if ids := receiveAckIDs(ctx, t, again, 4); ids != "[m-4 m-5 m-8 m-9]" {
 		t.Fatalf("requeued %v: a multiple ack covered a delivery that was in flight", ids)
 	}
 	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
@@ -86,15 +60,21 @@ func receiveN(ctx context.Context, t *testing.T, n, prefetch int) (string, *rabb
 		t.Fatal(err)
 	}
 	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: prefetch})
-	var ds []consumer.Delivery
-	for i := 0; i < n; i++ {
-		d, err := src.Receive(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, d)
+	return q, src, brokertest.ReceiveN(ctx, t, src, n)
+}
+
+// receiveAckIDs receives n deliveries from src, acks them, and returns their
+// ids, sorted, as one string.
+func receiveAckIDs(ctx context.Context, t *testing.T, src consumer.Source, n int) string {
+	t.Helper()
+	ds := brokertest.ReceiveN(ctx, t, src, n)
+	brokertest.AckAll(ctx, t, ds)
+	ids := make([]string, len(ds))
+	for i, d := range ds {
+		ids[i] = d.Message().ID
 	}
-	return q, src, ds
+	slices.Sort(ids)
+	return fmt.Sprint(ids)
 }
 
 // TestAckBatchDefersUntilLowerTagsSettle: a committed batch above a delivery
@@ -178,17 +158,8 @@ func TestAckBatchDeferredLostWithChannel(t *testing.T) {
 	if err := rabbitmq.BreakChannel(src); err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
-	for len(ids) < 6 {
-		d, err := src.Receive(ctx) // reconnects
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, d.Message().ID)
-		mustAck(ctx, t, d)
-	}
-	slices.Sort(ids)
-	if fmt.Sprint(ids) != "[m-0 m-1 m-2 m-3 m-4 m-5]" {
+	// Receive reconnects.
+	if ids := receiveAckIDs(ctx, t, src, 6); ids != "[m-0 m-1 m-2 m-3 m-4 m-5]" {
 		t.Fatalf("redelivered %v, want all six", ids)
 	}
 	if err := ds[0].Ack(ctx); !errors.Is(err, consumer.ErrDeliveryStale) {
