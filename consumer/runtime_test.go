@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testlog"
 )
 
 func TestDuplicateDeliveryAppliesOnce(t *testing.T) {
@@ -538,35 +539,17 @@ func TestRunTwiceConcurrentlyRejected(t *testing.T) {
 	}
 }
 
-// syncBuffer is an io.Writer safe for the runtime's concurrent logging.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestLogsNameTheMessage: with logging on, a message's log records carry its
 // id and source (the runtime skips building them when logging is off).
 func TestLogsNameTheMessage(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
 	b.publish(msg("bad-1", "x"))
-	var logs syncBuffer
 	cfg := b.config(func(context.Context, pgx.Tx, *consumer.Message) error {
 		return consumer.Permanent(errors.New("unknown account"))
 	})
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, logs := testlog.New(slog.LevelDebug)
+	cfg.Logger = log
 	r := start(t, cfg)
 	waitFor(t, "dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 1 && b.settled() })
 	out := logs.String()

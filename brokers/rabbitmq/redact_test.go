@@ -1,14 +1,12 @@
 package rabbitmq_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,35 +14,12 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testlog"
 )
 
 // secret is the password the hostile URLs carry. It must appear in no
 // error and no log line.
 const secret = "hunter2Secret"
-
-// logBuffer is a slog handler's output, safe for concurrent writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// captureLogs returns a debug-level logger writing to a buffer.
-func captureLogs() (*slog.Logger, *logBuffer) {
-	b := &logBuffer{}
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})), b
-}
 
 // closedPort returns a loopback port nothing listens on.
 func closedPort(t *testing.T) string {
@@ -82,7 +57,7 @@ func TestURLPasswordNeverInErrorsOrLogs(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testCtx(t, 20*time.Second)
-			log, logs := captureLogs()
+			log, logs := testlog.New(slog.LevelDebug)
 			check := func(what string, err error) {
 				t.Helper()
 				if err == nil {
@@ -125,7 +100,7 @@ func TestReconnectLogsHidePassword(t *testing.T) {
 		t.Fatalf("the test expects the broker URL to carry the password guest, got a URL without it")
 	}
 	const leaked = "guest:guest"
-	log, logs := captureLogs()
+	log, logs := testlog.New(slog.LevelDebug)
 	src := newSource(t, rabbitmq.Config{URL: url, Queue: q, Logger: log,
 		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}})
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: url, Logger: log})

@@ -1,12 +1,10 @@
 package rabbitmq_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testlog"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -259,24 +258,6 @@ func TestReconnectAfterConnectionCut(t *testing.T) {
 	}
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestChannelClosedByBroker: a 406 PRECONDITION_FAILED channel close, which
 // is how the broker enforces consumer_timeout, is recovered like any other
 // loss.
@@ -288,11 +269,11 @@ func TestChannelClosedByBroker(t *testing.T) {
 	if err := newPublisher(t, rabbitmq.PublisherConfig{}).Publish(ctx, "", q, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	log, logs := testlog.New(slog.LevelInfo)
 	src := newSource(t, rabbitmq.Config{
 		Queue:     q,
 		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond},
-		Logger:    slog.New(slog.NewTextHandler(&logs, nil)),
+		Logger:    log,
 	})
 	first := brokertest.Receive(ctx, t, src)
 	if err := rabbitmq.BreakChannel(src); err != nil {
