@@ -65,6 +65,24 @@ func rmqDepth(t *testing.T, q string) int {
 	return st.Messages
 }
 
+// rmqDeadLetterer returns a dead-letterer publishing, confirmed, to the
+// RabbitMQ queue dead; its publisher closes at cleanup.
+func rmqDeadLetterer(ctx context.Context, t *testing.T, dead string, opts dlq.Options) *dlq.DeadLetterer {
+	t.Helper()
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		return pub.Publish(ctx, "", dead, m)
+	}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dl
+}
+
 func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -72,17 +90,7 @@ func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
 	store, dbArgs := migrated(t)
 	work, dead := rmqQueues(t)
 
-	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-		return pub.Publish(ctx, "", dead, m)
-	}, dlq.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dl := rmqDeadLetterer(ctx, t, dead, dlq.Options{})
 	// Five dead letters: three permanent, one timeout, and one whose id
 	// was in fact applied.
 	for i := 0; i < 5; i++ {
@@ -151,29 +159,19 @@ func TestDLQReplayVerifyKeyFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	deadLetter := func(id, source string, signingKey []byte) {
+	signed, unsigned := rmqDeadLetterer(ctx, t, dead, dlq.Options{SigningKey: key}), rmqDeadLetterer(ctx, t, dead, dlq.Options{})
+	deadLetter := func(id, source string, dl *dlq.DeadLetterer) {
 		t.Helper()
-		dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-			return pub.Publish(ctx, "", dead, m)
-		}, dlq.Options{SigningKey: signingKey})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: []byte(`{}`), Source: source, Partition: -1, Offset: -1},
+		err := dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: []byte(`{}`), Source: source, Partition: -1, Offset: -1},
 			consumer.Failure{Consumer: "billing", MessageID: id, Class: consumer.ClassPermanent, Err: errors.New("bug"), Attempts: 1,
 				FirstFailure: time.Now(), LastFailure: time.Now()})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	deadLetter("signed-1", work, key)
-	deadLetter("signed-2", work, key)
-	deadLetter("forged", target, nil)
+	deadLetter("signed-1", work, signed)
+	deadLetter("signed-2", work, signed)
+	deadLetter("forged", target, unsigned)
 
 	r := idemq(t, "dlq", "inspect", "--queue", dead, "--verify-key-file", keyFile)
 	want(t, r, 0, "3 dead-lettered messages in 1 groups; 1 unverified", "")
