@@ -14,11 +14,12 @@ import (
 
 // TestGroupMembersNameTheirWorker: the broker describes a worker's group
 // member with the client id the harness parses back into slot and
-// incarnation, which deadGroupMembers relies on to tell members whose
-// process has exited.
+// incarnation, and deadGroupMembers reports the member only once its worker
+// has exited: a stall with live members must not be nudged away.
 func TestGroupMembersNameTheirWorker(t *testing.T) {
 	c := kafkatest.Start(t)
-	topic, group := kafkatest.Name(t, "chaos-group"), kafkatest.Name(t, "chaos-group")
+	r := &run{h: &harness{}, s: Scenario{Name: kafkatest.Name(t, "group")}, kafkaBrokers: c.Addrs(), procs: map[incKey]*proc{}}
+	topic, group := kafkatest.Name(t, "chaos-group"), r.consumer()
 	c.CreateTopic(t, topic, 2)
 	src, err := kafka.NewSource(kafka.Config{
 		Brokers: c.Addrs(), Topic: topic, GroupID: group,
@@ -44,6 +45,14 @@ func TestGroupMembersNameTheirWorker(t *testing.T) {
 				t.Fatalf("member client id %q parsed as %+v, %v", m.ClientID, k, err)
 			}
 			if len(m.MemberAssignments.Topics) > 0 {
+				r.procs[k] = &proc{} // the worker is alive
+				if dead := r.deadGroupMembers(ctx); len(dead) != 0 {
+					t.Fatalf("a live worker's member reported dead: %v", dead)
+				}
+				delete(r.procs, k) // it has exited
+				if dead := r.deadGroupMembers(ctx); len(dead) != 1 || dead[0] != "worker 3.7 holding partitions [0 1]" {
+					t.Fatalf("dead members %q, want worker 3.7 with both partitions", dead)
+				}
 				return
 			}
 			// Described before the sync: try again.

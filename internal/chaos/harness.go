@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -640,6 +641,7 @@ func (r *run) deadGroupMembers(ctx context.Context) []string {
 				for _, t := range m.MemberAssignments.Topics {
 					parts = append(parts, t.Partitions...)
 				}
+				slices.Sort(parts)
 				dead = append(dead, fmt.Sprintf("worker %d.%d holding partitions %v", k.slot, k.inc, parts))
 			}
 		}
