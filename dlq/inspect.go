@@ -105,7 +105,7 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...I
 		if len(g.Sample) < 5 && rec.MessageID != "" {
 			g.Sample = append(g.Sample, rec.MessageID)
 		}
-		if len(verify) > 0 && !verify.trusted(msg) {
+		if !verify.trusted(msg) {
 			g.Unverified++
 			rep.Unverified++
 		}
