@@ -47,6 +47,11 @@ type Failure struct {
 	// FirstFailure and LastFailure bound the failed attempts.
 	FirstFailure time.Time
 	LastFailure  time.Time
+	// ProcessedAt is, for ClassFingerprintMismatch, when the original
+	// message with the same id was applied: its dedup row is the one a
+	// replay depends on, so the replay-horizon guard dates the dead letter
+	// by the earlier of this and FirstFailure. Zero for other classes.
+	ProcessedAt time.Time
 }
 
 // DeadLetterer durably stores a copy of a failed message with the reason.

@@ -21,6 +21,11 @@ var (
 	ErrShutdown = errors.New("idemq: runtime shutdown timeout exceeded")
 	// ErrInvalidConfig is wrapped by every configuration validation error.
 	ErrInvalidConfig = errors.New("idemq: invalid config")
+	// ErrNotMigrated is wrapped by store errors caused by a dedup table that
+	// does not exist. The runtime does not retry it: Run returns it, since
+	// no message can be applied until the migrations have run.
+	// processed.ErrNotMigrated wraps it.
+	ErrNotMigrated = errors.New("idemq: dedup table does not exist (run migrations)")
 )
 
 // Permanent wraps err so that the runtime does not retry it: the message is

@@ -16,6 +16,12 @@ type Message struct {
 	// one at a time, in delivery order. Messages with an empty key are not
 	// ordered relative to each other.
 	Key string
+	// RecordKey is the broker's own record key (a Kafka record key), kept
+	// byte for byte so that a dead-lettered or republished message keeps
+	// it; nil where the broker has none or the record had no key. The
+	// runtime never orders by it: ordering uses Key. Publishers write
+	// RecordKey, never Key, as the record key.
+	RecordKey []byte
 	// Body is the payload. Its sha256 is the message's fingerprint.
 	Body []byte
 	// Headers are the message's application headers.
@@ -60,6 +66,9 @@ func (m *Message) Clone() *Message {
 	}
 	c := *m
 	c.Body = append([]byte(nil), m.Body...)
+	if m.RecordKey != nil {
+		c.RecordKey = append([]byte{}, m.RecordKey...)
+	}
 	c.Headers = cloneMap(m.Headers)
 	c.Metadata = cloneMap(m.Metadata)
 	return &c

@@ -48,8 +48,10 @@ var (
 	// ErrNotFound is returned by Lookup when no row matches.
 	ErrNotFound = errors.New("processed: not found")
 	// ErrNotMigrated is wrapped by errors caused by the dedup table (or its
-	// schema) not existing: run Store.Migrate or `idemq migrate`.
-	ErrNotMigrated = errors.New("processed: table does not exist (run migrations)")
+	// schema) not existing: run Store.Migrate or `idemq migrate`. It wraps
+	// consumer.ErrNotMigrated, on which the runtime stops instead of
+	// retrying.
+	ErrNotMigrated = fmt.Errorf("processed: table does not exist (run migrations): %w", consumer.ErrNotMigrated)
 )
 
 // maxClaimAttempts bounds the insert/select loop of Claim when the
