@@ -1,6 +1,9 @@
 package outbox
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SetAfterPublish installs a hook run after each successful Publish and
 // before the rows are marked sent; an error aborts the batch like a crash.
@@ -11,3 +14,6 @@ func Delay(b BackoffConfig, attempts int) (BackoffConfig, int64) {
 	b = RelayConfig{Backoff: b}.withDefaults().Backoff
 	return b, int64(b.delay(attempts))
 }
+
+// RelayLease returns the relay's Lease after defaults.
+func RelayLease(r *Relay) time.Duration { return r.cfg.Lease }

@@ -13,21 +13,35 @@
 //
 // # Delivery guarantees
 //
-// Delivery is at least once. The relay locks due rows with
-// SELECT ... FOR UPDATE SKIP LOCKED in a transaction, publishes them, marks
-// them sent in the same transaction and commits. Several relays can run at
-// once: a locked row is skipped by the others, so in normal operation no row
-// is published twice. If a relay dies after the broker confirmed a publish
-// but before its commit, the row is still pending and a relay publishes it
-// again. That duplicate carries the same message id, so give every outgoing
-// message a stable id, derived with keys.ChildKey from the id of the
-// operation that produced it, and let the consumers downstream (idemq
-// consumers) deduplicate it.
+// Delivery is at least once. A relay claims a batch of due rows in a short
+// transaction: with SELECT ... FOR UPDATE SKIP LOCKED it picks them, writes
+// a fresh lease token on them and pushes their next_attempt_at to the end
+// of its lease (RelayConfig.Lease), and commits. It then publishes them with
+// no transaction open, so no row lock or idle transaction is held across a
+// network call, and records each row's outcome in a second short
+// transaction whose updates check the lease token (a fencing token): a
+// relay whose lease expired, and whose rows another relay has claimed since,
+// cannot overwrite that relay's result. Several relays can run at once;
+// until its lease expires a claimed row is not due for the others, so in
+// normal operation no row is published twice. If a relay dies after the
+// broker confirmed a publish but before it recorded it, the row is due
+// again when the lease expires and a relay publishes it again. That
+// duplicate carries the same message id, so give every outgoing message a
+// stable id, derived with keys.ChildKey from the id of the operation that
+// produced it, and let the consumers downstream (idemq consumers)
+// deduplicate it.
 //
-// A failed publish is recorded on the row (attempts, last_error) and retried
-// after an exponential backoff; rows keep being retried, at most every
-// BackoffConfig.MaxInterval, until they are sent. Order is not guaranteed:
-// a failed message is overtaken by later ones, and relays run concurrently.
+// Each row has its own outcome. The messages of a batch are published in
+// one Publish call per destination; if the call fails, the messages the
+// PublishFunc names with *MessageError fail and the others are marked sent,
+// and if it names none, each message is published again on its own. So a
+// poison message fails alone, and the broker's confirmed messages are never
+// published again because a sibling failed (at most once more, by that
+// one-at-a-time pass, when the PublishFunc cannot say which failed). A
+// failed publish is recorded on the row (attempts, last_error) and retried
+// after its own exponential backoff; rows keep being retried, at most every
+// BackoffConfig.MaxInterval, until they are sent. Order is not guaranteed: a
+// failed message is overtaken by later ones, and relays run concurrently.
 //
 // # Retention and metrics
 //
@@ -95,7 +109,7 @@ type Outbox struct {
 	cfg    Config
 	qTable string
 	sql    struct {
-		insert, existing, purge, stats, claim, sent, failed string
+		insert, existing, purge, stats, claim, sent, failed, release string
 	}
 }
 
@@ -128,20 +142,38 @@ ON CONFLICT (destination, message_id) DO NOTHING`
 	count(*) FILTER (WHERE sent_at IS NULL),
 	count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0),
 	min(created_at) FILTER (WHERE sent_at IS NULL),
-	count(*) FILTER (WHERE sent_at IS NOT NULL)
+	count(*) FILTER (WHERE sent_at IS NOT NULL),
+	count(*) FILTER (WHERE sent_at IS NULL AND lease_token IS NOT NULL AND next_attempt_at > now())
 FROM ` + t
-	o.sql.claim = `SELECT seq, destination, message_id, key, headers, body, created_at, attempts
-FROM ` + t + `
-WHERE sent_at IS NULL AND next_attempt_at <= now()
-ORDER BY next_attempt_at, seq
-LIMIT $1
-FOR UPDATE SKIP LOCKED`
-	o.sql.sent = `UPDATE ` + t + ` SET sent_at = clock_timestamp(), attempts = attempts + 1 WHERE seq = ANY($1)`
+	// The claim is one statement in its own short transaction: it leases
+	// the due rows to the caller's token until clock_timestamp() + $4
+	// microseconds and returns them, with the time they were due, for
+	// ordering.
+	o.sql.claim = `UPDATE ` + t + ` AS o
+SET lease_token = $2::uuid, lease_owner = $3,
+    next_attempt_at = clock_timestamp() + $4 * interval '1 microsecond'
+FROM (
+	SELECT seq, next_attempt_at AS due_at FROM ` + t + `
+	WHERE sent_at IS NULL AND next_attempt_at <= now()
+	ORDER BY next_attempt_at, seq
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED) AS due
+WHERE o.seq = due.seq
+RETURNING o.seq, o.destination, o.message_id, o.key, o.headers, o.body, o.created_at, o.attempts, due.due_at`
+	// The outcomes apply only to rows still leased to the caller's token
+	// ($2): the fencing check.
+	o.sql.sent = `UPDATE ` + t + `
+SET sent_at = clock_timestamp(), attempts = attempts + 1, lease_token = NULL, lease_owner = NULL
+WHERE seq = ANY($1) AND lease_token = $2::uuid`
 	o.sql.failed = `UPDATE ` + t + ` AS o
-SET attempts = o.attempts + 1, last_error = $2,
-    next_attempt_at = clock_timestamp() + d.delay * interval '1 microsecond'
-FROM unnest($1::bigint[], $3::bigint[]) AS d(seq, delay)
-WHERE o.seq = d.seq`
+SET attempts = o.attempts + 1, last_error = d.error,
+    next_attempt_at = clock_timestamp() + d.delay * interval '1 microsecond',
+    lease_token = NULL, lease_owner = NULL
+FROM unnest($1::bigint[], $3::bigint[], $4::text[]) AS d(seq, delay, error)
+WHERE o.seq = d.seq AND o.lease_token = $2::uuid`
+	o.sql.release = `UPDATE ` + t + `
+SET next_attempt_at = clock_timestamp(), lease_token = NULL, lease_owner = NULL
+WHERE seq = ANY($1) AND lease_token = $2::uuid`
 	return o, nil
 }
 
@@ -234,6 +266,9 @@ type Stats struct {
 	OldestPending time.Time
 	// Sent counts sent rows not yet purged.
 	Sent int64
+	// Leased counts pending rows a relay has claimed and holds under a
+	// lease that has not expired: rows being published now.
+	Leased int64
 }
 
 // Stats reads a snapshot of the table. It scans the table, so call it from
@@ -243,7 +278,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 		s      Stats
 		oldest *time.Time
 	)
-	if err := o.db.QueryRow(ctx, o.sql.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent); err != nil {
+	if err := o.db.QueryRow(ctx, o.sql.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent, &s.Leased); err != nil {
 		return Stats{}, o.wrap("stats", err)
 	}
 	if oldest != nil {

@@ -148,9 +148,32 @@ func TestConfigAndMigrations(t *testing.T) {
 		{Publish: pub, Backoff: outbox.BackoffConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}},
 		{Publish: pub, Backoff: outbox.BackoffConfig{Multiplier: 0.5}},
 		{Publish: pub, Hooks: []outbox.Hook{42}},
+		{Publish: pub, Lease: -time.Second},
+		{Publish: pub, Lease: 10 * time.Second}, // not more than the default PublishTimeout, 30s
+		{Publish: pub, PublishTimeout: time.Second, Lease: time.Second},
+		{Publish: pub, Lease: outbox.MaxLease + time.Second},
+		{Publish: pub, PublishTimeout: 8 * 24 * time.Hour}, // the default Lease is capped at MaxLease
 	} {
 		if _, err := outbox.NewRelay(ob, rc); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("NewRelay(%+v) = %v, want ErrInvalidConfig", rc, err)
+		}
+	}
+	for _, c := range []struct {
+		cfg  outbox.RelayConfig
+		want time.Duration
+	}{
+		{outbox.RelayConfig{Publish: pub}, 90 * time.Second},
+		{outbox.RelayConfig{Publish: pub, PublishTimeout: 10 * time.Second}, 30 * time.Second},
+		{outbox.RelayConfig{Publish: pub, PublishTimeout: 3 * 24 * time.Hour}, outbox.MaxLease},
+		{outbox.RelayConfig{Publish: pub, PublishTimeout: time.Second, Lease: 1500 * time.Millisecond}, 1500 * time.Millisecond},
+	} {
+		r, err := outbox.NewRelay(ob, c.cfg)
+		if err != nil {
+			t.Errorf("NewRelay(PublishTimeout %s, Lease %s): %v", c.cfg.PublishTimeout, c.cfg.Lease, err)
+			continue
+		}
+		if got := outbox.RelayLease(r); got != c.want {
+			t.Errorf("NewRelay(PublishTimeout %s, Lease %s): Lease = %s, want %s", c.cfg.PublishTimeout, c.cfg.Lease, got, c.want)
 		}
 	}
 }
@@ -196,10 +219,11 @@ func TestCrashBeforePublishLosesNothing(t *testing.T) {
 	}
 }
 
-// TestRelayCrashAfterPublishIsAbsorbedDownstream: the relay's database
-// session dies after RabbitMQ confirmed the publish and before the row was
-// marked sent. The row is published again, and the idemq consumer
-// downstream applies the message once.
+// TestRelayCrashAfterPublishIsAbsorbedDownstream: the relay dies, and its
+// database sessions with it, after RabbitMQ confirmed the publish and before
+// the row was marked sent. Once the crashed relay's lease expires the row is
+// published again, and the idemq consumer downstream applies the message
+// once.
 func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -253,7 +277,7 @@ func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 	id := keys.ChildKey("order-1", "order-placed-event/v1")
 	f.placeOrder(t, "order-1", outbox.Message{Destination: q, ID: id, Body: []byte("ship order-1")}, true)
 
-	// The relay has its own pool, so its session can be told apart and
+	// The relay has its own pool, so its sessions can be told apart and
 	// killed.
 	appName := "idemq-outbox-relay-" + strings.ToLower(strings.ReplaceAll(f.schema, "_", "-"))
 	pcfg, err := pgxpool.ParseConfig(testdb.URL())
@@ -278,8 +302,10 @@ func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 		killed    bool
 	)
 	relay, err := outbox.NewRelay(relayOb, outbox.RelayConfig{
-		PollInterval: 10 * time.Millisecond,
-		Backoff:      outbox.BackoffConfig{InitialInterval: 10 * time.Millisecond},
+		PollInterval:   10 * time.Millisecond,
+		PublishTimeout: 2 * time.Second,
+		Lease:          3 * time.Second,
+		Backoff:        outbox.BackoffConfig{InitialInterval: 10 * time.Millisecond},
 		Publish: func(ctx context.Context, dest string, msgs ...*consumer.Message) error {
 			if err := pub.Publish(ctx, "", dest, msgs...); err != nil {
 				return err
@@ -288,26 +314,30 @@ func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 			for _, m := range msgs {
 				publishes[m.ID]++
 			}
-			first := !killed
-			killed = true
 			mu.Unlock()
-			if first {
-				// The broker has the message. Now the relay "crashes":
-				// its database session is terminated before it can
-				// mark the row sent.
-				var n int
-				err := f.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
-WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, appName).Scan(&n)
-				if err != nil || n != 1 {
-					t.Errorf("terminate relay session: %d sessions, %v", n, err)
-				}
-			}
 			return nil
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	crash := errors.New("relay crashed")
+	outbox.SetAfterPublish(relay, func(ctx context.Context) error {
+		mu.Lock()
+		first := !killed
+		killed = true
+		mu.Unlock()
+		if !first {
+			return nil
+		}
+		// The broker has the message. Now the relay "crashes" before it
+		// records the outcome, and its database sessions die with it.
+		if _, err := f.pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+WHERE application_name = $1`, appName); err != nil {
+			t.Errorf("terminate relay sessions: %v", err)
+		}
+		return crash
+	})
 	stop := runRelay(t, relay)
 	eventually(t, 30*time.Second, "the row marked sent", func() bool { return f.count(t, f.table(), "sent_at IS NOT NULL") == 1 })
 	stop()
@@ -336,14 +366,15 @@ WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, appName).Sca
 }
 
 // TestAfterPublishHookAbortLeavesRowPending checks the test hook that stands
-// for a crash between publish and commit: nothing is recorded, and the next
-// batch publishes the row again.
+// for a crash between publish and recording the outcome: nothing is
+// recorded, and once the lease expires the next batch publishes the row
+// again.
 func TestAfterPublishHookAbortLeavesRowPending(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	broker := memory.NewBroker()
 	f.placeOrder(t, "o1", outbox.Message{Destination: "q", ID: "e1", Body: []byte("x")}, true)
-	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{Publish: broker.Publish})
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{Publish: broker.Publish, PublishTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +387,18 @@ func TestAfterPublishHookAbortLeavesRowPending(t *testing.T) {
 	if n := f.count(t, f.table(), "sent_at IS NULL AND attempts = 0"); n != 1 {
 		t.Fatalf("untouched pending rows = %d, want 1", n)
 	}
+	// The crashed batch's lease holds the row until it expires.
 	outbox.SetAfterPublish(relay, nil)
+	if st, err := f.ob.Stats(ctx); err != nil || st.Leased != 1 {
+		t.Fatalf("Stats after the crash = %+v, %v; want the row leased", st, err)
+	}
+	if n, err := relay.RelayOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("RelayOnce under the lease = %d, %v; want nothing due", n, err)
+	}
+	eventually(t, 10*time.Second, "the lease to expire", func() bool {
+		st, err := f.ob.Stats(ctx)
+		return err == nil && st.Leased == 0
+	})
 	if n, err := relay.RelayOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("RelayOnce = %d, %v", n, err)
 	}

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,9 +19,17 @@ import (
 )
 
 // PublishFunc publishes msgs, in order, to destination (a queue or topic) and
-// returns only once the broker has durably accepted every one of them: a
-// confirmed publish, an acknowledged write. A non-nil error means the relay
-// retries all of msgs later. With the idemq brokers:
+// returns nil only once the broker has durably accepted every one of them: a
+// confirmed publish, an acknowledged write.
+//
+// To say which messages failed, return one *MessageError per failed message
+// (alone, wrapped, or joined with errors.Join): the relay then takes every
+// message not named as confirmed and marks it sent, and retries only the
+// named ones, each with its own backoff. Any other error tells the relay
+// nothing about which messages were confirmed: if msgs holds more than one
+// message, the relay publishes each of them again on its own, so that each
+// row gets its own outcome (a message the first call confirmed is then sent
+// twice, once; consumers deduplicate it by id). With the idemq brokers:
 //
 //	// RabbitMQ: straight to the queue named by the destination.
 //	func(ctx context.Context, dest string, msgs ...*consumer.Message) error {
@@ -40,6 +50,11 @@ const (
 	DefaultMultiplier      = 2.0
 	DefaultJitter          = 0.2
 	maxBatchSize           = 10_000
+	// DefaultLeaseFactor: RelayConfig.Lease defaults to this many times
+	// PublishTimeout.
+	DefaultLeaseFactor = 3
+	// MaxLease is the longest RelayConfig.Lease accepted.
+	MaxLease = 7 * 24 * time.Hour
 )
 
 // RelayConfig configures a Relay. The zero value of every optional field
@@ -47,7 +62,7 @@ const (
 type RelayConfig struct {
 	// Publish delivers messages to the broker. Required.
 	Publish PublishFunc
-	// BatchSize is the most rows locked and published per transaction.
+	// BatchSize is the most rows claimed and published per batch.
 	// Defaults to 100; at most 10,000.
 	BatchSize int
 	// PollInterval is the wait between polls once no row is due. A full
@@ -55,6 +70,19 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// PublishTimeout bounds each Publish call. Defaults to 30s.
 	PublishTimeout time.Duration
+	// Lease is how long a claimed batch belongs to the relay. The relay
+	// claims due rows in a short transaction, commits, publishes them
+	// with no transaction open and then records each row's outcome, only
+	// if the row is still leased to it. Until the lease expires no other
+	// relay claims the rows; once it has, they are due again, which is
+	// how the rows of a relay that died are redelivered. A relay stops
+	// publishing a batch when less than a tenth of Lease is left (each
+	// Publish call is cut short to that point), so that it can record the
+	// outcomes in time; rows it did not get to are released at once. It
+	// must exceed PublishTimeout and be at most MaxLease (7 days).
+	// Defaults to 3 × PublishTimeout (90s with the default
+	// PublishTimeout), capped at MaxLease.
+	Lease time.Duration
 	// Backoff paces the retries of rows whose publish failed.
 	Backoff BackoffConfig
 	// Retention, if positive, makes the relay purge rows sent more than
@@ -92,27 +120,34 @@ type BackoffConfig struct {
 // Hooks are called synchronously by the relay and must be fast.
 type Hook any
 
-// HookPublished is called after a Publish call succeeded, before the rows
-// are marked sent.
+// HookPublished is called once per destination of a batch with the
+// messages the broker confirmed, before their rows are marked sent; took is
+// the time spent publishing to that destination.
 type HookPublished interface {
 	OnPublished(ctx context.Context, destination string, msgs []*consumer.Message, took time.Duration)
 }
 
-// HookPublishFailed is called after a Publish call failed; the rows are due
-// again after retryIn.
+// HookPublishFailed is called with messages whose publish failed, and their
+// error, before the failures are recorded: once for a failed Publish call
+// that named no message, or once per failed message otherwise. The rows are
+// due again after retryIn (the shortest of their delays).
 type HookPublishFailed interface {
 	OnPublishFailed(ctx context.Context, destination string, msgs []*consumer.Message, err error, retryIn time.Duration)
 }
 
 // RelayStats are a Relay's counters since it was created.
 type RelayStats struct {
-	// Batches counts transactions that locked at least one row.
+	// Batches counts claims that leased at least one row.
 	Batches int64
 	// Published counts messages whose publish succeeded and whose row was
 	// marked sent.
 	Published int64
 	// Failed counts message publishes that failed and were rescheduled.
 	Failed int64
+	// Fenced counts outcomes not recorded because the row's lease had
+	// expired and another relay had claimed it since (or had already
+	// recorded its own outcome): that relay's result stands.
+	Fenced int64
 	// Errors counts batches that failed for another reason (the database,
 	// a lost commit); their rows are published again later.
 	Errors int64
@@ -132,6 +167,13 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.PurgeInterval == 0 {
 		c.PurgeInterval = DefaultPurgeInterval
+	}
+	if c.Lease == 0 && c.PublishTimeout > 0 {
+		if c.PublishTimeout >= MaxLease/DefaultLeaseFactor {
+			c.Lease = MaxLease
+		} else {
+			c.Lease = DefaultLeaseFactor * c.PublishTimeout
+		}
 	}
 	b := &c.Backoff
 	if b.InitialInterval == 0 {
@@ -164,6 +206,12 @@ func (c RelayConfig) validate() error {
 		return configError("PollInterval", "negative")
 	case c.PublishTimeout < 0:
 		return configError("PublishTimeout", "negative")
+	case c.Lease < 0:
+		return configError("Lease", "negative")
+	case c.Lease > MaxLease:
+		return configError("Lease", "%s, more than MaxLease %s", c.Lease, MaxLease)
+	case c.Lease <= c.PublishTimeout:
+		return configError("Lease", "%s, must exceed PublishTimeout %s", c.Lease, c.PublishTimeout)
 	case c.Retention < 0:
 		return configError("Retention", "negative")
 	case c.PurgeInterval < 0:
@@ -220,12 +268,17 @@ type Relay struct {
 	published []HookPublished
 	failed    []HookPublishFailed
 
-	running atomic.Bool
-	stats   struct{ batches, published, failed, errors, purged atomic.Int64 }
+	// owner is written to lease_owner with each claim, for operators: the
+	// host, the process and this relay.
+	owner string
 
-	// afterPublish, set by tests, runs after a successful Publish and
-	// before the rows are marked sent; an error aborts the batch as a
-	// crash would: nothing is recorded.
+	running atomic.Bool
+	stats   struct{ batches, published, failed, fenced, errors, purged atomic.Int64 }
+
+	// afterPublish, set by tests, runs after the messages of a destination
+	// are published, if the broker confirmed any, and before outcomes are
+	// recorded; an error aborts the batch as a crash would: nothing is
+	// recorded and the rows stay leased until the lease expires.
 	afterPublish func(ctx context.Context) error
 }
 
@@ -239,7 +292,7 @@ func NewRelay(ob *Outbox, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{ob: ob, cfg: cfg, log: cfg.Logger.With(slog.String("outbox", ob.String()))}
+	r := &Relay{ob: ob, cfg: cfg, log: cfg.Logger.With(slog.String("outbox", ob.String())), owner: leaseOwner()}
 	for _, h := range cfg.Hooks {
 		if v, ok := h.(HookPublished); ok {
 			r.published = append(r.published, v)
@@ -257,6 +310,7 @@ func (r *Relay) Stats() RelayStats {
 		Batches:   r.stats.batches.Load(),
 		Published: r.stats.published.Load(),
 		Failed:    r.stats.failed.Load(),
+		Fenced:    r.stats.fenced.Load(),
 		Errors:    r.stats.errors.Load(),
 		Purged:    r.stats.purged.Load(),
 	}
@@ -316,120 +370,299 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// RelayOnce relays one batch: it locks up to BatchSize due rows, publishes
-// them grouped by destination, records each group's outcome and commits. It
-// returns the number of rows it locked. Run calls it in a loop; call it
+// RelayOnce relays one batch. It claims up to BatchSize due rows in a short
+// transaction, leasing them to this call for Lease, and commits; it
+// publishes them, grouped by destination, with no transaction open; then it
+// records each row's outcome (sent, or failed with its own error and
+// backoff) in a second short transaction, for the rows still leased to it.
+// It returns the number of rows it claimed. Run calls it in a loop; call it
 // directly to drive a relay from your own scheduler.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
-	tx, err := r.ob.db.Begin(ctx)
+	start := time.Now()
+	token, err := newLeaseToken()
 	if err != nil {
-		return 0, fmt.Errorf("outbox: relay: begin: %w", err)
+		return 0, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	batch, err := r.claim(ctx, token)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	r.stats.batches.Add(1)
+	// The database started the lease after start, by its own clock; by
+	// ours it expires no sooner than start + Lease.
+	deadline := start.Add(r.cfg.Lease - r.cfg.Lease/10)
 
-	type row struct {
-		seq      int64
-		attempts int
-		msg      *consumer.Message
-	}
-	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.BatchSize)
-	if err != nil {
-		return 0, r.ob.wrap("relay: select due rows", err)
-	}
 	var (
 		order  []string
-		groups = map[string][]row{}
-		n      int
+		groups = map[string][]*claimed{}
 	)
-	for rows.Next() {
-		var (
-			rw   row
-			dest string
-			m    = &consumer.Message{Partition: -1, Offset: -1}
-		)
-		if err := rows.Scan(&rw.seq, &dest, &m.ID, &m.Key, &m.Headers, &m.Body, &m.Timestamp, &rw.attempts); err != nil {
-			rows.Close()
-			return 0, r.ob.wrap("relay: read due rows", err)
-		}
-		m.Source = dest
-		rw.msg = m
+	for _, c := range batch {
+		dest := c.msg.Source
 		if _, ok := groups[dest]; !ok {
 			order = append(order, dest)
 		}
-		groups[dest] = append(groups[dest], rw)
-		n++
+		groups[dest] = append(groups[dest], c)
 	}
-	if err := rows.Err(); err != nil {
-		return 0, r.ob.wrap("relay: read due rows", err)
-	}
-	if n == 0 {
-		return 0, nil
-	}
-	r.stats.batches.Add(1)
-
-	var (
-		sent      []int64
-		published int64
-		failed    int64
-	)
 	for _, dest := range order {
 		g := groups[dest]
-		msgs := make([]*consumer.Message, len(g))
-		for i, rw := range g {
-			msgs[i] = rw.msg
-		}
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		perr := r.cfg.Publish(pctx, dest, msgs...)
-		cancel()
-		if perr == nil {
-			for _, h := range r.published {
-				h.OnPublished(ctx, dest, msgs, time.Since(start))
-			}
-			if r.afterPublish != nil {
-				if err := r.afterPublish(ctx); err != nil {
-					return n, err
-				}
-			}
-			for _, rw := range g {
-				sent = append(sent, rw.seq)
-			}
-			published += int64(len(g))
-			continue
-		}
-		seqs := make([]int64, len(g))
-		delays := make([]int64, len(g))
-		var retryIn time.Duration
-		for i, rw := range g {
-			seqs[i] = rw.seq
-			d := r.cfg.Backoff.delay(rw.attempts + 1)
-			delays[i] = d.Microseconds()
-			if i == 0 || d < retryIn {
-				retryIn = d
+		r.publishGroup(ctx, dest, g, deadline)
+		if r.afterPublish != nil && slices.ContainsFunc(g, func(c *claimed) bool { return c.outcome == outcomeSent }) {
+			if err := r.afterPublish(ctx); err != nil {
+				return len(batch), err
 			}
 		}
-		r.log.Warn("outbox: publish failed",
-			slog.String("destination", dest), slog.Int("messages", len(g)),
-			slog.Any("error", perr), slog.Duration("retry_in", retryIn))
-		for _, h := range r.failed {
-			h.OnPublishFailed(ctx, dest, msgs, perr, retryIn)
-		}
-		if _, err := tx.Exec(ctx, r.ob.sql.failed, seqs, truncate(perr.Error(), 2000), delays); err != nil {
-			return n, r.ob.wrap("relay: record failure", err)
-		}
-		failed += int64(len(g))
 	}
-	if len(sent) > 0 {
-		if _, err := tx.Exec(ctx, r.ob.sql.sent, sent); err != nil {
-			return n, r.ob.wrap("relay: mark sent", err)
+	return len(batch), r.record(ctx, token, batch)
+}
+
+// outcome is what became of a claimed row.
+type outcome int
+
+const (
+	outcomeUnstarted outcome = iota // not published: the lease ran out first
+	outcomeSent                     // confirmed by the broker
+	outcomeFailed                   // failed; err says why
+)
+
+// claimed is a row leased to a RelayOnce call, and its outcome.
+type claimed struct {
+	seq      int64
+	attempts int
+	msg      *consumer.Message
+	outcome  outcome
+	err      error
+	retryIn  time.Duration
+	// shared: err is the error of the group's first Publish call.
+	shared bool
+}
+
+// claim leases up to BatchSize due rows to token and returns them in the
+// order they were due.
+func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
+	tx, err := r.ob.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: claim: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.BatchSize, token, r.owner, r.cfg.Lease.Microseconds())
+	if err != nil {
+		return nil, r.ob.wrap("relay: claim due rows", err)
+	}
+	var (
+		batch []*claimed
+		due   = map[int64]time.Time{}
+	)
+	for rows.Next() {
+		var (
+			c     = &claimed{msg: &consumer.Message{Partition: -1, Offset: -1}}
+			m     = c.msg
+			dueAt time.Time
+		)
+		if err := rows.Scan(&c.seq, &m.Source, &m.ID, &m.Key, &m.Headers, &m.Body, &m.Timestamp, &c.attempts, &dueAt); err != nil {
+			rows.Close()
+			return nil, r.ob.wrap("relay: read claimed rows", err)
 		}
+		due[c.seq] = dueAt
+		batch = append(batch, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, r.ob.wrap("relay: read claimed rows", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return n, r.ob.wrap("relay: commit", err)
+		return nil, r.ob.wrap("relay: claim: commit", err)
 	}
-	r.stats.published.Add(published)
-	r.stats.failed.Add(failed)
-	return n, nil
+	slices.SortFunc(batch, func(a, b *claimed) int {
+		if c := due[a.seq].Compare(due[b.seq]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	return batch, nil
+}
+
+// publishGroup publishes the rows of one destination and sets each row's
+// outcome. A failed call that names its failed messages settles every row;
+// one that does not is followed by one call per message, so that a poison
+// message fails alone.
+func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, deadline time.Time) {
+	start := time.Now()
+	msgs := make([]*consumer.Message, len(g))
+	for i, c := range g {
+		msgs[i] = c.msg
+	}
+	started, err := r.publish(ctx, dest, msgs, deadline)
+	switch {
+	case !started:
+		return
+	case err == nil:
+		for _, c := range g {
+			c.outcome = outcomeSent
+		}
+	default:
+		if failed, ok := messageErrors(err, len(g)); ok {
+			for i, c := range g {
+				if e, bad := failed[i]; bad {
+					r.fail(c, e)
+				} else {
+					c.outcome = outcomeSent
+				}
+			}
+			break
+		}
+		if len(g) == 1 {
+			r.fail(g[0], err)
+			g[0].shared = true
+			break
+		}
+		r.log.Info("outbox: publish failed; publishing its messages one at a time",
+			slog.String("destination", dest), slog.Int("messages", len(g)), slog.Any("error", err))
+		for _, c := range g {
+			started, e := r.publish(ctx, dest, []*consumer.Message{c.msg}, deadline)
+			switch {
+			case !started:
+				// Out of time: this row failed with the group.
+				r.fail(c, err)
+				c.shared = true
+			case e == nil:
+				c.outcome = outcomeSent
+			default:
+				if failed, ok := messageErrors(e, 1); ok {
+					e = failed[0]
+				}
+				r.fail(c, e)
+			}
+		}
+	}
+	r.notify(ctx, dest, g, err, time.Since(start))
+}
+
+// publish makes one Publish call, cut short at deadline. It returns
+// started false, and makes no call, if deadline has passed.
+func (r *Relay) publish(ctx context.Context, dest string, msgs []*consumer.Message, deadline time.Time) (started bool, err error) {
+	left := time.Until(deadline)
+	if left <= 0 {
+		return false, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, min(r.cfg.PublishTimeout, left))
+	defer cancel()
+	return true, r.cfg.Publish(pctx, dest, msgs...)
+}
+
+// fail records on c that its publish failed with err, and when it is due
+// again.
+func (r *Relay) fail(c *claimed, err error) {
+	c.outcome = outcomeFailed
+	c.err = err
+	c.retryIn = r.cfg.Backoff.delay(c.attempts + 1)
+}
+
+// notify logs the failures of a group and calls the hooks. groupErr is the
+// error of the group's first Publish call: failures sharing it are reported
+// together.
+func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr error, took time.Duration) {
+	var sent []*consumer.Message
+	for _, c := range g {
+		if c.outcome == outcomeSent {
+			sent = append(sent, c.msg)
+		}
+	}
+	if len(sent) > 0 {
+		for _, h := range r.published {
+			h.OnPublished(ctx, dest, sent, took)
+		}
+	}
+	report := func(msgs []*consumer.Message, err error, retryIn time.Duration) {
+		r.log.Warn("outbox: publish failed",
+			slog.String("destination", dest), slog.Int("messages", len(msgs)),
+			slog.Any("error", err), slog.Duration("retry_in", retryIn))
+		for _, h := range r.failed {
+			h.OnPublishFailed(ctx, dest, msgs, err, retryIn)
+		}
+	}
+	var (
+		shared  []*consumer.Message
+		retryIn time.Duration
+	)
+	for _, c := range g {
+		switch {
+		case c.outcome != outcomeFailed:
+		case c.shared:
+			if len(shared) == 0 || c.retryIn < retryIn {
+				retryIn = c.retryIn
+			}
+			shared = append(shared, c.msg)
+		default:
+			report([]*consumer.Message{c.msg}, c.err, c.retryIn)
+		}
+	}
+	if len(shared) > 0 {
+		report(shared, groupErr, retryIn)
+	}
+}
+
+// record writes the outcomes of batch in one short transaction. Each update
+// applies only to rows still leased to token; the others are counted as
+// fenced.
+func (r *Relay) record(ctx context.Context, token string, batch []*claimed) error {
+	var (
+		sent, released, failed []int64
+		delays                 []int64
+		errs                   []string
+	)
+	for _, c := range batch {
+		switch c.outcome {
+		case outcomeSent:
+			sent = append(sent, c.seq)
+		case outcomeFailed:
+			failed = append(failed, c.seq)
+			delays = append(delays, c.retryIn.Microseconds())
+			errs = append(errs, truncate(c.err.Error(), 2000))
+		default:
+			released = append(released, c.seq)
+		}
+	}
+	tx, err := r.ob.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: record outcomes: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var nSent, nFailed, nReleased int64
+	if len(sent) > 0 {
+		tag, err := tx.Exec(ctx, r.ob.sql.sent, sent, token)
+		if err != nil {
+			return r.ob.wrap("relay: mark sent", err)
+		}
+		nSent = tag.RowsAffected()
+	}
+	if len(failed) > 0 {
+		tag, err := tx.Exec(ctx, r.ob.sql.failed, failed, token, delays, errs)
+		if err != nil {
+			return r.ob.wrap("relay: record failures", err)
+		}
+		nFailed = tag.RowsAffected()
+	}
+	if len(released) > 0 {
+		tag, err := tx.Exec(ctx, r.ob.sql.release, released, token)
+		if err != nil {
+			return r.ob.wrap("relay: release unpublished rows", err)
+		}
+		nReleased = tag.RowsAffected()
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return r.ob.wrap("relay: record outcomes: commit", err)
+	}
+	r.stats.published.Add(nSent)
+	r.stats.failed.Add(nFailed)
+	if fenced := int64(len(batch)) - nSent - nFailed - nReleased; fenced > 0 {
+		r.stats.fenced.Add(fenced)
+		r.log.Warn("outbox: lease lost before the outcomes were recorded; another relay claimed the rows since",
+			slog.Int64("rows", fenced), slog.Int("sent", len(sent)), slog.Int("failed", len(failed)))
+	}
+	if len(released) > 0 {
+		r.log.Warn("outbox: lease running out; rows released unpublished",
+			slog.Int("rows", len(released)), slog.Duration("lease", r.cfg.Lease))
+	}
+	return nil
 }
 
 func (r *Relay) janitor(ctx context.Context) {

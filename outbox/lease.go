@@ -1,0 +1,98 @@
+package outbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// MessageError reports that one message of a Publish call failed. A
+// PublishFunc returns one per failed message, alone, wrapped or joined with
+// errors.Join, to say which messages failed; it thereby promises that the
+// broker confirmed every message of the call it does not name. The relay
+// marks those sent and retries only the named ones.
+type MessageError struct {
+	// Index is the message's position in the Publish call's msgs.
+	Index int
+	// Err is why it failed.
+	Err error
+}
+
+// Error describes the failed message and why it failed.
+func (e *MessageError) Error() string {
+	return fmt.Sprintf("outbox: publish message %d: %v", e.Index, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *MessageError) Unwrap() error { return e.Err }
+
+// messageErrors returns the error of each failed message of a Publish call
+// of n messages, by index, if err consists only of *MessageError values
+// with indexes below n (joined, wrapped or alone). Otherwise ok is false:
+// err does not say which messages failed.
+func messageErrors(err error, n int) (failed map[int]error, ok bool) {
+	failed = map[int]error{}
+	var walk func(error) bool
+	walk = func(err error) bool {
+		var me *MessageError
+		switch x := err.(type) {
+		case nil:
+			return false
+		case *MessageError:
+			me = x
+		case interface{ Unwrap() []error }:
+			errs := x.Unwrap()
+			for _, e := range errs {
+				if !walk(e) {
+					return false
+				}
+			}
+			return len(errs) > 0
+		default:
+			if inner := errors.Unwrap(err); inner != nil {
+				return walk(inner)
+			}
+			return false
+		}
+		if me.Index < 0 || me.Index >= n || me.Err == nil {
+			return false
+		}
+		if prev, dup := failed[me.Index]; dup {
+			failed[me.Index] = errors.Join(prev, me.Err)
+		} else {
+			failed[me.Index] = me.Err
+		}
+		return true
+	}
+	if !walk(err) {
+		return nil, false
+	}
+	return failed, true
+}
+
+// newLeaseToken returns a random UUID (version 4), the fencing token of one
+// claim.
+func newLeaseToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("outbox: relay: lease token: %w", err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+}
+
+// leaseOwner names a relay in lease_owner: host, process id and a random
+// suffix telling relays of one process apart.
+func leaseOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
