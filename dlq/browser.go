@@ -117,20 +117,6 @@ func (r Record) FirstSeen() time.Time {
 	return t
 }
 
-// beyondHorizon reports whether the message may be older than the dedup
-// retention window, so that its dedup row may have been purged and a replay
-// could apply it a second time.
-func beyondHorizon(r Record, msg *consumer.Message, retention time.Duration, now time.Time) bool {
-	if retention <= 0 {
-		return false
-	}
-	first := r.FirstSeen()
-	if !msg.Timestamp.IsZero() && (first.IsZero() || msg.Timestamp.Before(first)) {
-		first = msg.Timestamp
-	}
-	return first.IsZero() || now.Sub(first) > retention
-}
-
 // readRecord parses the envelope of a browsed message. A message without
 // an envelope (dead-lettered by the broker itself, say) gets a record built
 // from the message.

@@ -46,9 +46,13 @@ type Item struct {
 	// AppliedAt is the dedup row's time, for already-applied and
 	// mismatched messages.
 	AppliedAt time.Time `json:"applied_at,omitzero"`
-	// BeyondHorizon reports that the message is older than the retention
-	// window: replay refuses it without Force.
+	// BeyondHorizon reports that the message's dedup row may have been
+	// purged (see ReplayConfig.Retention): replay refuses it without Force.
 	BeyondHorizon bool `json:"beyond_horizon"`
+	// HorizonReason says why, when BeyondHorizon is set: how old the
+	// message or its original is, or that a fingerprint mismatch's
+	// original row is gone.
+	HorizonReason string `json:"horizon_reason,omitempty"`
 }
 
 // Classification is the result of a dry run.
@@ -74,9 +78,15 @@ type ClassifyConfig struct {
 	// Consumer is the dedup scope to check. Defaults to each message's
 	// HeaderConsumer.
 	Consumer string
-	// Filter, Limit, Retention and VerifyKeys are as for Replay.
-	Filter     Filter
-	Limit      int
+	// Filter, Limit and VerifyKeys are as for Replay.
+	Filter Filter
+	Limit  int
+	// Retention is the dedup retention for the replay-horizon guard, as
+	// for Replay (a fingerprint mismatch is dated by its original, whose
+	// row is looked up in Store). Classify has no consumer configuration
+	// to take it from: set it to the live consumer's
+	// consumer.Config.Retention. Defaults to 0: no item is beyond the
+	// horizon.
 	Retention  time.Duration
 	VerifyKeys [][]byte
 	// Progress, if set, is called after each classified message.
@@ -100,6 +110,13 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 	if cfg.Consumer != "" {
 		filter.Consumer = cfg.Consumer
 	}
+	scope := func(r Record) string {
+		if cfg.Consumer != "" {
+			return cfg.Consumer
+		}
+		return r.Consumer
+	}
+	guard := horizon{retention: cfg.Retention, lookup: cfg.Store, scope: scope}
 	now := time.Now()
 	for cfg.Limit <= 0 || len(out.Items) < cfg.Limit {
 		d, err := cfg.Browser.Next(ctx)
@@ -119,11 +136,11 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		if !filter.Match(rec) {
 			continue
 		}
-		it := Item{Record: rec, BeyondHorizon: beyondHorizon(rec, msg, cfg.Retention, now)}
-		scope := cfg.Consumer
-		if scope == "" {
-			scope = rec.Consumer
+		reason, err := guard.check(ctx, rec, msg, now)
+		if err != nil {
+			return out, err
 		}
+		it := Item{Record: rec, BeyondHorizon: reason != "", HorizonReason: reason}
 		// An envelope without an id is a missing-id dead letter: never
 		// fall back to a broker-made id, which would apply it under an id
 		// no producer gave it.
@@ -134,7 +151,7 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		case id == "":
 			it.Verdict = VerdictMissingID
 		default:
-			it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope, id, msg)
+			it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope(rec), id, msg)
 		}
 		if err != nil {
 			return out, err

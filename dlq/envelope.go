@@ -47,6 +47,13 @@ const (
 	// HeaderHistory is a JSON array of the earlier failures (Entry
 	// objects), oldest first.
 	HeaderHistory = "x-idemq-history"
+	// HeaderOriginalProcessedAt is, for class fingerprint-mismatch, when
+	// the original message with the same id was applied
+	// (consumer.Failure.ProcessedAt): its dedup row is the one a replay
+	// depends on, so the replay-horizon guard dates the dead letter by it.
+	// Absent for other classes, and in envelopes written before it
+	// existed.
+	HeaderOriginalProcessedAt = "x-idemq-original-processed-at"
 )
 
 // Defaults for Options.
@@ -112,6 +119,10 @@ type Entry struct {
 	Partition    int32                 `json:"partition"`
 	Offset       int64                 `json:"offset"`
 	Host         string                `json:"host,omitempty"`
+	// ProcessedAt is, for class fingerprint-mismatch, when the original
+	// with the same id was applied (HeaderOriginalProcessedAt); zero if
+	// unknown or for other classes.
+	ProcessedAt time.Time `json:"original_processed_at,omitzero"`
 }
 
 // Record is a parsed envelope: the latest failure and the ones before it.
@@ -136,13 +147,13 @@ var ErrNoEnvelope = errors.New("dlq: message has no idemq failure envelope")
 func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer.Message {
 	opts = opts.withDefaults()
 	m := msg.Clone()
-	h := make(map[string]string, len(m.Headers)+12)
+	h := make(map[string]string, len(m.Headers)+13)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
 	cur := Entry{
 		Consumer: f.Consumer, MessageID: f.MessageID, Class: f.Class, Attempts: f.Attempts,
-		FirstFailure: f.FirstFailure.UTC(), LastFailure: f.LastFailure.UTC(),
+		FirstFailure: f.FirstFailure.UTC(), LastFailure: f.LastFailure.UTC(), ProcessedAt: f.ProcessedAt.UTC(),
 		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset, Host: opts.Host,
 	}
 	if f.Err != nil {
@@ -172,6 +183,12 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	h[HeaderAttempts] = strconv.Itoa(cur.Attempts)
 	h[HeaderFirstFailure] = formatTime(cur.FirstFailure)
 	h[HeaderLastFailure] = formatTime(cur.LastFailure)
+	// The header describes this failure only: an earlier one's moved into
+	// the history with its entry.
+	delete(h, HeaderOriginalProcessedAt)
+	if !cur.ProcessedAt.IsZero() {
+		h[HeaderOriginalProcessedAt] = formatTime(cur.ProcessedAt)
+	}
 	h[HeaderSource] = cur.Source
 	delete(h, HeaderPartition)
 	delete(h, HeaderOffset)
@@ -216,6 +233,9 @@ func Parse(msg *consumer.Message) (Record, error) {
 	}
 	if r.LastFailure, err = parseTime(h[HeaderLastFailure]); err != nil {
 		return r, bad(HeaderLastFailure, err)
+	}
+	if r.ProcessedAt, err = parseTime(h[HeaderOriginalProcessedAt]); err != nil {
+		return r, bad(HeaderOriginalProcessedAt, err)
 	}
 	if v := h[HeaderPartition]; v != "" {
 		p, err := strconv.ParseInt(v, 10, 32)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -18,7 +19,10 @@ type ReplayConfig struct {
 	// Consumer is the live consumer's configuration: the same Name (the
 	// dedup scope), DB, Store, Handler and MessageID, and a DeadLetterer
 	// for messages that fail again (normally the same dead-letter queue).
-	// Its Source is replaced by the browser.
+	// Its Source is replaced by the browser. Its Retention is the default
+	// of Retention below; the replay itself runs no janitor, so nothing is
+	// purged by the replay while it runs (the live consumer's janitor
+	// keeps its own schedule).
 	Consumer consumer.Config
 	// Filter selects what to replay. Filter.Consumer is forced to
 	// Consumer.Name. Messages that do not match stay in the queue.
@@ -27,12 +31,20 @@ type ReplayConfig struct {
 	Limit int
 	// Rate caps replayed messages per second. Defaults to 0: no cap.
 	Rate float64
-	// Retention is the dedup store's retention window. A message first
-	// seen longer ago than it may have lost its dedup row, so replaying it
-	// could apply it twice: it is left in the queue unless Force is set.
-	// Defaults to 0: no guard.
+	// Retention is the dedup store's retention window, for the
+	// replay-horizon guard: a message whose dedup row may have been purged
+	// could be applied twice by a replay, so it is left in the queue,
+	// counted as BeyondHorizon, unless Force is set. A message is dated by
+	// the earliest of its first failure (history included), its timestamp
+	// and, for a fingerprint mismatch, the time the original with the same
+	// id was applied (HeaderOriginalProcessedAt); a mismatch whose
+	// original's row is gone from Consumer.Store is refused too, and so is
+	// a mismatch envelope without that header when Consumer.Store cannot
+	// look rows up (see Lookuper). Defaults to Consumer.Retention, the live
+	// consumer's janitor window; with neither set there is no guard.
 	Retention time.Duration
-	// Force replays messages beyond the retention horizon too.
+	// Force replays messages beyond the retention horizon too: the only
+	// way to turn the guard off when Consumer.Retention is set.
 	Force bool
 	// VerifyKeys, if set, replays only messages whose envelope is signed
 	// (Options.SigningKey) with one of these keys; the others stay in the
@@ -89,7 +101,11 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	if cfg.Browser == nil {
 		return Result{}, &consumer.ConfigError{Field: "Browser", Reason: "required"}
 	}
-	if cfg.Limit < 0 || cfg.Rate < 0 || cfg.Retention < 0 {
+	retention := cfg.Retention
+	if retention == 0 {
+		retention = cfg.Consumer.Retention
+	}
+	if cfg.Limit < 0 || cfg.Rate < 0 || retention < 0 {
 		_ = cfg.Browser.Close()
 		return Result{}, &consumer.ConfigError{Field: "Limit/Rate/Retention", Reason: "negative"}
 	}
@@ -100,11 +116,22 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	}
 	filter := cfg.Filter
 	filter.Consumer = cfg.Consumer.Name
-	src := &replaySource{browser: cfg.Browser, filter: filter, limit: cfg.Limit, retention: cfg.Retention,
-		force: cfg.Force, rate: newLimiter(cfg.Rate), verify: verify}
+	lookup, _ := cfg.Consumer.Store.(Lookuper)
+	name := cfg.Consumer.Name
+	log := cfg.Consumer.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	src := &replaySource{browser: cfg.Browser, filter: filter, limit: cfg.Limit, force: cfg.Force,
+		guard: horizon{retention: retention, lookup: lookup, scope: func(Record) string { return name }},
+		rate:  newLimiter(cfg.Rate), verify: verify, log: log}
 
 	cc := cfg.Consumer
 	cc.Source = src
+	// No janitor in the replay: a purge now could remove the rows the
+	// guard just found, and a janitor would keep Run from returning at the
+	// end of the queue.
+	cc.Retention = 0
 	idFunc := cc.MessageID
 	if idFunc == nil {
 		idFunc = consumer.IDFromMessage
@@ -145,13 +172,14 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 
 // replaySource feeds the runtime the matching messages of a Browser.
 type replaySource struct {
-	browser   Browser
-	filter    Filter
-	limit     int
-	retention time.Duration
-	force     bool
-	rate      *limiter
-	verify    verifier
+	browser Browser
+	filter  Filter
+	limit   int
+	guard   horizon
+	force   bool
+	rate    *limiter
+	verify  verifier
+	log     *slog.Logger
 
 	mu  sync.Mutex // guards res and err against the hooks
 	res Result
@@ -189,6 +217,16 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		}
 		msg := d.Message()
 		rec, perr := readRecord(msg)
+		matched := perr == nil && s.filter.Match(rec)
+		trusted := matched && s.verify.trusted(msg)
+		var (
+			beyond string
+			gerr   error
+		)
+		if trusted && !s.force {
+			// Outside the lock: it may look the original's row up.
+			beyond, gerr = s.guard.check(ctx, rec, msg, time.Now())
+		}
 		s.mu.Lock()
 		s.res.Scanned++
 		switch {
@@ -196,17 +234,27 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 			s.res.Malformed++
 			s.mu.Unlock()
 			continue // left unacked: back in the queue at Close
-		case !s.filter.Match(rec):
+		case !matched:
 			s.mu.Unlock()
 			continue
-		case !s.verify.trusted(msg):
+		case !trusted:
 			s.res.Unverified++
 			s.mu.Unlock()
 			continue // left unacked: back in the queue at Close
-		case !s.force && beyondHorizon(rec, msg, s.retention, time.Now()):
+		case gerr != nil && ctx.Err() != nil:
+			s.mu.Unlock()
+			return nil, gerr
+		case gerr != nil:
+			// The guard could not look the original up: end the
+			// replay, this message left in the queue.
+			s.err = gerr
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: %w", errEnd, consumer.ErrSourceClosed)
+		case beyond != "":
 			s.res.BeyondHorizon++
 			s.mu.Unlock()
-			continue
+			s.log.Warn("idemq: dlq replay: left beyond the replay horizon", "message_id", rec.MessageID, "class", rec.Class, "reason", beyond)
+			continue // left unacked: back in the queue at Close
 		}
 		s.res.Matched++
 		s.mu.Unlock()

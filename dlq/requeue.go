@@ -32,12 +32,19 @@ type RequeueConfig struct {
 	// Consumer is the dedup scope for Store. Defaults to each message's
 	// HeaderConsumer.
 	Consumer string
-	// Filter, Limit, Rate, Retention, Force and VerifyKeys are as for
-	// Replay. Requeue publishes to each message's HeaderSource, so
-	// without VerifyKeys a forged envelope chooses where it goes.
-	Filter     Filter
-	Limit      int
-	Rate       float64
+	// Filter, Limit, Rate, Force and VerifyKeys are as for Replay.
+	// Requeue publishes to each message's HeaderSource, so without
+	// VerifyKeys a forged envelope chooses where it goes.
+	Filter Filter
+	Limit  int
+	Rate   float64
+	// Retention is the dedup retention for the replay-horizon guard, as
+	// for Replay: a fingerprint mismatch is dated by when its original was
+	// applied, and with Store set one whose original's row is gone is
+	// refused; without Store, a mismatch envelope that does not say when
+	// its original was applied (HeaderOriginalProcessedAt) is refused.
+	// Requeue has no consumer configuration to take it from: set it to the
+	// live consumer's consumer.Config.Retention. Defaults to 0: no guard.
 	Retention  time.Duration
 	Force      bool
 	VerifyKeys [][]byte
@@ -78,6 +85,16 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 	if cfg.Consumer != "" {
 		filter.Consumer = cfg.Consumer
 	}
+	scope := func(r Record) string {
+		if cfg.Consumer != "" {
+			return cfg.Consumer
+		}
+		return r.Consumer
+	}
+	guard := horizon{retention: cfg.Retention, lookup: cfg.Store, scope: scope}
+	if cfg.Force {
+		guard.retention = 0
+	}
 	progress := func() {
 		if cfg.Progress != nil {
 			cfg.Progress(res)
@@ -104,8 +121,14 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			res.Unverified++
 			progress()
 			continue
-		case !cfg.Force && beyondHorizon(rec, msg, cfg.Retention, time.Now()):
+		}
+		beyond, err := guard.check(ctx, rec, msg, time.Now())
+		if err != nil {
+			return res, err
+		}
+		if beyond != "" {
 			res.BeyondHorizon++
+			progress()
 			continue
 		}
 		done++
@@ -116,11 +139,7 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			continue
 		}
 		if cfg.Store != nil {
-			scope := cfg.Consumer
-			if scope == "" {
-				scope = rec.Consumer
-			}
-			verdict, _, err := lookupVerdict(ctx, cfg.Store, scope, rec.MessageID, msg)
+			verdict, _, err := lookupVerdict(ctx, cfg.Store, scope(rec), rec.MessageID, msg)
 			if err != nil {
 				return res, err
 			}
