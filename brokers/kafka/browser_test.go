@@ -77,7 +77,7 @@ func TestBrowserSnapshot(t *testing.T) {
 	e := newEnv(t, 3)
 	msgs := e.publish(t, "dead", 30, 7)
 	ts := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
-	extra := &consumer.Message{ID: "hdr-1", Key: "k0", Body: []byte("x"), Headers: map[string]string{"a": "1"}, Timestamp: ts}
+	extra := &consumer.Message{ID: "hdr-1", RecordKey: []byte("k0"), Body: []byte("x"), Headers: map[string]string{"a": "1"}, Timestamp: ts}
 	if err := e.pub.Publish(ctx, e.topic, extra); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestBrowserGroupCommit(t *testing.T) {
 	}
 	publishTo := func(part int, msgs []*consumer.Message) {
 		for _, m := range msgs {
-			m.Key = keyFor(t, part, 2)
+			m.RecordKey = []byte(keyFor(t, part, 2))
 		}
 		if err := e.pub.Publish(ctx, e.topic, msgs...); err != nil {
 			t.Fatal(err)

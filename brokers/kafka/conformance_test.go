@@ -38,8 +38,24 @@ func TestConformance(t *testing.T) {
 
 type harness struct{ e *env }
 
+// Publish publishes msgs with their Key as the record key: the suite's Key
+// is the key whose order it checks, and Kafka orders by record key (a
+// Publisher writes RecordKey, never Key).
 func (h *harness) Publish(ctx context.Context, msgs ...*consumer.Message) error {
-	return h.e.pub.Publish(ctx, h.e.topic, msgs...)
+	return h.e.pub.Publish(ctx, h.e.topic, withRecordKeys(msgs)...)
+}
+
+// withRecordKeys returns copies of msgs whose RecordKey is their Key.
+func withRecordKeys(msgs []*consumer.Message) []*consumer.Message {
+	out := make([]*consumer.Message, len(msgs))
+	for i, m := range msgs {
+		c := m.Clone()
+		if c.Key != "" {
+			c.RecordKey = []byte(c.Key)
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // NewSource returns once the new source is a member of the group with an
@@ -59,8 +75,8 @@ func (h *harness) NewSource(t *testing.T) consumer.Source {
 // keySource presents the record key as Message.Key, because the suite
 // compares Message.Key with the published key. The Kafka Source's Key is the
 // ordering key "topic/partition" (the runtime serialises on it); the record
-// key is in Metadata["kafka.key"]. keySource checks the ordering key and
-// passes everything else through untouched.
+// key is RecordKey. keySource checks the ordering key and passes everything
+// else through untouched.
 type keySource struct {
 	t *testing.T
 	*kafka.Source
@@ -76,7 +92,10 @@ func (k *keySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		k.t.Errorf("ordering key: got %q, want %q", m.Key, want)
 	}
 	c := m.Clone()
-	c.Key = m.Metadata["kafka.key"]
+	if m.Metadata["kafka.key"] != string(m.RecordKey) {
+		k.t.Errorf("record key %q, but Metadata[kafka.key] %q", m.RecordKey, m.Metadata["kafka.key"])
+	}
+	c.Key = string(m.RecordKey)
 	return keyDelivery{Delivery: d, msg: c}, nil
 }
 

@@ -133,7 +133,7 @@ func TestE2EDuplicates(t *testing.T) {
 	const n = 50
 	var msgs []*consumer.Message
 	for i := range n {
-		m := &consumer.Message{ID: fmt.Sprintf("order-%d", i), Key: fmt.Sprint(i), Body: fmt.Appendf(nil, "order-%d", i)}
+		m := &consumer.Message{ID: fmt.Sprintf("order-%d", i), RecordKey: fmt.Append(nil, i), Body: fmt.Appendf(nil, "order-%d", i)}
 		msgs = append(msgs, m, m.Clone()) // a producer retry: a second record
 	}
 	if err := e.pub.Publish(ctx, e.topic, msgs...); err != nil {
@@ -297,7 +297,7 @@ func testE2ERebalance(t *testing.T, drain, work time.Duration) {
 		for i := 0; i < n; i += 10 {
 			msgs := make([]*consumer.Message, 10)
 			for j := range msgs {
-				msgs[j] = &consumer.Message{ID: fmt.Sprint("rb-", i+j), Key: fmt.Sprint(i + j), Body: fmt.Appendf(nil, "rb-%04d", i+j)}
+				msgs[j] = &consumer.Message{ID: fmt.Sprint("rb-", i+j), RecordKey: fmt.Append(nil, i+j), Body: fmt.Appendf(nil, "rb-%04d", i+j)}
 			}
 			if err := e.pub.Publish(ctx, e.topic, msgs...); err != nil {
 				t.Errorf("publish: %v", err)

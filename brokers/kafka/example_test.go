@@ -82,9 +82,9 @@ func ExamplePublisher_Publish() {
 	}
 	defer pub.Close()
 	err = pub.Publish(context.Background(), "orders", &consumer.Message{
-		ID:   "order-1042",  // written to the "idempotency-key" header
-		Key:  "customer-17", // orders of one customer stay in one partition
-		Body: []byte(`{"id":1042,"total":"9.90"}`),
+		ID:        "order-1042",          // written to the "idempotency-key" header
+		RecordKey: []byte("customer-17"), // orders of one customer stay in one partition
+		Body:      []byte(`{"id":1042,"total":"9.90"}`),
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"strconv"
@@ -53,6 +54,9 @@ func FuzzRecordMapping(f *testing.F) {
 			string(m.Body) != string(v1) || m.Metadata["kafka.offset"] != strconv.FormatInt(offset, 10) {
 			t.Fatalf("message %+v from record %+v", m, rec)
 		}
+		if (m.RecordKey == nil) != (key == nil) || !bytes.Equal(m.RecordKey, key) {
+			t.Fatalf("record key %q (nil %v), want %q (nil %v)", m.RecordKey, m.RecordKey == nil, key, key == nil)
+		}
 	})
 }
 
@@ -71,7 +75,7 @@ func FuzzPublishRoundTrip(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer func() { _ = p.Close() }()
-		in := &consumer.Message{ID: id, Key: key, Body: body, Headers: map[string]string{k1: v1, k2: v2}}
+		in := &consumer.Message{ID: id, Key: "ordering/key", RecordKey: []byte(key), Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		rec := p.record(topic, in)
 		rec.Partition, rec.Offset = 1, 7
 		out := mapper{idHeader: DefaultIDHeader, keyMode: KeyRecord}.message(rec)
@@ -89,6 +93,9 @@ func FuzzPublishRoundTrip(f *testing.F) {
 		}
 		if out.ID != wantID || string(out.Body) != string(body) || out.Key != topic+"/1/"+key {
 			t.Fatalf("read back id %q key %q body %q from id %q key %q body %q", out.ID, out.Key, out.Body, id, key, body)
+		}
+		if string(rec.Key) != key || rec.Key == nil || !bytes.Equal(out.RecordKey, []byte(key)) {
+			t.Fatalf("record key written %q, read back %q, from RecordKey %q (Key %q is the ordering key, never written)", rec.Key, out.RecordKey, key, in.Key)
 		}
 	})
 }

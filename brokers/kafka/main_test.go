@@ -100,9 +100,9 @@ func (e *env) publish(t *testing.T, prefix string, n, keys int) []*consumer.Mess
 	msgs := make([]*consumer.Message, n)
 	for i := range msgs {
 		msgs[i] = &consumer.Message{
-			ID:   fmt.Sprintf("%s-%04d", prefix, i),
-			Key:  fmt.Sprintf("k%d", i%keys),
-			Body: fmt.Appendf(nil, "%s-%04d", prefix, i),
+			ID:        fmt.Sprintf("%s-%04d", prefix, i),
+			RecordKey: fmt.Appendf(nil, "k%d", i%keys),
+			Body:      fmt.Appendf(nil, "%s-%04d", prefix, i),
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -15,8 +15,9 @@ type mapper struct {
 	keyMode         KeyMode
 }
 
-// message converts a kafka-go record. Metadata holds the record's
-// coordinates and key; callers add their own entries.
+// message converts a kafka-go record. Key is the runtime's ordering key
+// (see KeyMode) and RecordKey the record's own key, byte for byte; Metadata
+// holds the record's coordinates and key; callers add their own entries.
 func (mp mapper) message(m kafkago.Message) *consumer.Message {
 	headers := make(map[string]string, len(m.Headers))
 	for _, h := range m.Headers {
@@ -33,6 +34,7 @@ func (mp mapper) message(m kafkago.Message) *consumer.Message {
 	return &consumer.Message{
 		ID:        id,
 		Key:       key,
+		RecordKey: recordKey(m.Key),
 		Body:      m.Value,
 		Headers:   headers,
 		Source:    m.Topic,
@@ -46,4 +48,13 @@ func (mp mapper) message(m kafkago.Message) *consumer.Message {
 			"kafka.key":       string(m.Key),
 		},
 	}
+}
+
+// recordKey returns k as a Message.RecordKey: nil for a null key, a
+// non-nil (possibly empty) slice otherwise.
+func recordKey(k []byte) []byte {
+	if k == nil {
+		return nil
+	}
+	return append([]byte{}, k...)
 }

@@ -60,9 +60,12 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // Publish writes msgs to topic and returns once every one of them is
 // acknowledged by all in-sync replicas, or with an error. Message.ID goes to
 // the IDHeader header (replacing a header of that name in Headers),
-// Headers to record headers, Key to the record key (records with the same
-// key go to the same partition, by the Java client's murmur2 hash), Body to
-// the value and Timestamp, if set, to the record timestamp. Other fields are
+// Headers to record headers, RecordKey to the record key (nil writes a null
+// key; records with the same key go to the same partition, by the Java
+// client's murmur2 hash), Body to the value and Timestamp, if set, to the
+// record timestamp. Message.Key, the runtime's ordering key (for a consumed
+// record "topic/partition"), is never written: a dead-lettered or requeued
+// record keeps the record key it was consumed with. Other fields are
 // ignored. On error some messages may have been written.
 func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer.Message) error {
 	if err := validTopic(topic); err != nil {
@@ -94,8 +97,8 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer
 
 func (p *Publisher) record(topic string, m *consumer.Message) kafkago.Message {
 	r := kafkago.Message{Topic: topic, Value: m.Body, Time: m.Timestamp}
-	if m.Key != "" {
-		r.Key = []byte(m.Key)
+	if m.RecordKey != nil {
+		r.Key = m.RecordKey
 	}
 	names := make([]string, 0, len(m.Headers))
 	for k := range m.Headers {

@@ -36,7 +36,7 @@ func TestMessageFields(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	e := newEnv(t, 1)
 	ts := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
-	in := &consumer.Message{ID: "order-1", Key: "customer-7", Body: []byte("hello"), Headers: map[string]string{"a": "1", "idempotency-key": "overridden"}, Timestamp: ts}
+	in := &consumer.Message{ID: "order-1", RecordKey: []byte("customer-7"), Body: []byte("hello"), Headers: map[string]string{"a": "1", "idempotency-key": "overridden"}, Timestamp: ts}
 	if err := e.pub.Publish(ctx, e.topic, in); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestMessageFields(t *testing.T) {
 func TestKeyRecord(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	e := newEnv(t, 1)
-	if err := e.pub.Publish(ctx, e.topic, &consumer.Message{ID: "1", Key: "a", Body: []byte("x")}, &consumer.Message{ID: "2", Body: []byte("y")}); err != nil {
+	if err := e.pub.Publish(ctx, e.topic, &consumer.Message{ID: "1", RecordKey: []byte("a"), Body: []byte("x")}, &consumer.Message{ID: "2", Body: []byte("y")}); err != nil {
 		t.Fatal(err)
 	}
 	s := e.source(t, func(c *kafka.Config) { c.KeyMode = kafka.KeyRecord })
@@ -320,7 +320,7 @@ func TestRebalance(t *testing.T) {
 		for i := 0; i < n; i += 10 {
 			msgs := make([]*consumer.Message, 10)
 			for j := range msgs {
-				msgs[j] = &consumer.Message{ID: fmt.Sprint(i + j), Key: fmt.Sprint(i + j), Body: fmt.Appendf(nil, "r-%04d", i+j)}
+				msgs[j] = &consumer.Message{ID: fmt.Sprint(i + j), RecordKey: fmt.Append(nil, i+j), Body: fmt.Appendf(nil, "r-%04d", i+j)}
 			}
 			if err := e.pub.Publish(ctx, e.topic, msgs...); err != nil {
 				t.Errorf("publish: %v", err)

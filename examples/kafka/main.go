@@ -361,7 +361,7 @@ func newWorkload(o options) *workload {
 // a partition and keep their order.
 func message(ord Order) *consumer.Message {
 	body, _ := json.Marshal(ord)
-	return &consumer.Message{ID: ord.OrderID, Key: ord.Customer, Body: body, Timestamp: time.Now(),
+	return &consumer.Message{ID: ord.OrderID, RecordKey: []byte(ord.Customer), Body: body, Timestamp: time.Now(),
 		Headers: map[string]string{"content-type": "application/json"}}
 }
 
