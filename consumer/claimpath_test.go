@@ -106,7 +106,13 @@ func TestClaimPathsFailingClaimIsRetried(t *testing.T) {
 				pool.Close()
 			}
 		}()
-		if _, err := b.pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{b.schema, b.store.Table()}.Sanitize()+" RENAME TO hidden"); err != nil {
+		// A trigger makes every claim fail with a database error (a
+		// missing table would stop the runtime: see
+		// TestEdgeMissingDedupTableStopsRun).
+		table := pgx.Identifier{b.schema, b.store.Table()}.Sanitize()
+		fn := pgx.Identifier{b.schema, "refuse_claims"}.Sanitize()
+		if _, err := b.pool.Exec(ctx, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'claims refused'; END$$; "+
+			"CREATE TRIGGER refuse BEFORE INSERT ON "+table+" FOR EACH ROW EXECUTE FUNCTION "+fn+"()"); err != nil {
 			t.Fatal(err)
 		}
 		b.publish(msgs("m", 3)...)
@@ -121,9 +127,9 @@ func TestClaimPathsFailingClaimIsRetried(t *testing.T) {
 			t.Fatalf("%d connections acquired for concurrency %d: failed claims leak them", pool.Stat().AcquiredConns(), cfg.Concurrency)
 		}
 		if s := r.rt.Stats(); s.Applied != 0 || s.DeadLettered != 0 || b.broker.Unacked(queue)+b.broker.Ready(queue) != 3 {
-			t.Fatalf("with no dedup table: stats %+v, %d unacked", s, b.broker.Unacked(queue))
+			t.Fatalf("with failing claims: stats %+v, %d unacked", s, b.broker.Unacked(queue))
 		}
-		if _, err := b.pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{b.schema, "hidden"}.Sanitize()+" RENAME TO "+pgx.Identifier{b.store.Table()}.Sanitize()); err != nil {
+		if _, err := b.pool.Exec(ctx, "DROP TRIGGER refuse ON "+table); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "applied", func() bool { return b.settled() && r.rt.Stats().Applied == 3 })

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Config configures a Runtime. The zero value of every optional field selects
@@ -17,7 +19,10 @@ type Config struct {
 	// Run returns.
 	Source Source
 	// DB begins the per-message transactions, typically a *pgxpool.Pool
-	// sized to at least Concurrency connections. Required.
+	// sized to at least Concurrency connections. Required. A pgx.Tx is
+	// refused (its commits are savepoint releases, not durable), and so is
+	// a *pgx.Conn unless Concurrency is 1 and Retention is 0 (it is one
+	// connection, not safe for concurrent use).
 	DB DB
 	// Store records claims. Required; use processed.New.
 	Store Store
@@ -100,6 +105,27 @@ type RetryConfig struct {
 	MaxInterval time.Duration
 	// MaxElapsed caps the time spent retrying one message. Defaults to 1m.
 	MaxElapsed time.Duration
+	// MaxConnLosses is how many times one message's transaction may lose
+	// its database connection, while the database stays reachable, before
+	// the message is dead-lettered as ClassRetryableExhausted: a message
+	// that deterministically costs its connection (a statement that kills
+	// its backend, idle_in_transaction_session_timeout under a slow
+	// handler) is poison. Losses while the database is unreachable (an
+	// outage, a restart) never count: those are retried for as long as it
+	// takes. Defaults to 5.
+	MaxConnLosses int
+}
+
+// isTx reports whether db is a transaction: its Begin starts a savepoint.
+func isTx(db DB) bool {
+	_, ok := db.(pgx.Tx)
+	return ok
+}
+
+// isConn reports whether db is a single connection.
+func isConn(db DB) bool {
+	_, ok := db.(*pgx.Conn)
+	return ok
 }
 
 // Defaults for Config.
@@ -113,6 +139,7 @@ const (
 	DefaultInitialInterval = 100 * time.Millisecond
 	DefaultMaxInterval     = 5 * time.Second
 	DefaultMaxElapsed      = time.Minute
+	DefaultMaxConnLosses   = 5
 	DefaultBatchSize       = 100
 	DefaultBatchWait       = 5 * time.Millisecond
 	maxBatchSize           = 10_000
@@ -173,6 +200,9 @@ func (r RetryConfig) withDefaults() RetryConfig {
 	if r.MaxElapsed == 0 {
 		r.MaxElapsed = DefaultMaxElapsed
 	}
+	if r.MaxConnLosses == 0 {
+		r.MaxConnLosses = DefaultMaxConnLosses
+	}
 	return r
 }
 
@@ -191,6 +221,14 @@ func (c Config) validate() error {
 		return bad("Source", "required")
 	case c.DB == nil:
 		return bad("DB", "required")
+	case isTx(c.DB):
+		return bad("DB", "a pgx.Tx cannot be the runtime's DB: each message's commit would only release a savepoint, "+
+			"so messages would be acked before their effects are durable, and lost if the outer transaction rolls back; pass a *pgxpool.Pool")
+	case isConn(c.DB) && c.Concurrency > 1:
+		return bad("DB", "a *pgx.Conn is one connection and is not safe for concurrent use, but Concurrency is %d; "+
+			"pass a *pgxpool.Pool, or set Concurrency to 1", c.Concurrency)
+	case isConn(c.DB) && c.Retention > 0:
+		return bad("DB", "a *pgx.Conn is one connection, and the janitor that Retention starts would use it concurrently with the worker; pass a *pgxpool.Pool")
 	case c.Store == nil:
 		return bad("Store", "required")
 	case c.Handler == nil && c.BatchHandler == nil:
@@ -221,6 +259,8 @@ func (c Config) validate() error {
 		return bad("Purger", "required when Retention is set, and Store is not a Purger")
 	case c.JanitorInterval < 0:
 		return bad("JanitorInterval", "negative")
+	case c.Retry.MaxConnLosses < 1:
+		return bad("Retry.MaxConnLosses", "%d, must be at least 1", c.Retry.MaxConnLosses)
 	case c.Retry.MaxAttempts < 1:
 		return bad("Retry.MaxAttempts", "%d, must be at least 1", c.Retry.MaxAttempts)
 	case c.Retry.InitialInterval < 0 || c.Retry.MaxInterval < 0 || c.Retry.MaxElapsed < 0:

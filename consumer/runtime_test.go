@@ -149,20 +149,44 @@ func TestPermanentErrorDeadLetteredBeforeAck(t *testing.T) {
 	}
 }
 
-func TestDeadLetterFailureRequeuesNeverAcks(t *testing.T) {
+func TestDeadLetterFailureRetriesNeverAcks(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
-	b.dlq.failNext = 4 // the runtime tries 3 times per delivery, so the first delivery fails
+	b.dlq.failNext = 4
 	b.publish(msg("poison", "bad"))
 	r := start(t, b.config(func(context.Context, pgx.Tx, *consumer.Message) error {
 		return consumer.Permanent(errors.New("no"))
 	}))
 	waitFor(t, "dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 1 && b.settled() })
-	if s := r.rt.Stats(); s.Requeued < 1 || s.Received < 2 {
-		t.Fatalf("expected a requeue and a redelivery, stats %+v", s)
+	if s := r.rt.Stats(); s.Requeued != 0 || s.Received != 1 || s.AckFailures != 0 {
+		t.Fatalf("stats %+v: the dead letter is retried in place until stored, then acked once", s)
 	}
 	if n := len(b.dlq.list()); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
+	}
+}
+
+func TestDeadLetterFailureAtShutdownRequeues(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.dlq.failNext = 1 << 30
+	b.publish(msg("poison", "bad"))
+	cfg := b.config(func(context.Context, pgx.Tx, *consumer.Message) error {
+		return consumer.Permanent(errors.New("no"))
+	})
+	cfg.ShutdownTimeout = 100 * time.Millisecond
+	r := start(t, cfg)
+	waitFor(t, "a few failed dead letters", func() bool {
+		b.dlq.mu.Lock()
+		defer b.dlq.mu.Unlock()
+		return b.dlq.failNext < 1<<30-2
+	})
+	if b.broker.Unacked(queue) != 1 {
+		t.Fatal("the message must stay unacked while its dead letter fails")
+	}
+	r.stop(t)
+	if s := r.rt.Stats(); s.Requeued != 1 || s.DeadLettered != 0 || b.broker.Ready(queue) != 1 {
+		t.Fatalf("stats %+v, %d ready: at shutdown the message is requeued, never acked", s, b.broker.Ready(queue))
 	}
 }
 

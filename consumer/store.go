@@ -7,8 +7,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DB begins transactions. *pgxpool.Pool, *pgx.Conn and pgx.Tx (which begins a
-// savepoint) all satisfy it.
+// DB begins transactions: a *pgxpool.Pool, or a *pgx.Conn with Concurrency 1.
+// A pgx.Tx satisfies the interface but Config.validate refuses it: its
+// Begin starts a savepoint, whose release is not durable.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

@@ -1,0 +1,507 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// This file is the attempt engine: one transaction over one message (per
+// message mode) or a group of them (batch mode), and the one classifier of
+// what the attempt came to. settle.go decides what to do about it.
+
+// outcome is what one attempt's transaction came to.
+type outcome int
+
+const (
+	// outApplied: the transaction committed. The claims say, per item,
+	// whether it was new (applied), a duplicate or a mismatch.
+	outApplied outcome = iota
+	// outHandlerErr: the transaction definitely rolled back because of a
+	// message: its handler returned an error or panicked, left the
+	// transaction aborted (a statement failed and its error was ignored)
+	// or ended it itself, or COMMIT was refused (a deferred constraint).
+	// failed is the item's index, or -1 when no single message is known
+	// (a BatchHandler, a refused COMMIT).
+	outHandlerErr
+	// outConflict: the transaction definitely rolled back on a
+	// serialization failure or deadlock (40001, 40P01): a race between
+	// transactions, nobody's fault. Retried whole.
+	outConflict
+	// outConnLost: the connection died after the handler started, in the
+	// handler or at COMMIT, so the outcome may be unknown. Never acked:
+	// the next attempt's claim finds out whether it committed.
+	outConnLost
+	// outInfraErr: BEGIN or the claim failed: the database's fault, not
+	// the message's.
+	outInfraErr
+	// outFatal: the dedup store cannot work at all (its table does not
+	// exist): the runtime stops.
+	outFatal
+)
+
+// attemptResult is the result of one attempt over a group of items.
+type attemptResult struct {
+	out      outcome
+	err      error
+	failed   int  // for outHandlerErr: the failing item, or -1
+	timedOut bool // the failing handler ran over HandlerTimeout
+	claims   []ClaimResult
+	handler  []time.Duration // per item: its handler call (the batch handler's, with BatchHandler)
+	commit   time.Duration
+	dur      time.Duration // the whole transaction
+}
+
+// item is a delivery that passed the input checks.
+type item struct {
+	del   Delivery
+	msg   *Message
+	claim Claim
+	log   *slog.Logger
+}
+
+// precheck extracts the message id and checks the input. A message that
+// cannot be handled is dead-lettered (or requeued at shutdown) and ok is
+// false.
+func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool) {
+	msg := del.Message()
+	// The runtime logs at Error and below: with those off (the default
+	// discarding logger), skip building a per-message logger.
+	logging := r.log.Enabled(ctx, slog.LevelError)
+	log := r.log
+	if logging {
+		log = log.With("source", msg.Source)
+	}
+	if ctx.Err() != nil {
+		r.requeue(del, log)
+		return it, false
+	}
+	id, err := r.messageID(msg)
+	switch {
+	case err != nil:
+	case id == "":
+		err = errors.New("message has no id")
+	case len(id) > r.cfg.MaxIDBytes:
+		err = fmt.Errorf("message id is %d bytes, over the %d-byte limit", len(id), r.cfg.MaxIDBytes)
+		id = ""
+	case !isText(id):
+		// Postgres would refuse it on every claim, forever.
+		err = fmt.Errorf("message id %q is not valid UTF-8 text (or holds a NUL byte), which Postgres cannot store", id)
+		id = ""
+	}
+	if err != nil {
+		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
+		return it, false
+	}
+	if logging {
+		log = log.With("message_id", id)
+	}
+	if r.cfg.MaxBodyBytes >= 0 && len(msg.Body) > r.cfg.MaxBodyBytes {
+		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
+			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
+		return it, false
+	}
+	claim := Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
+		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset}
+	return item{del: del, msg: msg, claim: claim, log: log}, true
+}
+
+// isText reports whether s can be stored in a Postgres text column: valid
+// UTF-8 without NUL bytes.
+func isText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// toText makes s storable in a Postgres text column, replacing invalid
+// UTF-8 and NUL bytes with U+FFFD. It is used for forensic fields only.
+func toText(s string) string {
+	if isText(s) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// messageID runs Config.MessageID, turning a panic into an error: a
+// body-dependent panic is the message's fault, and it is dead-lettered as
+// ClassMissingID instead of crashing the process.
+func (r *Runtime) messageID(msg *Message) (id string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			id, err = "", fmt.Errorf("MessageID function panicked: %v", v)
+			r.log.Error("idemq: MessageID function panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		}
+	}()
+	return r.cfg.MessageID(msg)
+}
+
+// attempt runs one transaction over items: begin, claim them all, run the
+// handler for each new one (or the BatchHandler once for all of them), and
+// commit. attemptNo is the 1-based attempt number handlers see.
+func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) attemptResult {
+	start := time.Now()
+	tx, claims, err := r.beginClaims(ctx, items)
+	if tx != nil {
+		defer r.rollback(ctx, tx)
+	}
+	if err != nil {
+		if errors.Is(err, ErrNotMigrated) {
+			return attemptResult{out: outFatal, err: err}
+		}
+		return attemptResult{out: outInfraErr, err: err}
+	}
+	res := attemptResult{claims: claims, handler: make([]time.Duration, len(items))}
+
+	if r.cfg.BatchHandler != nil && len(items) > 1 {
+		var msgs []*Message
+		for i, it := range items {
+			if claims[i].Outcome == ClaimNew {
+				it.msg.Attempt = attemptNo
+				msgs = append(msgs, it.msg)
+			}
+		}
+		if len(msgs) > 0 {
+			hctx, cancel := r.handlerContext(ctx)
+			hstart := time.Now()
+			err := r.callBatchHandler(hctx, tx, msgs)
+			if err == nil {
+				err = handlerMisuse(tx)
+			}
+			d := time.Since(hstart)
+			for i := range res.handler {
+				res.handler[i] = d
+			}
+			if err != nil {
+				fail := classifyHandlerErr(ctx, hctx, tx, err, -1)
+				cancel()
+				return fail
+			}
+			cancel()
+		}
+	} else {
+		for i, it := range items {
+			if claims[i].Outcome != ClaimNew {
+				continue
+			}
+			it.msg.Attempt = attemptNo
+			hctx, cancel := r.handlerContext(ctx)
+			hstart := time.Now()
+			err := r.callHandler(hctx, tx, it.msg)
+			if err == nil {
+				err = handlerMisuse(tx)
+			}
+			res.handler[i] = time.Since(hstart)
+			if err != nil {
+				fail := classifyHandlerErr(ctx, hctx, tx, err, i)
+				cancel()
+				return fail
+			}
+			cancel()
+		}
+	}
+
+	res.out = outApplied
+	if !slices.ContainsFunc(claims, func(c ClaimResult) bool { return c.Outcome == ClaimNew }) {
+		// Nothing new: nothing to commit. The deferred rollback ends tx.
+		res.dur = time.Since(start)
+		return res
+	}
+	cstart := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return classifyCommitErr(err)
+	}
+	r.commits.Add(1)
+	res.commit = time.Since(cstart)
+	res.dur = time.Since(start)
+	return res
+}
+
+// errStatementIgnored is the handler error of a handler that returned nil
+// from a transaction it had left aborted.
+var errStatementIgnored = errors.New("a statement in the handler's transaction failed and the handler returned nil, ignoring its error: " +
+	"Postgres aborted the transaction, so nothing was applied (return the statement's error, or run the statement in a savepoint with tx.Begin to recover from it)")
+
+// errTxEnded is the handler error of a handler that committed or rolled back
+// the runtime's transaction itself.
+var errTxEnded = errors.New("the handler ended the runtime's transaction itself (tx.Commit or tx.Rollback): " +
+	"handlers must leave that to the runtime; if it committed, its effect and the dedup row are durable and a replay will skip the message as a duplicate")
+
+// handlerMisuse checks, after a handler returned nil, that it left the
+// transaction usable: not aborted by a failed statement whose error it
+// ignored (COMMIT would only answer ROLLBACK), and not ended by the handler
+// itself. Both are the message's handler's fault, and definite: nothing
+// the handler did in tx is committed by the runtime.
+func handlerMisuse(tx pgx.Tx) error {
+	c := tx.Conn()
+	if c == nil || c.IsClosed() {
+		return nil // a lost connection is found by the commit
+	}
+	switch c.PgConn().TxStatus() {
+	case 'E':
+		return errStatementIgnored
+	case 'I':
+		return Permanent(errTxEnded)
+	}
+	return nil
+}
+
+// classifyHandlerErr says what a handler error (of item i, or -1) means.
+func classifyHandlerErr(ctx, hctx context.Context, tx pgx.Tx, err error, i int) attemptResult {
+	// pgx closes a connection whose query was cancelled, so check for a
+	// timeout before blaming the database.
+	timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	if !timedOut && connLost(tx) {
+		return attemptResult{out: outConnLost, err: fmt.Errorf("handler: database connection lost: %w", err), failed: i}
+	}
+	if isConflict(err) {
+		return attemptResult{out: outConflict, err: err, failed: i}
+	}
+	return attemptResult{out: outHandlerErr, err: err, failed: i, timedOut: timedOut}
+}
+
+// classifyCommitErr says what a failed COMMIT means.
+func classifyCommitErr(err error) attemptResult {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && isConflict(err):
+		return attemptResult{out: outConflict, err: fmt.Errorf("commit: %w", err), failed: -1}
+	case errors.As(err, &pgErr):
+		// The server answered: the transaction definitely rolled back
+		// (a deferred constraint, say).
+		return attemptResult{out: outHandlerErr, err: fmt.Errorf("commit: %w", err), failed: -1}
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		// COMMIT answered ROLLBACK: the transaction was aborted.
+		return attemptResult{out: outHandlerErr, err: fmt.Errorf("commit: %w: %w", errStatementIgnored, err), failed: -1}
+	case errors.Is(err, pgx.ErrTxClosed):
+		return attemptResult{out: outHandlerErr, err: Permanent(fmt.Errorf("commit: %w: %w", errTxEnded, err)), failed: -1}
+	}
+	// The outcome is unknown. Never ack on it: the next attempt's claim
+	// finds out whether it committed.
+	return attemptResult{out: outConnLost, err: fmt.Errorf("commit outcome unknown: %w", err), failed: -1}
+}
+
+// isConflict reports whether err is a serialization failure or a deadlock.
+func isConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// connLost reports whether tx's connection died, which makes a handler
+// error the database's fault rather than the message's.
+func connLost(tx pgx.Tx) bool {
+	c := tx.Conn()
+	return c != nil && c.IsClosed()
+}
+
+// beginClaims begins a transaction and claims items in it. One item on a
+// pool or connection with the processed store goes in one pipelined round
+// trip; a group is claimed with one statement where the store allows it. A
+// non-nil tx must be rolled back by the caller, also when err is not nil.
+func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []ClaimResult, error) {
+	if len(items) == 1 {
+		tx, res, err := r.beginClaim(ctx, items[0].claim)
+		if err != nil {
+			return tx, nil, err
+		}
+		return tx, []ClaimResult{res}, nil
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	claims, err := r.claimBatch(ctx, tx, items)
+	return tx, claims, err
+}
+
+// beginTxer is implemented by *pgxpool.Pool and *pgx.Conn.
+type beginTxer interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// syncBegin starts a transaction whose commit is synchronous whatever the
+// server or role default: acks depend on the commit being durable. Sent as
+// one simple-protocol query, it costs one round trip.
+const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSyncCommit
+
+// setSyncCommit makes the current transaction's commit synchronous.
+const setSyncCommit = "SET LOCAL synchronous_commit = on"
+
+// begin starts a dedup transaction.
+func (r *Runtime) begin(ctx context.Context) (pgx.Tx, error) {
+	if b, ok := r.cfg.DB.(beginTxer); ok {
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: syncBegin})
+		if err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
+		return tx, nil
+	}
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if _, err := tx.Exec(ctx, setSyncCommit); err != nil {
+		r.rollback(ctx, tx)
+		return nil, fmt.Errorf("set synchronous_commit: %w", err)
+	}
+	return tx, nil
+}
+
+// batchBeginner is implemented by *pgxpool.Pool and *pgx.Conn: a batch sent
+// on it can begin a transaction (pgx.Batch.BeginTx).
+type batchBeginner interface {
+	beginTxer
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// beginClaim begins the message's transaction and claims the message in it.
+// When the DB and the Store allow it, BEGIN, SET LOCAL and the claim go in
+// one pipelined round trip. A non-nil tx must be rolled back by the caller,
+// also when err is not nil.
+func (r *Runtime) beginClaim(ctx context.Context, claim Claim) (pgx.Tx, ClaimResult, error) {
+	if q, ok := r.cfg.Store.(ClaimQueuer); ok {
+		if db, ok := r.cfg.DB.(batchBeginner); ok {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+			b.Queue(setSyncCommit)
+			finish := q.QueueClaim(b, claim)
+			br := db.SendBatch(ctx, b)
+			tx := br.Tx()
+			sendErr := br.Close()
+			if tx == nil {
+				return nil, ClaimResult{}, fmt.Errorf("begin and claim: the batch began no transaction (%v)", sendErr)
+			}
+			res, err := finish(ctx, tx, sendErr)
+			if err == nil && sendErr != nil {
+				err = sendErr // a store that did not report it
+			}
+			if err != nil {
+				return tx, ClaimResult{}, fmt.Errorf("begin and claim: %w", err)
+			}
+			if err := checkOutcome(res.Outcome); err != nil {
+				return tx, ClaimResult{}, err
+			}
+			return tx, res, nil
+		}
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return nil, ClaimResult{}, err
+	}
+	res, err := r.cfg.Store.Claim(ctx, tx, claim)
+	if err != nil {
+		return tx, ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	if err := checkOutcome(res.Outcome); err != nil {
+		return tx, ClaimResult{}, err
+	}
+	return tx, res, nil
+}
+
+func checkOutcome(o ClaimOutcome) error {
+	switch o {
+	case ClaimNew, ClaimDuplicate, ClaimMismatch:
+		return nil
+	}
+	return fmt.Errorf("claim: unknown outcome %d", o)
+}
+
+// claimBatch claims the ids of items, sorted so that concurrent batches take
+// their locks in one order. A repeated id in the batch is a duplicate of its
+// first occurrence (or a mismatch, if the payload differs).
+func (r *Runtime) claimBatch(ctx context.Context, tx pgx.Tx, items []item) ([]ClaimResult, error) {
+	firstOf := make(map[string]int, len(items))
+	var unique []int
+	for i, it := range items {
+		if _, seen := firstOf[it.claim.MessageID]; !seen {
+			firstOf[it.claim.MessageID] = i
+			unique = append(unique, i)
+		}
+	}
+	slices.SortFunc(unique, func(a, b int) int { return cmp.Compare(items[a].claim.MessageID, items[b].claim.MessageID) })
+	claims := make([]Claim, len(unique))
+	for j, i := range unique {
+		claims[j] = items[i].claim
+	}
+	var got []ClaimResult
+	if bs, ok := r.cfg.Store.(BatchStore); ok {
+		var err error
+		if got, err = bs.ClaimBatch(ctx, tx, claims); err != nil {
+			return nil, fmt.Errorf("claim batch: %w", err)
+		}
+		if len(got) != len(claims) {
+			return nil, fmt.Errorf("claim batch: %d results for %d claims", len(got), len(claims))
+		}
+	} else {
+		got = make([]ClaimResult, len(claims))
+		for j, c := range claims {
+			res, err := r.cfg.Store.Claim(ctx, tx, c)
+			if err != nil {
+				return nil, fmt.Errorf("claim: %w", err)
+			}
+			got[j] = res
+		}
+	}
+	out := make([]ClaimResult, len(items))
+	for j, i := range unique {
+		if err := checkOutcome(got[j].Outcome); err != nil {
+			return nil, err
+		}
+		out[i] = got[j]
+	}
+	for i, it := range items {
+		f := firstOf[it.claim.MessageID]
+		if f == i {
+			continue
+		}
+		out[i] = ClaimResult{Outcome: ClaimDuplicate, ProcessedAt: out[f].ProcessedAt}
+		if it.claim.Fingerprint != items[f].claim.Fingerprint || out[f].Outcome == ClaimMismatch {
+			out[i].Outcome = ClaimMismatch
+		}
+	}
+	return out, nil
+}
+
+// rollback ends tx on a context detached from shutdown; after Commit it is
+// a no-op.
+func (r *Runtime) rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
+
+func (r *Runtime) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.cfg.HandlerTimeout > 0 {
+		return context.WithTimeout(ctx, r.cfg.HandlerTimeout)
+	}
+	return ctx, func() {}
+}
+
+// callHandler runs the handler, turning a panic into a *PanicError.
+func (r *Runtime) callHandler(ctx context.Context, tx pgx.Tx, msg *Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return r.handler(ctx, tx, msg)
+}
+
+// callBatchHandler runs the batch handler, turning a panic into a
+// *PanicError.
+func (r *Runtime) callBatchHandler(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return r.cfg.BatchHandler(ctx, tx, msgs)
+}
