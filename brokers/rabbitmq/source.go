@@ -23,6 +23,10 @@ const (
 	MetaExchange    = "exchange"
 	MetaDeliveryTag = "delivery_tag"
 	MetaConsumerTag = "consumer_tag"
+	// MetaIDError is set when Config.MessageIDFunc panicked on the
+	// delivery: the message then has no id, and the runtime dead-letters
+	// it as missing-id instead of the process crashing.
+	MetaIDError = "id_error"
 )
 
 // Defaults for Config.
@@ -552,9 +556,10 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 		headers[k] = headerString(v)
 	}
 	id := d.MessageId
+	var idErr string
 	switch {
 	case m.idFunc != nil:
-		id = m.idFunc(d)
+		id, idErr = callIDFunc(m.idFunc, d)
 	case m.idHeader != "":
 		id = headers[m.idHeader]
 	}
@@ -562,7 +567,7 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 	if m.keyHeader != "" {
 		key = headers[m.keyHeader]
 	}
-	return &consumer.Message{
+	msg := &consumer.Message{
 		ID:          id,
 		Key:         key,
 		Body:        d.Body,
@@ -579,6 +584,22 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 			MetaConsumerTag: d.ConsumerTag,
 		},
 	}
+	if idErr != "" {
+		msg.Metadata[MetaIDError] = idErr
+	}
+	return msg
+}
+
+// callIDFunc runs a user's MessageIDFunc, turning a panic (a body-dependent
+// one would crash the process on every redelivery) into an empty id and a
+// reason.
+func callIDFunc(f func(amqp.Delivery) string, d amqp.Delivery) (id, idErr string) {
+	defer func() {
+		if v := recover(); v != nil {
+			id, idErr = "", fmt.Sprintf("MessageIDFunc panicked: %v", v)
+		}
+	}()
+	return f(d), ""
 }
 
 // Message returns the delivered message.

@@ -370,3 +370,38 @@ func TestReceiveWaitsForBroker(t *testing.T) {
 		t.Fatal("Close did not interrupt Receive")
 	}
 }
+
+// TestEdgeMessageIDFuncPanicIsRecovered: a MessageIDFunc that panics on one
+// body used to crash the process on every redelivery.
+func TestEdgeMessageIDFuncPanicIsRecovered(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q := newQueue(t)
+	if err := admin(t, func(ch *amqp.Channel) error {
+		for _, body := range []string{"boom", "fine"} {
+			if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: body, Body: []byte(body)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, rabbitmq.Config{Queue: q, MessageIDFunc: func(d amqp.Delivery) string {
+		if string(d.Body) == "boom" {
+			var m map[string]string
+			m["x"] = "y" // panics
+		}
+		return "fn-" + d.MessageId
+	}})
+	d := brokertest.Receive(ctx, t, src)
+	if m := d.Message(); m.ID != "" || !strings.Contains(m.Metadata[rabbitmq.MetaIDError], "panicked") {
+		t.Fatalf("panicking id: ID %q, id_error %q", m.ID, m.Metadata[rabbitmq.MetaIDError])
+	}
+	mustAck(ctx, t, d)
+	d = brokertest.Receive(ctx, t, src)
+	if m := d.Message(); m.ID != "fn-fine" || m.Metadata[rabbitmq.MetaIDError] != "" {
+		t.Fatalf("next message: ID %q, id_error %q", m.ID, m.Metadata[rabbitmq.MetaIDError])
+	}
+	mustAck(ctx, t, d)
+}
