@@ -138,7 +138,7 @@ func (c BrowserConfig) validate() error {
 type Browser struct {
 	cfg       BrowserConfig
 	log       *slog.Logger
-	mp        mapper
+	mp        Mapping
 	client    *kafkago.Client
 	transport *kafkago.Transport
 	parts     []*browsePart // in partition order
@@ -195,7 +195,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With("topic", cfg.Topic),
-		mp:        mapper{idHeader: cfg.IDHeader, disableFallback: cfg.DisableFallbackID, keyMode: cfg.KeyMode},
+		mp:        Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
 		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
 		transport: transport,
 	}
@@ -363,7 +363,7 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 		if m.Offset >= p.high-1 {
 			b.nextPartition()
 		}
-		msg := b.mp.message(m)
+		msg := b.mp.Message(m)
 		if b.cfg.GroupID != "" {
 			msg.Metadata["kafka.group"] = b.cfg.GroupID
 		}

@@ -27,10 +27,10 @@ func FuzzRecordMapping(f *testing.F) {
 		if byRecord {
 			mode = KeyRecord
 		}
-		mp := mapper{idHeader: DefaultIDHeader, disableFallback: disable, keyMode: mode}
+		mp := Mapping{DisableFallbackID: disable, KeyMode: mode}
 		rec := kafkago.Message{Topic: topic, Partition: partition, Offset: offset, Key: key, Value: v1,
 			Headers: []kafkago.Header{{Key: k1, Value: v1}, {Key: k2, Value: v2}, {Key: k3, Value: v3}}}
-		m := mp.message(rec)
+		m := mp.Message(rec)
 
 		want := map[string]string{}
 		for _, h := range rec.Headers {
@@ -78,7 +78,7 @@ func FuzzPublishRoundTrip(f *testing.F) {
 		in := &consumer.Message{ID: id, Key: "ordering/key", RecordKey: []byte(key), Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		rec := p.record(topic, in)
 		rec.Partition, rec.Offset = 1, 7
-		out := mapper{idHeader: DefaultIDHeader, keyMode: KeyRecord}.message(rec)
+		out := Mapping{KeyMode: KeyRecord}.Message(rec)
 
 		want := maps.Clone(in.Headers)
 		if id != "" {

@@ -7,28 +7,41 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// mapper turns kafka-go records into consumer.Messages. A Source and a
-// Browser share it, so a browsed record looks exactly like a consumed one.
-type mapper struct {
-	idHeader        string
-	disableFallback bool
-	keyMode         KeyMode
+// Mapping is how a record becomes a consumer.Message: the Source and the
+// Browser use it, and so does brokers/franz's Source, so that a message
+// looks the same whichever of them, and whichever Kafka client, read it.
+// Its zero value maps like a Source with a zero Config.
+type Mapping struct {
+	// IDHeader is the record header holding the message id. Defaults to
+	// "idempotency-key".
+	IDHeader string
+	// DisableFallbackID leaves Message.ID empty for a record without the
+	// IDHeader header, instead of FallbackID's "topic/partition/offset".
+	DisableFallbackID bool
+	// KeyMode chooses Message.Key, the ordering key. Defaults to
+	// KeyPartition.
+	KeyMode KeyMode
 }
 
-// message converts a kafka-go record. Key is the runtime's ordering key
-// (see KeyMode) and RecordKey the record's own key, byte for byte; Metadata
-// holds the record's coordinates and key; callers add their own entries.
-func (mp mapper) message(m kafkago.Message) *consumer.Message {
+// Message converts a kafka-go record. Key is the runtime's ordering key
+// (see KeyMode) and RecordKey the record's own key, byte for byte (nil for a
+// null key); Metadata holds the record's coordinates and key, and callers
+// may add their own entries.
+func (mp Mapping) Message(m kafkago.Message) *consumer.Message {
+	idHeader := mp.IDHeader
+	if idHeader == "" {
+		idHeader = DefaultIDHeader
+	}
 	headers := make(map[string]string, len(m.Headers))
 	for _, h := range m.Headers {
 		headers[h.Key] = string(h.Value)
 	}
-	id := headers[mp.idHeader]
-	if id == "" && !mp.disableFallback {
+	id := headers[idHeader]
+	if id == "" && !mp.DisableFallbackID {
 		id = FallbackID(m.Topic, m.Partition, m.Offset)
 	}
 	key := m.Topic + "/" + strconv.Itoa(m.Partition)
-	if mp.keyMode == KeyRecord {
+	if mp.KeyMode == KeyRecord {
 		key += "/" + string(m.Key)
 	}
 	return &consumer.Message{

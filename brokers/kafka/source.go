@@ -273,7 +273,7 @@ func (p *partition) fetch(ctx context.Context) {
 
 // message converts a kafka-go message, noting the generation that read it.
 func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
-	msg := mapper{idHeader: s.cfg.IDHeader, disableFallback: s.cfg.DisableFallbackID, keyMode: s.cfg.KeyMode}.message(m)
+	msg := Mapping{IDHeader: s.cfg.IDHeader, DisableFallbackID: s.cfg.DisableFallbackID, KeyMode: s.cfg.KeyMode}.Message(m)
 	msg.Metadata["kafka.group"] = gen.GroupID
 	msg.Metadata["kafka.generation"] = strconv.Itoa(int(gen.ID))
 	msg.Metadata["kafka.member"] = gen.MemberID

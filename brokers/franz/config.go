@@ -1,0 +1,169 @@
+package franz
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/consumer"
+)
+
+// Defaults for Config.
+const (
+	DefaultCommitInterval    = time.Second
+	DefaultMaxInFlight       = 1024
+	DefaultDrainTimeout      = 5 * time.Second
+	DefaultSessionTimeout    = 30 * time.Second
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultRebalanceTimeout  = 30 * time.Second
+	DefaultFetchMaxWait      = 500 * time.Millisecond
+	DefaultCommitTimeout     = 10 * time.Second
+)
+
+// Config configures a Source. The zero value of every optional field selects
+// the documented default. The message fields (IDHeader, DisableFallbackID,
+// KeyMode) mean exactly what they mean in brokers/kafka's Config.
+type Config struct {
+	// Brokers are the bootstrap brokers' host:port addresses. Required.
+	Brokers []string
+	// Topic is the topic to consume. Required.
+	Topic string
+	// Group is the Kafka consumer group. Members of one group split the
+	// topic's partitions and share committed offsets. Required.
+	Group string
+
+	// IDHeader is the record header holding the message id. Defaults to
+	// "idempotency-key".
+	IDHeader string
+	// DisableFallbackID turns off the "topic/partition/offset" fallback
+	// id of records without the IDHeader header (see kafka.FallbackID):
+	// such records are then dead-lettered as consumer.ClassMissingID.
+	// Defaults to false.
+	DisableFallbackID bool
+	// KeyMode chooses Message.Key, the runtime's ordering key: per
+	// partition (kafka.KeyPartition, the default) or per partition and
+	// record key (kafka.KeyRecord). Message.RecordKey is the record key
+	// either way.
+	KeyMode kafka.KeyMode
+	// ResetToLatest makes a group without a committed offset for a
+	// partition start at its end rather than its beginning. Defaults to
+	// false: the earliest offset.
+	ResetToLatest bool
+
+	// CommitInterval is how often the highest contiguous acked offset of
+	// each partition is committed. Offsets are also committed when a
+	// rebalance revokes partitions and on Close. Defaults to 1s.
+	CommitInterval time.Duration
+	// CommitTimeout bounds each offset commit. Defaults to 10s.
+	CommitTimeout time.Duration
+	// MaxInFlight bounds the records fetched and not yet committable
+	// (queued, handed out, or acked behind an unacked one): no more are
+	// polled until some are. Defaults to 1024.
+	MaxInFlight int
+	// DrainTimeout is how long a rebalance that revokes partitions waits
+	// for their handed-out messages to be settled before committing and
+	// letting them go; later acks return consumer.ErrDeliveryStale and the
+	// new owner re-reads those records. It must be less than
+	// RebalanceTimeout. Defaults to 5s.
+	DrainTimeout time.Duration
+	// SessionTimeout is the group session timeout. Defaults to 30s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the time between heartbeats; it must be less
+	// than SessionTimeout. Defaults to 3s.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin during a rebalance. Defaults to 30s.
+	RebalanceTimeout time.Duration
+	// FetchMaxWait is how long a fetch waits on the broker for new
+	// records. Defaults to 500ms.
+	FetchMaxWait time.Duration
+
+	// Options are extra franz-go client options, for TLS (kgo.DialTLSConfig),
+	// SASL (kgo.SASL), client id, rack and so on. They are applied after
+	// the Source's own, so they must not change what the Source relies on:
+	// the consumer group and topic, manual commits (kgo.DisableAutoCommit),
+	// kgo.BlockRebalanceOnPoll, the partition callbacks, and the
+	// read_committed isolation level. Defaults to none.
+	Options []kgo.Opt
+	// Logger receives the Source's logs and, at debug level, franz-go's.
+	// Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.IDHeader == "" {
+		c.IDHeader = kafka.DefaultIDHeader
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = DefaultCommitTimeout
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = DefaultFetchMaxWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func bad(field, format string, args ...any) error {
+	return &consumer.ConfigError{Field: "franz." + field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks a Config that already has its defaults.
+func (c Config) validate() error {
+	if len(c.Brokers) == 0 {
+		return bad("Brokers", "required")
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			return bad(fmt.Sprintf("Brokers[%d]", i), "empty")
+		}
+	}
+	switch {
+	case c.Topic == "":
+		return bad("Topic", "required")
+	case c.Group == "":
+		return bad("Group", "required")
+	case c.KeyMode != kafka.KeyPartition && c.KeyMode != kafka.KeyRecord:
+		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
+	case c.CommitInterval < 0:
+		return bad("CommitInterval", "negative")
+	case c.CommitTimeout < 0:
+		return bad("CommitTimeout", "negative")
+	case c.MaxInFlight < 0:
+		return bad("MaxInFlight", "%d, must be positive", c.MaxInFlight)
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout", "negative")
+	case c.SessionTimeout < 0 || c.HeartbeatInterval < 0 || c.RebalanceTimeout < 0:
+		return bad("SessionTimeout", "negative group timeout")
+	case c.HeartbeatInterval >= c.SessionTimeout:
+		return bad("HeartbeatInterval", "%s is not less than SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
+	case c.DrainTimeout >= c.RebalanceTimeout:
+		return bad("DrainTimeout", "%s is not less than RebalanceTimeout %s", c.DrainTimeout, c.RebalanceTimeout)
+	case c.FetchMaxWait < 0:
+		return bad("FetchMaxWait", "negative")
+	}
+	return nil
+}

@@ -1,0 +1,38 @@
+// Package franz connects idemq to Kafka with franz-go (twmb/franz-go's kgo):
+// a Source that consumes a topic as a member of a consumer group and reads
+// only committed transactional data.
+//
+// # When to use it
+//
+// Use this Source for topics written by transactional producers (Kafka
+// Streams with exactly-once, Flink's Kafka sink, Spring with a
+// KafkaTransactionManager, any client with a transactional.id). It fetches
+// with the read_committed isolation level, as the Java client does when
+// asked to: records of aborted transactions are never delivered, nothing
+// past the last stable offset is read, and transaction markers (control
+// records) never reach a handler. brokers/kafka's Source, on kafka-go, is
+// the default for every other topic.
+//
+// # Delivery and commits
+//
+// Messages look exactly like those of brokers/kafka's Source: the id comes
+// from the same header with the same fallback (kafka.FallbackID), Key is the
+// ordering key ("topic/partition", or "topic/partition/<record key>" with
+// kafka.KeyRecord), RecordKey the record key, and Metadata carries the same
+// "kafka.*" entries. The two Sources can take turns on one group.
+//
+// Offsets are committed manually and never before the record's effect is
+// durable: per partition, only up to the highest offset below which every
+// record is acked, every Config.CommitInterval, when a rebalance revokes the
+// partition and on Close. Polls block rebalances only until the polled
+// records are registered (kgo.BlockRebalanceOnPoll), so a record always
+// belongs to the assignment it was fetched under. When a rebalance revokes
+// a partition, the Source stops handing its records out, waits up to
+// Config.DrainTimeout for those in flight, commits what they allow, and
+// never commits for it again; a partition lost (session expiry) is dropped
+// without a commit. Later acks return consumer.ErrDeliveryStale and the
+// next owner re-reads the records, which the dedup store absorbs.
+//
+// A nacked record is handed out again by the Source itself, flagged
+// Redelivered, as in brokers/kafka.
+package franz

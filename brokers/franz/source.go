@@ -1,0 +1,699 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/consumer"
+)
+
+// maxPoll bounds the records taken by one poll.
+const maxPoll = 256
+
+// Source consumes a Kafka topic as a member of a consumer group, with
+// franz-go, and implements consumer.Source and consumer.BatchAcker.
+//
+// It reads with the read_committed isolation level: records of aborted
+// transactions, records past the last stable offset and transaction
+// markers never reach Receive. Offsets are committed manually, per
+// partition, only up to the highest contiguous acked offset, every
+// Config.CommitInterval, when a rebalance revokes the partition and on
+// Close; never for a partition this member has lost.
+//
+// A Source is safe for concurrent use. Create one with NewSource.
+type Source struct {
+	cfg Config
+	log *slog.Logger
+	mp  kafka.Mapping
+	cl  *kgo.Client
+
+	out    chan *entry   // polled records, from the poll loop to Receive
+	redo   chan struct{} // signalled when requeued is appended to
+	room   chan struct{} // signalled when inFlight drops
+	closed chan struct{}
+
+	// commitMu serialises commits with the partition callbacks: no commit
+	// can be under way for a partition once its revoke or loss is noted.
+	commitMu sync.Mutex
+
+	mu       sync.Mutex
+	parts    map[topicPartition]*partition // the current assignment
+	requeued []*entry                      // nacked records to hand out again
+	inFlight int                           // entries in some partition's pending list
+	joined   bool                          // an assignment was received
+
+	closeOnce sync.Once
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// entry states.
+const (
+	stateQueued    = iota // polled or requeued, not handed out
+	stateOut              // handed out by Receive, not yet settled
+	stateAcked            // acked: committable once every earlier entry is
+	stateAbandoned        // its partition was revoked or lost first
+)
+
+// entry is one polled record. Its fields after msg are guarded by the
+// Source's mutex.
+type entry struct {
+	p      *partition
+	offset int64
+	epoch  int32 // the record's leader epoch, for the commit
+	msg    *consumer.Message
+	state  int
+}
+
+// partition is one assigned partition, from its assignment to its
+// revocation or loss. Its fields are guarded by the Source's mutex.
+type partition struct {
+	s  *Source
+	tp topicPartition
+	// pending holds the partition's polled entries in offset order, from
+	// the first one that is not yet acked.
+	pending   []*entry
+	commitTo  kgo.EpochOffset // one past the highest contiguous acked; Offset -1 if none
+	committed int64           // last offset committed, or -1
+	handedOut int             // entries in stateOut
+	ending    bool            // revoked or lost: hand nothing more out
+	over      bool            // its final commit is made: acks are stale
+	settled   chan struct{}   // signalled when handedOut drops
+}
+
+// NewSource validates cfg, creates the franz-go client and starts joining
+// the consumer group in the background. It does not wait for the brokers:
+// connection and group errors are logged and retried.
+func NewSource(cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		cfg:    cfg,
+		log:    cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group),
+		mp:     kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		out:    make(chan *entry),
+		redo:   make(chan struct{}, 1),
+		room:   make(chan struct{}, 1),
+		closed: make(chan struct{}),
+		parts:  map[topicPartition]*partition{},
+	}
+	reset := kgo.NewOffset().AtStart()
+	if cfg.ResetToLatest {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(reset),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(s.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
+		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
+		kgo.FetchMaxWait(cfg.FetchMaxWait),
+		kgo.WithLogger(logger{cfg.Logger}),
+	}
+	cl, err := kgo.NewClient(append(opts, cfg.Options...)...)
+	if err != nil {
+		return nil, &consumer.ConfigError{Field: "franz.Config", Reason: err.Error()}
+	}
+	s.cl = cl
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		s.poll(ctx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.commitLoop(ctx)
+	}()
+	return s, nil
+}
+
+// poll polls records, registers them with their partitions, lets
+// rebalances proceed, and offers the records to Receive, until ctx is done.
+// Registering happens while rebalances are blocked (BlockRebalanceOnPoll),
+// so a polled record always belongs to the assignment it was fetched for.
+func (s *Source) poll(ctx context.Context) {
+	for {
+		if !s.waitRoom(ctx) {
+			return
+		}
+		fetches := s.cl.PollRecords(ctx, maxPoll)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			s.cl.AllowRebalance()
+			return
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				s.log.Warn("franz: fetch failed; retrying", "partition", p, "error", err)
+			}
+		})
+		var batch []*entry
+		s.mu.Lock()
+		fetches.EachRecord(func(r *kgo.Record) {
+			p := s.parts[topicPartition{r.Topic, r.Partition}]
+			if p == nil || p.ending {
+				return // not ours any more: the next owner reads it
+			}
+			e := &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, msg: s.message(r)}
+			p.pending = append(p.pending, e)
+			s.inFlight++
+			batch = append(batch, e)
+		})
+		s.mu.Unlock()
+		s.cl.AllowRebalance()
+		for _, e := range batch {
+			select {
+			case s.out <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// waitRoom waits until fewer than MaxInFlight records are in flight. It
+// returns false once ctx is done.
+func (s *Source) waitRoom(ctx context.Context) bool {
+	for {
+		s.mu.Lock()
+		n := s.inFlight
+		s.mu.Unlock()
+		if n < s.cfg.MaxInFlight {
+			return true
+		}
+		select {
+		case <-s.room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// message converts a franz-go record the way brokers/kafka converts a
+// kafka-go one (kafka.Mapping), so that ids, keys and metadata agree.
+func (s *Source) message(r *kgo.Record) *consumer.Message {
+	m := kafkago.Message{
+		Topic:     r.Topic,
+		Partition: int(r.Partition),
+		Offset:    r.Offset,
+		Key:       r.Key,
+		Value:     r.Value,
+		Time:      r.Timestamp,
+	}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]kafkago.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	msg := s.mp.Message(m)
+	msg.Metadata["kafka.group"] = s.cfg.Group
+	msg.Metadata["kafka.leader_epoch"] = strconv.Itoa(int(r.LeaderEpoch))
+	return msg
+}
+
+// assigned starts tracking newly assigned partitions.
+func (s *Source) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.joined = true
+	for topic, ps := range assigned {
+		for _, id := range ps {
+			tp := topicPartition{topic, id}
+			if s.parts[tp] == nil {
+				s.parts[tp] = &partition{s: s, tp: tp, commitTo: kgo.EpochOffset{Epoch: -1, Offset: -1}, committed: -1, settled: make(chan struct{}, 1)}
+			}
+		}
+	}
+	s.log.Debug("franz: partitions assigned", "assigned", fmt.Sprint(assigned))
+}
+
+// revoked runs when a rebalance takes partitions away (and when the client
+// leaves the group): it stops handing their records out, waits up to
+// DrainTimeout for the handed-out ones, commits what they allow and lets
+// the partitions go. The rebalance waits for it.
+func (s *Source) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	ps := s.ending(revoked)
+	if !s.isClosed() {
+		s.drain(ps)
+	}
+	s.commitLocked(ctx, ps)
+	s.release(ps)
+	s.log.Debug("franz: partitions revoked", "revoked", fmt.Sprint(revoked))
+}
+
+// lost runs when the member lost its partitions without a clean revoke
+// (its session expired, or a fatal group error): another member may own
+// them already, so nothing is committed for them.
+func (s *Source) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	ps := s.ending(lost)
+	s.release(ps)
+	if len(ps) > 0 {
+		s.log.Info("franz: partitions lost; their next owner re-reads the unacked records", "lost", fmt.Sprint(lost))
+	}
+}
+
+// ending marks the named partitions ending and returns them.
+func (s *Source) ending(which map[string][]int32) []*partition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ps []*partition
+	for topic, ids := range which {
+		for _, id := range ids {
+			if p := s.parts[topicPartition{topic, id}]; p != nil {
+				p.ending = true
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
+}
+
+// drain waits up to DrainTimeout for the handed-out entries of ps to be
+// settled.
+func (s *Source) drain(ps []*partition) {
+	timer := time.NewTimer(s.cfg.DrainTimeout)
+	defer timer.Stop()
+	for _, p := range ps {
+		for {
+			s.mu.Lock()
+			n := p.handedOut
+			s.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			select {
+			case <-p.settled:
+			case <-s.closed:
+				return
+			case <-timer.C:
+				s.log.Info("franz: rebalance: abandoning unsettled messages; their next owner re-reads them", "partition", p.tp.partition, "unsettled", n)
+				return
+			}
+		}
+	}
+}
+
+// release marks ps over and forgets them: their later acks are stale.
+func (s *Source) release(ps []*partition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		p.over = true
+		for _, e := range p.pending {
+			if e.state == stateQueued {
+				e.state = stateAbandoned
+			}
+		}
+		s.inFlight -= len(p.pending)
+		p.pending = nil
+		if s.parts[p.tp] == p {
+			delete(s.parts, p.tp)
+		}
+	}
+	s.signalRoom()
+}
+
+// commitLoop commits every CommitInterval until ctx is done.
+func (s *Source) commitLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.commit(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// commit commits the highest contiguous acked offset of every partition
+// this member owns, where it moved.
+func (s *Source) commit(ctx context.Context) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.mu.Lock()
+	ps := make([]*partition, 0, len(s.parts))
+	for _, p := range s.parts {
+		ps = append(ps, p)
+	}
+	s.mu.Unlock()
+	s.commitLocked(ctx, ps)
+}
+
+// commitLocked commits the highest contiguous acked offset of each of ps
+// that is not over, where it moved, and waits for the answer. The caller
+// holds commitMu. A failed commit is logged and retried at the next tick;
+// the records it covers are re-read after a crash or rebalance, and
+// deduplicated.
+func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	s.mu.Lock()
+	for _, p := range ps {
+		if p.over || p.commitTo.Offset <= p.committed {
+			continue
+		}
+		if offsets[p.tp.topic] == nil {
+			offsets[p.tp.topic] = map[int32]kgo.EpochOffset{}
+		}
+		offsets[p.tp.topic][p.tp.partition] = p.commitTo
+	}
+	s.mu.Unlock()
+	if len(offsets) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CommitTimeout)
+	defer cancel()
+	var errs []error
+	s.cl.CommitOffsetsSync(cctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			errs = append(errs, err)
+			clear(offsets) // nothing is known to be committed
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					errs = append(errs, fmt.Errorf("partition %d: %w", p.Partition, err))
+					delete(offsets[t.Topic], p.Partition)
+				}
+			}
+		}
+	})
+	if len(errs) > 0 {
+		s.log.Warn("franz: offset commit failed; will retry", "error", errors.Join(errs...))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		if eo, ok := offsets[p.tp.topic][p.tp.partition]; ok && eo.Offset > p.committed {
+			p.committed = eo.Offset
+		}
+	}
+}
+
+// Assigned returns the partitions of Config.Topic assigned to this member,
+// in ascending order, and true; or nil and false before the member has
+// joined the group. It is meant for readiness checks and tests: the
+// assignment can change at any moment.
+func (s *Source) Assigned() ([]int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.joined {
+		return nil, false
+	}
+	var ids []int
+	for tp, p := range s.parts {
+		if tp.topic == s.cfg.Topic && !p.ending {
+			ids = append(ids, int(tp.partition))
+		}
+	}
+	slices.Sort(ids)
+	return ids, true
+}
+
+// Receive returns the next record: a requeued one if any, else the next
+// polled one. Records of partitions this member no longer owns are dropped,
+// not returned: their next owner reads them. Receive returns an error
+// wrapping consumer.ErrSourceClosed once the Source is closed, and ctx's
+// error when ctx is done.
+func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
+	for {
+		if s.isClosed() {
+			return nil, fmt.Errorf("franz: receive: %w", consumer.ErrSourceClosed)
+		}
+		s.mu.Lock()
+		if len(s.requeued) > 0 {
+			e := s.requeued[0]
+			s.requeued[0] = nil
+			s.requeued = s.requeued[1:]
+			d := s.handOutLocked(e)
+			s.mu.Unlock()
+			if d != nil {
+				return d, nil
+			}
+			continue
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.closed:
+			return nil, fmt.Errorf("franz: receive: %w", consumer.ErrSourceClosed)
+		case <-s.redo:
+		case e := <-s.out:
+			s.mu.Lock()
+			d := s.handOutLocked(e)
+			s.mu.Unlock()
+			if d != nil {
+				return d, nil
+			}
+		}
+	}
+}
+
+// handOutLocked marks e handed out and returns its delivery, or abandons it
+// and returns nil if its partition is ending.
+func (s *Source) handOutLocked(e *entry) *delivery {
+	if e.p.ending || e.state != stateQueued {
+		if e.state == stateQueued {
+			e.state = stateAbandoned
+		}
+		return nil
+	}
+	e.state = stateOut
+	e.p.handedOut++
+	return &delivery{e: e, msg: e.msg}
+}
+
+// AckBatch acks every delivery in ds, which this Source delivered; it
+// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// are committed in batches anyway, so this is only a convenience. The
+// returned error joins each delivery's Ack error.
+func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
+	var errs []error
+	for _, d := range ds {
+		fd, ok := d.(*delivery)
+		if !ok || fd.e.p.s != s {
+			errs = append(errs, fmt.Errorf("franz: ack batch: %T was not delivered by this source", d))
+			continue
+		}
+		if err := fd.Ack(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var (
+	_ consumer.Source     = (*Source)(nil)
+	_ consumer.BatchAcker = (*Source)(nil)
+)
+
+// Close commits the highest contiguous acked offset of every partition this
+// member owns, leaves the consumer group and stops every goroutine of the
+// Source. Records handed out and not acked are not committed: the group
+// reads them again. Acks after Close return an error wrapping
+// consumer.ErrSourceClosed. Close is idempotent and returns nil.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.cancel()
+		s.wg.Wait()
+		// Leaving the group revokes every partition: revoked makes the
+		// final commit, without draining.
+		s.cl.CloseAllowingRebalance()
+		s.mu.Lock()
+		ps := make([]*partition, 0, len(s.parts))
+		for _, p := range s.parts {
+			ps = append(ps, p)
+		}
+		s.mu.Unlock()
+		s.release(ps)
+	})
+	return nil
+}
+
+func (s *Source) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Source) signalRoom() {
+	select {
+	case s.room <- struct{}{}:
+	default:
+	}
+}
+
+// requeue puts e back in the Source's queue, as a redelivery.
+func (s *Source) requeue(e *entry) {
+	s.mu.Lock()
+	s.requeued = append(s.requeued, e)
+	s.mu.Unlock()
+	select {
+	case s.redo <- struct{}{}:
+	default:
+	}
+}
+
+// delivery is one hand-out of an entry.
+type delivery struct {
+	e       *entry
+	msg     *consumer.Message
+	settled bool // guarded by the Source's mutex
+}
+
+// Message returns the delivered message.
+func (d *delivery) Message() *consumer.Message { return d.msg }
+
+// Ack marks the record handled. Its offset is committed with the next
+// commit once every earlier record of its partition is acked too.
+//
+// Ack returns an error wrapping consumer.ErrDeliveryStale if the delivery
+// was already settled, or if a rebalance took the partition away and its
+// offsets can no longer be committed by this member (the next owner re-reads
+// the record and the runtime's dedup absorbs it), and one wrapping
+// consumer.ErrSourceClosed if the Source was closed first.
+func (d *delivery) Ack(context.Context) error {
+	s := d.e.p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := d.settleLocked(); err != nil {
+		return err
+	}
+	e, p := d.e, d.e.p
+	e.state = stateAcked
+	n := 0
+	for n < len(p.pending) && p.pending[n].state == stateAcked {
+		p.commitTo = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}
+		p.pending[n] = nil
+		n++
+	}
+	if n > 0 {
+		p.pending = p.pending[n:]
+		s.inFlight -= n
+		s.signalRoom()
+	}
+	return nil
+}
+
+// Nack gives the record back. Kafka cannot requeue a single record, so the
+// Source hands it out again itself, with Message.Redelivered set, and its
+// offset stays uncommitted until it is acked; with or without requeue, as
+// in brokers/kafka. If a rebalance already took the partition away, the
+// record is left to its next owner and Nack returns nil.
+//
+// Nack returns an error wrapping consumer.ErrDeliveryStale if the delivery
+// was already settled, and one wrapping consumer.ErrSourceClosed if the
+// Source was closed first.
+func (d *delivery) Nack(_ context.Context, _ bool) error {
+	s := d.e.p.s
+	s.mu.Lock()
+	if err := d.settleLocked(); err != nil {
+		s.mu.Unlock()
+		if errors.Is(err, errRevoked) {
+			return nil // the next owner re-reads it
+		}
+		return err
+	}
+	e := d.e
+	if e.p.ending {
+		e.state = stateAbandoned
+		s.mu.Unlock()
+		return nil
+	}
+	e.state = stateQueued
+	e.msg = e.msg.Clone()
+	e.msg.Redelivered = true
+	e.msg.Attempt = 0
+	s.mu.Unlock()
+	s.requeue(e)
+	return nil
+}
+
+// errRevoked is wrapped, with consumer.ErrDeliveryStale, by acks of a
+// partition that a rebalance took away.
+var errRevoked = errors.New("partition revoked by a rebalance; its next owner re-reads the record")
+
+// settleLocked marks d settled, or returns why it cannot be. The caller
+// holds the Source's mutex and sets the entry's new state.
+func (d *delivery) settleLocked() error {
+	p := d.e.p
+	if d.settled {
+		return fmt.Errorf("franz: %w: already acked or nacked", consumer.ErrDeliveryStale)
+	}
+	d.settled = true
+	p.handedOut--
+	select {
+	case p.settled <- struct{}{}:
+	default:
+	}
+	if p.over {
+		d.e.state = stateAbandoned
+		if p.s.isClosed() {
+			return fmt.Errorf("franz: %w", consumer.ErrSourceClosed)
+		}
+		return fmt.Errorf("franz: %w: %w", consumer.ErrDeliveryStale, errRevoked)
+	}
+	return nil
+}
+
+// logger adapts an slog.Logger to kgo.Logger: franz-go's own logs go out at
+// debug level, its warnings and errors at warn level.
+type logger struct{ l *slog.Logger }
+
+func (l logger) Level() kgo.LogLevel {
+	if l.l.Enabled(context.Background(), slog.LevelDebug) {
+		return kgo.LogLevelDebug
+	}
+	if l.l.Enabled(context.Background(), slog.LevelWarn) {
+		return kgo.LogLevelWarn
+	}
+	return kgo.LogLevelNone
+}
+
+func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lv := slog.LevelDebug
+	if level <= kgo.LogLevelWarn {
+		lv = slog.LevelWarn
+	}
+	l.l.Log(context.Background(), lv, "franz-go: "+msg, keyvals...)
+}
