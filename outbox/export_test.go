@@ -17,3 +17,6 @@ func Delay(b BackoffConfig, attempts int) (BackoffConfig, int64) {
 
 // RelayLease returns the relay's Lease after defaults.
 func RelayLease(r *Relay) time.Duration { return r.cfg.Lease }
+
+// MessageErrors exposes messageErrors.
+func MessageErrors(err error, n int) (map[int]error, bool) { return messageErrors(err, n) }

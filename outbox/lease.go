@@ -8,11 +8,21 @@ import (
 	"os"
 )
 
-// MessageError reports that one message of a Publish call failed. A
-// PublishFunc returns one per failed message, alone, wrapped or joined with
-// errors.Join, to say which messages failed; it thereby promises that the
-// broker confirmed every message of the call it does not name. The relay
-// marks those sent and retries only the named ones.
+// IndexedError is implemented by errors that say which message of a Publish
+// call failed. A PublishFunc returns one per failed message, alone, wrapped
+// or joined with errors.Join, and thereby promises that the broker
+// confirmed every message of the call it does not name: the relay marks
+// those sent and retries only the named ones, each with its own backoff and
+// its own error. *MessageError implements it; a broker adapter's error type
+// may too, without importing this package.
+type IndexedError interface {
+	error
+	// MessageIndex is the failed message's position in the Publish
+	// call's msgs.
+	MessageIndex() int
+}
+
+// MessageError is an IndexedError: the message at Index failed with Err.
 type MessageError struct {
 	// Index is the message's position in the Publish call's msgs.
 	Index int
@@ -28,20 +38,31 @@ func (e *MessageError) Error() string {
 // Unwrap returns Err.
 func (e *MessageError) Unwrap() error { return e.Err }
 
+// MessageIndex returns Index.
+func (e *MessageError) MessageIndex() int { return e.Index }
+
 // messageErrors returns the error of each failed message of a Publish call
-// of n messages, by index, if err consists only of *MessageError values
-// with indexes below n (joined, wrapped or alone). Otherwise ok is false:
-// err does not say which messages failed.
+// of n messages, by index, if err consists only of IndexedError values with
+// indexes below n (joined, wrapped or alone). Otherwise ok is false: err
+// does not say which messages failed.
 func messageErrors(err error, n int) (failed map[int]error, ok bool) {
 	failed = map[int]error{}
 	var walk func(error) bool
 	walk = func(err error) bool {
-		var me *MessageError
 		switch x := err.(type) {
 		case nil:
 			return false
-		case *MessageError:
-			me = x
+		case IndexedError:
+			i := x.MessageIndex()
+			if i < 0 || i >= n {
+				return false
+			}
+			if prev, dup := failed[i]; dup {
+				failed[i] = errors.Join(prev, x)
+			} else {
+				failed[i] = x
+			}
+			return true
 		case interface{ Unwrap() []error }:
 			errs := x.Unwrap()
 			for _, e := range errs {
@@ -56,15 +77,6 @@ func messageErrors(err error, n int) (failed map[int]error, ok bool) {
 			}
 			return false
 		}
-		if me.Index < 0 || me.Index >= n || me.Err == nil {
-			return false
-		}
-		if prev, dup := failed[me.Index]; dup {
-			failed[me.Index] = errors.Join(prev, me.Err)
-		} else {
-			failed[me.Index] = me.Err
-		}
-		return true
 	}
 	if !walk(err) {
 		return nil, false

@@ -33,7 +33,7 @@
 //
 // Each row has its own outcome. The messages of a batch are published in
 // one Publish call per destination; if the call fails, the messages the
-// PublishFunc names with *MessageError fail and the others are marked sent,
+// PublishFunc names with an IndexedError fail and the others are marked sent,
 // and if it names none, each message is published again on its own. So a
 // poison message fails alone, and the broker's confirmed messages are never
 // published again because a sibling failed (at most once more, by that

@@ -659,3 +659,105 @@ func TestRelayRetentionPurges(t *testing.T) {
 		t.Fatalf("rows = %d", n)
 	}
 }
+
+// TestMigrateFromVersion1 upgrades a version 1 table holding pending,
+// failing and sent rows: migration 0002 adds the lease columns, the rows
+// relay as before, and applying 0002 again to a table that already has the
+// columns is harmless.
+func TestMigrateFromVersion1(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := testCtx(t, 30*time.Second)
+	migrations := pgx.Identifier{f.schema, "outbox_migrations"}.Sanitize()
+	// Back to version 1: the lease columns and 0002's record go.
+	if _, err := f.pool.Exec(ctx, "ALTER TABLE "+f.table()+" DROP COLUMN lease_token, DROP COLUMN lease_owner; DELETE FROM "+migrations+" WHERE version > 1"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := f.ob.Version(ctx); err != nil || v != 1 {
+		t.Fatalf("Version = %d, %v; want 1", v, err)
+	}
+	for i := range 3 {
+		f.placeOrder(t, fmt.Sprint("o", i), outbox.Message{Destination: "q", ID: fmt.Sprint("e", i), Body: []byte("x")}, true)
+	}
+	if _, err := f.pool.Exec(ctx, "UPDATE "+f.table()+` SET attempts = 2, last_error = 'broker down' WHERE message_id = 'e1';
+UPDATE `+f.table()+` SET sent_at = now(), attempts = 1 WHERE message_id = 'e2'`); err != nil {
+		t.Fatal(err)
+	}
+	broker := memory.NewBroker()
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{Publish: broker.Publish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.RelayOnce(ctx); err == nil {
+		t.Fatal("RelayOnce on a version 1 table: want an error")
+	}
+	if err := f.ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := f.ob.Version(ctx); err != nil || v != outbox.LatestVersion() {
+		t.Fatalf("Version after Migrate = %d, %v; want %d", v, err, outbox.LatestVersion())
+	}
+	if n, err := relay.RelayOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("RelayOnce after Migrate = %d, %v; want the 2 pending rows", n, err)
+	}
+	if n := f.count(t, f.table(), "sent_at IS NOT NULL AND lease_token IS NULL AND lease_owner IS NULL"); n != 3 {
+		t.Fatalf("sent rows = %d, want 3", n)
+	}
+	if n := f.count(t, f.table(), "message_id = 'e1' AND attempts = 3"); n != 1 {
+		t.Fatal("the failing row's attempts were not carried over")
+	}
+	if got := len(broker.Messages("q")); got != 2 {
+		t.Fatalf("published %d, want 2", got)
+	}
+	// 0002 again, on a table that has its columns but no record of it.
+	if _, err := f.pool.Exec(ctx, "DELETE FROM "+migrations+" WHERE version > 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ob.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate over existing lease columns: %v", err)
+	}
+	if v, err := f.ob.Version(ctx); err != nil || v != outbox.LatestVersion() {
+		t.Fatalf("Version = %d, %v", v, err)
+	}
+}
+
+// indexed is a broker adapter's own IndexedError.
+type indexed struct{ i int }
+
+func (e indexed) Error() string     { return fmt.Sprintf("message %d nacked", e.i) }
+func (e indexed) MessageIndex() int { return e.i }
+
+func TestMessageErrors(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	me := func(i int) error { return &outbox.MessageError{Index: i, Err: boom} }
+	for _, c := range []struct {
+		name string
+		err  error
+		want []int // nil: the error names no message
+	}{
+		{"alone", me(1), []int{1}},
+		{"wrapped", fmt.Errorf("publish: %w", me(2)), []int{2}},
+		{"joined", errors.Join(me(0), me(2)), []int{0, 2}},
+		{"wrapped join", fmt.Errorf("publish: %w", errors.Join(me(0), indexed{1})), []int{0, 1}},
+		{"an adapter's own type", errors.Join(indexed{2}), []int{2}},
+		{"plain", boom, nil},
+		{"joined with a plain error", errors.Join(me(0), boom), nil},
+		{"out of range", me(3), nil},
+		{"negative", me(-1), nil},
+	} {
+		got, ok := outbox.MessageErrors(c.err, 3)
+		if ok != (c.want != nil) || len(got) != len(c.want) {
+			t.Errorf("%s: messageErrors = %v, %v; want %v", c.name, got, ok, c.want)
+			continue
+		}
+		for _, i := range c.want {
+			if got[i] == nil {
+				t.Errorf("%s: message %d not named: %v", c.name, i, got)
+			}
+		}
+	}
+	if got, _ := outbox.MessageErrors(me(1), 3); !errors.Is(got[1], boom) {
+		t.Errorf("the named error %v does not wrap the cause", got[1])
+	}
+}

@@ -22,10 +22,11 @@ import (
 // returns nil only once the broker has durably accepted every one of them: a
 // confirmed publish, an acknowledged write.
 //
-// To say which messages failed, return one *MessageError per failed message
-// (alone, wrapped, or joined with errors.Join): the relay then takes every
-// message not named as confirmed and marks it sent, and retries only the
-// named ones, each with its own backoff. Any other error tells the relay
+// To say which messages failed, return one IndexedError (such as
+// *MessageError) per failed message, alone, wrapped, or joined with
+// errors.Join: the relay then takes every message not named as confirmed
+// and marks it sent, and retries only the named ones, each with its own
+// backoff. Any other error tells the relay
 // nothing about which messages were confirmed: if msgs holds more than one
 // message, the relay publishes each of them again on its own, so that each
 // row gets its own outcome (a message the first call confirmed is then sent
@@ -317,7 +318,8 @@ func (r *Relay) Stats() RelayStats {
 }
 
 // Run relays due rows until ctx is done, then finishes the batch in progress
-// (its publishes are bounded by PublishTimeout) and returns nil. Database
+// (its publishes are bounded by PublishTimeout and the lease) and returns
+// nil. Database
 // errors are logged and retried with backoff; they do not stop Run. A Relay
 // runs once at a time.
 func (r *Relay) Run(ctx context.Context) error {
