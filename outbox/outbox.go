@@ -34,8 +34,9 @@
 // Each row has its own outcome. The messages of a batch are published in
 // one Publish call per destination; if the call fails, the messages the
 // PublishFunc names with an IndexedError fail and the others are marked sent,
-// and if it names none, each message is published again on its own. So a
-// poison message fails alone, and the broker's confirmed messages are never
+// and if it names none, each message is published again on its own (unless
+// the first two of those calls fail too: the broker is down, and the group
+// fails). So a poison message fails alone, and the broker's confirmed messages are never
 // published again because a sibling failed (at most once more, by that
 // one-at-a-time pass, when the PublishFunc cannot say which failed). A
 // failed publish is recorded on the row (attempts, last_error) and retried

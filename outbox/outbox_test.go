@@ -761,3 +761,50 @@ func TestMessageErrors(t *testing.T) {
 		t.Errorf("the named error %v does not wrap the cause", got[1])
 	}
 }
+
+// TestBrokerDownFailsTheGroupWithoutOneCallPerMessage: when the broker fails
+// every call, the one-at-a-time pass after a failed group call stops after
+// two calls, and every row fails with its own backoff.
+func TestBrokerDownFailsTheGroupWithoutOneCallPerMessage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for i := range 5 {
+		f.placeOrder(t, fmt.Sprint("o", i), outbox.Message{Destination: "q", ID: fmt.Sprint("e", i), Body: []byte("x")}, true)
+	}
+	var (
+		mu    sync.Mutex
+		calls []int
+	)
+	hook := &failHook{}
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{
+		Hooks: []outbox.Hook{hook},
+		Publish: func(_ context.Context, _ string, msgs ...*consumer.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, len(msgs))
+			return errors.New("connection refused")
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(testCtx(t, 30*time.Second)); err != nil || n != 5 {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(calls) != "[5 1 1]" {
+		t.Errorf("Publish calls of %v messages, want [5 1 1]", calls)
+	}
+	if n := f.count(t, f.table(), "sent_at IS NULL AND attempts = 1 AND last_error = 'connection refused' AND next_attempt_at > now() AND lease_token IS NULL"); n != 5 {
+		t.Errorf("rows failed and rescheduled = %d, want 5", n)
+	}
+	if s := relay.Stats(); s.Failed != 5 || s.Published != 0 {
+		t.Errorf("Stats = %+v", s)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if len(hook.retryIn) != 3 || hook.ok != 0 {
+		t.Errorf("failure hooks called %d times (%d published), want 3: two single messages and the three left", len(hook.retryIn), hook.ok)
+	}
+}

@@ -26,11 +26,14 @@ import (
 // *MessageError) per failed message, alone, wrapped, or joined with
 // errors.Join: the relay then takes every message not named as confirmed
 // and marks it sent, and retries only the named ones, each with its own
-// backoff. Any other error tells the relay
-// nothing about which messages were confirmed: if msgs holds more than one
-// message, the relay publishes each of them again on its own, so that each
-// row gets its own outcome (a message the first call confirmed is then sent
-// twice, once; consumers deduplicate it by id). With the idemq brokers:
+// backoff. Any other error says nothing about which messages were
+// confirmed: if msgs holds more than one message, the relay publishes each
+// of them again in a call of its own, so that each row gets its own outcome
+// and a poison message fails alone. A message the first call did confirm is
+// then published a second time, once; consumers deduplicate it by id. (If
+// the first two of those calls fail as well, the broker is taken to be down
+// and the remaining messages fail with the first error, unpublished.) With
+// the idemq brokers:
 //
 //	// RabbitMQ: straight to the queue named by the destination.
 //	func(ctx context.Context, dest string, msgs ...*consumer.Message) error {
@@ -319,9 +322,8 @@ func (r *Relay) Stats() RelayStats {
 
 // Run relays due rows until ctx is done, then finishes the batch in progress
 // (its publishes are bounded by PublishTimeout and the lease) and returns
-// nil. Database
-// errors are logged and retried with backoff; they do not stop Run. A Relay
-// runs once at a time.
+// nil. Database errors are logged and retried with backoff; they do not
+// stop Run. A Relay runs once at a time.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Relay.Run called while already running")
@@ -485,7 +487,7 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 // publishGroup publishes the rows of one destination and sets each row's
 // outcome. A failed call that names its failed messages settles every row;
 // one that does not is followed by one call per message, so that a poison
-// message fails alone.
+// message fails alone, unless the first two of those fail too.
 func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, deadline time.Time) {
 	start := time.Now()
 	msgs := make([]*consumer.Message, len(g))
@@ -518,20 +520,33 @@ func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, dea
 		}
 		r.log.Info("outbox: publish failed; publishing its messages one at a time",
 			slog.String("destination", dest), slog.Int("messages", len(g)), slog.Any("error", err))
+		sent, failures := false, 0
 		for _, c := range g {
-			started, e := r.publish(ctx, dest, []*consumer.Message{c.msg}, deadline)
+			var (
+				started bool
+				e       error
+			)
+			// Once the first two calls of the pass failed too, the
+			// broker is failing as a whole, not one message: the rest
+			// fail with the group.
+			if sent || failures < 2 {
+				started, e = r.publish(ctx, dest, []*consumer.Message{c.msg}, deadline)
+			}
 			switch {
 			case !started:
-				// Out of time: this row failed with the group.
+				// Out of time, or the broker is down: this row
+				// failed with the group.
 				r.fail(c, err)
 				c.shared = true
 			case e == nil:
 				c.outcome = outcomeSent
+				sent = true
 			default:
 				if failed, ok := messageErrors(e, 1); ok {
 					e = failed[0]
 				}
 				r.fail(c, e)
+				failures++
 			}
 		}
 	}
