@@ -354,3 +354,75 @@ func TestEnvelopeOriginalProcessedAt(t *testing.T) {
 		t.Fatalf("history %+v, %v", r.History, err)
 	}
 }
+
+// TestEdgeRuntimeMismatchAfterPurge is issue 14 item 3 end to end on
+// RabbitMQ: the real runtime dead-letters a mismatching copy with the
+// original's processed_at (consumer.Failure.ProcessedAt), the janitor's
+// purge removes the original's row, and neither Replay nor Requeue (which
+// without a Store has only the envelope to go by) applies the copy. The
+// dead-letterer shifts the failure's times back 3 h, as if the copy had
+// been dead-lettered then; the original's row is dated to match.
+func TestEdgeRuntimeMismatchAfterPurge(t *testing.T) {
+	t.Parallel()
+	e := rmqNewEnv(t)
+	orig := rmqMessages("pay", 1)[0]
+	e.publish(e.queue, orig)
+	if s := e.consume(1); s.Applied != 1 {
+		t.Fatalf("live consumer: %+v", s)
+	}
+	table := edgeTable(e.store)
+	appliedAt := time.Now().Add(-edgeAppliedBefore).Truncate(time.Microsecond)
+	if _, err := e.pool.Exec(e.ctx, "UPDATE "+table+" SET processed_at = $3 WHERE consumer = $1 AND message_id = $2",
+		rmqConsumerName, orig.ID, appliedAt); err != nil {
+		t.Fatal(err)
+	}
+
+	var seen atomic.Value // the Failure the runtime gave the dead-letterer
+	cfg := e.config(e.source(e.queue))
+	cfg.DeadLetterer = consumer.DeadLettererFunc(func(ctx context.Context, m *consumer.Message, f consumer.Failure) error {
+		seen.Store(f)
+		f.FirstFailure = f.FirstFailure.Add(-edgeSinceDeadLetter)
+		f.LastFailure = f.LastFailure.Add(-edgeSinceDeadLetter)
+		if !f.ProcessedAt.IsZero() {
+			f.ProcessedAt = f.ProcessedAt.Add(-edgeSinceDeadLetter)
+		}
+		return e.dl.DeadLetter(ctx, m, f)
+	})
+	copyMsg := orig.Clone()
+	copyMsg.Body = []byte(`{"payment":"` + orig.ID + `","cents":999999}`)
+	e.publish(e.queue, copyMsg)
+	if s := e.run(cfg, func(s consumer.Stats) bool { return s.DeadLettered == 1 && s.InFlight == 0 }); s.Applied != 0 {
+		t.Fatalf("live consumer applied the mismatching copy: %+v", s)
+	}
+	f, _ := seen.Load().(consumer.Failure)
+	if f.Class != consumer.ClassFingerprintMismatch || !f.ProcessedAt.Equal(appliedAt) {
+		t.Errorf("runtime dead-lettered %s with ProcessedAt %v, want the original's %v", f.Class, f.ProcessedAt, appliedAt)
+	}
+	e.waitDepth(e.dlqName, 1)
+
+	// The janitor, 3 h later: the original's row is 73 h old.
+	if _, err := e.pool.Exec(e.ctx, "UPDATE "+table+" SET processed_at = processed_at - $1::interval WHERE consumer = $2",
+		edgeSinceDeadLetter.String(), rmqConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.store.Purge(e.ctx, edgeRetention); err != nil || n != 1 {
+		t.Fatalf("purge: %d rows, %v", n, err)
+	}
+
+	res := e.replay(func(c *dlq.ReplayConfig) { c.Retention = edgeRetention })
+	if res.BeyondHorizon != 1 || res.Applied != 0 {
+		t.Errorf("replay: %+v, want BeyondHorizon:1 Applied:0", res)
+	}
+	rq, err := dlq.Requeue(e.ctx, dlq.RequeueConfig{Browser: e.browser(), Retention: edgeRetention,
+		Publish: func(ctx context.Context, dest string, m *consumer.Message) error {
+			return e.pub.Publish(ctx, "", dest, m)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rq.BeyondHorizon != 1 || rq.Republished != 0 {
+		t.Errorf("requeue without a store: %+v, want BeyondHorizon:1 Republished:0", rq)
+	}
+	e.expectEffects(orig.ID)
+	e.waitDepth(e.dlqName, 1)
+}

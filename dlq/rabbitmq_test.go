@@ -682,9 +682,10 @@ func TestRmqRequeueToOriginalQueue(t *testing.T) {
 }
 
 // TestRmqDeadLetterPublishFailure: when the DLQ publish fails (here it
-// targets an exchange that does not exist) the original is requeued, never
-// acked: it is redelivered, stays in the work queue, and once the DLQ works
-// again it arrives there. No dead letter is lost.
+// targets an exchange that does not exist) the original is never acked: the
+// runtime retries the copy in place, and when it stops it requeues the
+// original, which stays in the work queue; once the DLQ works again it
+// arrives there. No dead letter is lost.
 func TestRmqDeadLetterPublishFailure(t *testing.T) {
 	t.Parallel()
 	e := rmqNewEnv(t)
@@ -695,29 +696,31 @@ func TestRmqDeadLetterPublishFailure(t *testing.T) {
 	var publishErrs atomic.Int64
 	missing := e.queue + ".no-such-exchange"
 	cfg := e.config(e.source(e.queue))
+	var mu sync.Mutex
+	failedTries := map[string]int{} // failed dead-letter publishes per id
 	cfg.DeadLetterer = e.deadLetterer(func(ctx context.Context, m *consumer.Message) error {
 		err := e.pub.Publish(ctx, missing, "", m)
 		if err != nil {
 			publishErrs.Add(1)
+			mu.Lock()
+			failedTries[m.ID]++
+			mu.Unlock()
 		}
 		return err
 	})
-	var mu sync.Mutex
-	redelivered := map[string]bool{}
-	cfg.Handler = func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if m.Redelivered {
-			mu.Lock()
-			redelivered[m.ID] = true
-			mu.Unlock()
-		}
-		return e.handler(ctx, tx, m)
-	}
-	s := e.run(cfg, func(s consumer.Stats) bool {
+	cfg.ShutdownTimeout = time.Second // the copies are retried until the hard stop
+	s := e.run(cfg, func(consumer.Stats) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return s.Requeued >= int64(len(msgs)) && len(redelivered) == len(msgs)
+		for _, m := range msgs {
+			if failedTries[m.ID] < 2 {
+				return false
+			}
+		}
+		return true
 	})
-	if s.DeadLettered != 0 || s.Applied != 0 || publishErrs.Load() == 0 {
+	// Stopped while retrying: every original was requeued, none acked.
+	if s.DeadLettered != 0 || s.Applied != 0 || s.Requeued != int64(len(msgs)) || publishErrs.Load() == 0 {
 		t.Fatalf("stats %+v, %d publish errors", s, publishErrs.Load())
 	}
 	// Every original is still in the work queue, none in the DLQ.
