@@ -27,4 +27,19 @@
 // one applies exactly once, and one that still fails goes back to the
 // dead-letter queue with its history grown. Classify does a dry run: it
 // reads the queue, consumes nothing, and says what a replay would do.
+//
+// # The replay-horizon guard
+//
+// Replay is safe only while the dedup row of a message's id still exists;
+// the consumer's janitor purges rows older than its Retention. Replay,
+// Requeue and Classify therefore leave in the queue, counted as
+// BeyondHorizon unless Force is set, every message that may have outlived
+// its row: one first seen longer ago than the retention, and for a
+// fingerprint mismatch one whose original (the applied message with the
+// same id, whose row is the one at risk) was applied longer ago, as
+// recorded in HeaderOriginalProcessedAt. A mismatch whose original's row is
+// already gone from the dedup store is refused too, and so is a mismatch
+// envelope from before HeaderOriginalProcessedAt existed when there is no
+// store to look the row up in. ReplayConfig.Retention defaults to the
+// consumer's Retention; a replay runs no janitor of its own.
 package dlq
