@@ -212,8 +212,8 @@ func TestEdgeNoTransactionAcrossPublish(t *testing.T) {
 	ctx := testCtx(t, 90*time.Second)
 	const (
 		total       = 40
-		idleTimeout = 200 * time.Millisecond
-		slow        = 300 * time.Millisecond
+		idleTimeout = 250 * time.Millisecond
+		slow        = 400 * time.Millisecond
 	)
 	for i := range total {
 		f.placeOrder(t, fmt.Sprint("o", i), outbox.Message{Destination: "q", ID: fmt.Sprintf("e%02d", i), Body: []byte("x")}, true)
