@@ -95,8 +95,9 @@ var errEnd = errors.New("dlq: end of dead-letter queue")
 // consumer.Runtime built from cfg.Consumer, so through the same dedup path as
 // the live consumer: already-applied messages are acked and counted as
 // skipped, fixed ones apply exactly once, and those that still fail go back
-// to the dead-letter queue. It returns when the queue, as it was at the
-// start, has been read, or when ctx is done.
+// to the dead-letter queue. Messages whose dedup row may have been purged
+// stay in the queue (see ReplayConfig.Retention). It returns when the
+// queue, as it was at the start, has been read, or when ctx is done.
 func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	if cfg.Browser == nil {
 		return Result{}, &consumer.ConfigError{Field: "Browser", Reason: "required"}
@@ -128,9 +129,9 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 
 	cc := cfg.Consumer
 	cc.Source = src
-	// No janitor in the replay: a purge now could remove the rows the
-	// guard just found, and a janitor would keep Run from returning at the
-	// end of the queue.
+	// No janitor in the replay: it is a bounded pass, not the live
+	// consumer, and a purge now could remove the rows the guard just
+	// relied on.
 	cc.Retention = 0
 	idFunc := cc.MessageID
 	if idFunc == nil {
