@@ -125,6 +125,7 @@ func NewSource(cfg Config) (*Source, error) {
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(), // to commit past them; never handed out
 		kgo.ConsumeResetOffset(reset),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
@@ -182,6 +183,10 @@ func (s *Source) poll(ctx context.Context) {
 			if p == nil || p.ending {
 				return // not ours any more: the next owner reads it
 			}
+			if r.Attrs.IsControl() {
+				p.skipControlLocked(r)
+				return
+			}
 			e := &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, msg: s.message(r)}
 			p.pending = append(p.pending, e)
 			s.inFlight++
@@ -197,6 +202,21 @@ func (s *Source) poll(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// skipControlLocked accounts for a transaction marker, which is never handed
+// out: it counts as acked, so the commit point moves past it once every
+// earlier record is acked, and the group's lag can reach zero. The caller
+// holds the Source's mutex.
+func (p *partition) skipControlLocked(r *kgo.Record) {
+	if len(p.pending) == 0 {
+		if r.Offset+1 > p.commitTo.Offset {
+			p.commitTo = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+		}
+		return
+	}
+	p.pending = append(p.pending, &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, state: stateAcked})
+	p.s.inFlight++
 }
 
 // waitRoom waits until fewer than MaxInFlight records are in flight. It

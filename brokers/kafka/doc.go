@@ -17,6 +17,24 @@
 // KeyRecord keys them "topic/partition/<record key>" so that different
 // record keys of one partition run concurrently too.
 //
+// # Transactional producers
+//
+// The Source reads committed data only, as the Java client does with
+// isolation.level=read_committed: nothing past a partition's last stable
+// offset is read, the records of aborted transactions are dropped, and
+// transaction markers (control records) are never handed out, only counted
+// as acked so that the committed offset moves past them. kafka-go's own
+// Reader cannot do this (it hands out aborted records and the markers
+// themselves whatever its IsolationLevel; segmentio/kafka-go issue 1332), so
+// the Source fetches through kafka-go's Transport and protocol package,
+// which expose batch attributes, producer ids and the aborted transactions
+// of a fetch response. brokers/franz's Source, on franz-go, does the same
+// with franz-go's own read_committed consumer.
+//
+// The Browser reads dead-letter topics written by idemq's Publisher, which
+// is not transactional, with kafka-go's Reader: do not point it at a topic
+// written by transactional producers.
+//
 // # Rebalances
 //
 // The Source drives kafka-go's ConsumerGroup itself instead of using its

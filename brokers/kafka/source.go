@@ -36,9 +36,11 @@ func FallbackID(topic string, partition int, offset int64) string {
 //
 // A Source is safe for concurrent use. Create one with NewSource.
 type Source struct {
-	cfg Config
-	log *slog.Logger
-	cg  *kafkago.ConsumerGroup
+	cfg       Config
+	log       *slog.Logger
+	cg        *kafkago.ConsumerGroup
+	transport *kafkago.Transport // for the partition fetches
+	client    *kafkago.Client    // for offset look-ups, on transport
 
 	out    chan *entry   // fetched records, from the partition readers to Receive
 	redo   chan struct{} // signalled when requeued is appended to
@@ -123,15 +125,26 @@ func NewSource(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, &consumer.ConfigError{Field: "kafka.Config", Reason: err.Error()}
 	}
+	transport := &kafkago.Transport{
+		Dial:     cfg.Dialer.DialFunc,
+		ClientID: cfg.Dialer.ClientID,
+		TLS:      cfg.Dialer.TLS,
+		SASL:     cfg.Dialer.SASLMechanism,
+	}
+	if cfg.Dialer.Timeout > 0 {
+		transport.DialTimeout = cfg.Dialer.Timeout
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Source{
-		cfg:    cfg,
-		log:    cfg.Logger.With("topic", cfg.Topic, "group", cfg.GroupID),
-		cg:     cg,
-		out:    make(chan *entry),
-		redo:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
-		cancel: cancel,
+		cfg:       cfg,
+		log:       cfg.Logger.With("topic", cfg.Topic, "group", cfg.GroupID),
+		cg:        cg,
+		transport: transport,
+		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
+		out:       make(chan *entry),
+		redo:      make(chan struct{}, 1),
+		closed:    make(chan struct{}),
+		cancel:    cancel,
 	}
 	s.wg.Add(1)
 	go func() {
@@ -198,65 +211,89 @@ func (s *Source) start(gen *kafkago.Generation, fn func(context.Context)) {
 }
 
 // fetch reads the partition from its start offset and offers each record to
-// Receive, until the generation ends.
+// Receive, until the generation ends. It reads committed data only (see
+// partReader): records of aborted transactions are never read, and
+// transaction markers are never handed out, only counted as acked so that
+// the commit moves past them.
 func (p *partition) fetch(ctx context.Context) {
 	g, s := p.g, p.g.s
 	if ctx.Err() != nil {
 		return
 	}
 	log := s.log.With("partition", p.id, "generation", g.gen.ID)
-	rcfg := kafkago.ReaderConfig{
-		Brokers:     s.cfg.Brokers,
-		Topic:       p.topic,
-		Partition:   p.id,
-		Dialer:      s.cfg.Dialer,
-		MinBytes:    1,
-		MaxBytes:    s.cfg.FetchMaxBytes,
-		MaxWait:     s.cfg.FetchMaxWait,
-		Logger:      kafkaLogger(s.cfg.Logger, slog.LevelDebug),
-		ErrorLogger: kafkaLogger(s.cfg.Logger, slog.LevelWarn),
-	}
-	if err := rcfg.Validate(); err != nil {
-		// Unreachable with a validated Config; without a reader the
-		// partition is not read this generation, and nothing is lost.
-		log.Error("kafka: invalid reader config", "error", err)
-		<-ctx.Done()
-		return
-	}
-	r := kafkago.NewReader(rcfg)
-	defer func() { _ = r.Close() }()
-	if err := r.SetOffset(p.start); err != nil {
-		log.Error("kafka: set start offset", "offset", p.start, "error", err)
-		<-ctx.Done()
-		return
+	r := &partReader{
+		transport: s.transport,
+		addr:      kafkago.TCP(s.cfg.Brokers...),
+		topic:     p.topic,
+		partition: p.id,
+		maxBytes:  s.cfg.FetchMaxBytes,
+		maxWait:   s.cfg.FetchMaxWait,
+		offset:    p.start,
 	}
 	failures := 0
+	// backoff waits after a failure; it returns false if ctx is done.
+	backoff := func(what string, err error) bool {
+		failures++
+		wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
+		log.Warn("kafka: "+what+" failed; retrying", "error", err, "wait", wait)
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		off, err := resolveOffset(ctx, s.client, p.topic, p.id, r.offset)
+		if err == nil {
+			r.offset = off
+			break
+		}
+		if ctx.Err() != nil || !backoff("resolving the start offset", err) {
+			return
+		}
+	}
+	failures = 0
 	for {
 		select {
 		case p.slots <- struct{}{}:
 		case <-ctx.Done():
 			return
 		}
-		m, err := r.FetchMessage(ctx)
+		f, err := r.next(ctx)
 		if err != nil {
 			<-p.slots
 			if ctx.Err() != nil {
 				return
 			}
-			failures++
-			wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
-			log.Warn("kafka: fetch failed; retrying", "error", err, "wait", wait)
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if errors.Is(err, errOffsetOutOfRange) {
+				log.Warn("kafka: offset out of range; restarting from the configured StartOffset", "offset", r.offset, "start_offset", s.cfg.StartOffset)
+				r.offset, r.buf, r.pending, r.aborted = s.cfg.StartOffset, nil, nil, nil
+				for {
+					off, err := resolveOffset(ctx, s.client, p.topic, p.id, r.offset)
+					if err == nil {
+						r.offset = off
+						break
+					}
+					if ctx.Err() != nil || !backoff("resolving the start offset", err) {
+						return
+					}
+				}
+				continue
+			}
+			if !backoff("fetch", err) {
 				return
 			}
 			continue
 		}
 		failures = 0
-		e := &entry{p: p, offset: m.Offset, msg: s.message(m, g.gen)}
+		if f.control {
+			p.skipControl(f.msg.Offset)
+			continue
+		}
+		e := &entry{p: p, offset: f.msg.Offset, msg: s.message(f.msg, g.gen)}
 		g.mu.Lock()
 		p.pending = append(p.pending, e)
 		g.mu.Unlock()
@@ -269,6 +306,21 @@ func (p *partition) fetch(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// skipControl accounts for a transaction marker at offset, which holds a
+// slot: it is never handed out, and counts as acked, so the commit point
+// moves past it once every earlier record is acked.
+func (p *partition) skipControl(offset int64) {
+	g := p.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(p.pending) == 0 {
+		p.commitTo = max(p.commitTo, offset+1)
+		<-p.slots
+		return
+	}
+	p.pending = append(p.pending, &entry{p: p, offset: offset, state: stateAcked})
 }
 
 // message converts a kafka-go message, noting the generation that read it.
@@ -404,6 +456,7 @@ func (s *Source) Close() error {
 		_ = s.cg.Close()
 		s.cancel()
 		s.wg.Wait()
+		s.transport.CloseIdleConnections()
 	})
 	return nil
 }
