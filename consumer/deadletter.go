@@ -57,8 +57,9 @@ type Failure struct {
 // DeadLetterer durably stores a copy of a failed message with the reason.
 // The runtime acks the original only after DeadLetter returned nil, so
 // DeadLetter must return only once the copy is durable (a confirmed
-// publish, a committed row). If it returns an error the original is
-// requeued. Package dlq implements it for RabbitMQ and Kafka; the memory
+// publish, a committed row). If it returns an error (or panics) the call is
+// retried with backoff while the original stays unacked and later messages
+// with its key wait; at shutdown the original is requeued. Package dlq implements it for RabbitMQ and Kafka; the memory
 // broker has its own for tests.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, msg *Message, f Failure) error

@@ -54,9 +54,12 @@ type Stats struct {
 	DeadLettered int64
 	// AckFailures counts acks that failed after a commit or dead-letter.
 	AckFailures int64
-	// Requeued counts messages given back to the broker unsettled (at
-	// shutdown, or because dead-lettering failed).
+	// Requeued counts messages given back to the broker unsettled, at
+	// shutdown or when a fatal error stops Run.
 	Requeued int64
+	// DeadLetterErrors counts DeadLetter calls that failed and were
+	// retried.
+	DeadLetterErrors int64
 	// DBErrors counts transactions that failed on the database (a lost
 	// connection, a failed claim, an unknown commit outcome) and were
 	// retried without counting against the message.
@@ -66,7 +69,7 @@ type Stats struct {
 }
 
 type stats struct {
-	received, applied, duplicates, retries, deadLettered, ackFailures, requeued, dbErrors, inFlight atomic.Int64
+	received, applied, duplicates, retries, deadLettered, ackFailures, requeued, dlqErrors, dbErrors, inFlight atomic.Int64
 }
 
 // New validates cfg, fills in its defaults and returns a Runtime.
@@ -141,15 +144,16 @@ func (r *Runtime) checkPoolSize() {
 // Stats returns a snapshot of the runtime's counters.
 func (r *Runtime) Stats() Stats {
 	return Stats{
-		Received:     r.stats.received.Load(),
-		Applied:      r.stats.applied.Load(),
-		Duplicates:   r.stats.duplicates.Load(),
-		Retries:      r.stats.retries.Load(),
-		DeadLettered: r.stats.deadLettered.Load(),
-		AckFailures:  r.stats.ackFailures.Load(),
-		Requeued:     r.stats.requeued.Load(),
-		DBErrors:     r.stats.dbErrors.Load(),
-		InFlight:     r.stats.inFlight.Load(),
+		Received:         r.stats.received.Load(),
+		Applied:          r.stats.applied.Load(),
+		Duplicates:       r.stats.duplicates.Load(),
+		Retries:          r.stats.retries.Load(),
+		DeadLettered:     r.stats.deadLettered.Load(),
+		AckFailures:      r.stats.ackFailures.Load(),
+		Requeued:         r.stats.requeued.Load(),
+		DeadLetterErrors: r.stats.dlqErrors.Load(),
+		DBErrors:         r.stats.dbErrors.Load(),
+		InFlight:         r.stats.inFlight.Load(),
 	}
 }
 
@@ -159,9 +163,10 @@ func (r *Runtime) Stats() Stats {
 // (a hard stop: their transactions roll back and they are requeued), closes
 // the Source and returns.
 //
-// Run returns nil after a stop through ctx, and an error wrapping
-// ErrSourceClosed if the Source closed underneath it. A Runtime runs once at
-// a time.
+// Run returns nil after a stop through ctx, an error wrapping
+// ErrSourceClosed if the Source closed underneath it, and an error wrapping
+// ErrNotMigrated, after requeueing what it holds, if the dedup table does
+// not exist. A Runtime runs once at a time.
 func (r *Runtime) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("idemq: Runtime.Run called while already running")

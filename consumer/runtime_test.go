@@ -158,8 +158,8 @@ func TestDeadLetterFailureRetriesNeverAcks(t *testing.T) {
 		return consumer.Permanent(errors.New("no"))
 	}))
 	waitFor(t, "dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 1 && b.settled() })
-	if s := r.rt.Stats(); s.Requeued != 0 || s.Received != 1 || s.AckFailures != 0 {
-		t.Fatalf("stats %+v: the dead letter is retried in place until stored, then acked once", s)
+	if s := r.rt.Stats(); s.Requeued != 0 || s.Received != 1 || s.AckFailures != 0 || s.DeadLetterErrors != 4 {
+		t.Fatalf("stats %+v: the dead letter is retried in place until stored (4 failures), then acked once", s)
 	}
 	if n := len(b.dlq.list()); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)

@@ -282,6 +282,7 @@ func (r *Runtime) deadLetter(ctx context.Context, del Delivery, log *slog.Logger
 			r.requeue(del, log)
 			return
 		}
+		r.stats.dlqErrors.Add(1)
 		if b == nil {
 			b = newInfraBackOff()
 		}
