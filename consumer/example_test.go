@@ -128,3 +128,22 @@ func ExampleChain() {
 	// handling m1
 	// applied
 }
+
+// ExampleJSON decodes each body into a typed value; a body that does not
+// decode is a permanent failure, dead-lettered with the reason.
+func ExampleJSON() {
+	type payment struct {
+		Account string `json:"account"`
+		Cents   int64  `json:"cents"`
+	}
+	h := consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p payment) error {
+		fmt.Printf("credit %s with %d cents\n", p.Account, p.Cents)
+		return nil
+	})
+	_ = h(context.Background(), nil, &consumer.Message{ID: "m1", Body: []byte(`{"account":"acct-1","cents":250}`)})
+	err := h(context.Background(), nil, &consumer.Message{ID: "m2", Body: []byte(`{"account":`)})
+	fmt.Println(consumer.IsPermanent(err), err)
+	// Output:
+	// credit acct-1 with 250 cents
+	// true permanent: decode JSON body into consumer_test.payment: unexpected end of JSON input
+}

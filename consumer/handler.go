@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -28,4 +30,20 @@ func Chain(h Handler, mw ...Middleware) Handler {
 		h = mw[i](h)
 	}
 	return h
+}
+
+// JSON adapts a handler of decoded values to a Handler. It decodes each
+// message body as JSON into a T and calls h with it. A body that is not
+// valid JSON for T can never succeed, so it is returned as a permanent
+// error: the message is dead-lettered at once (ClassPermanent) with the
+// decode error as the reason, and never retried. Errors from h are returned
+// as they are.
+func JSON[T any](h func(ctx context.Context, tx pgx.Tx, msg *Message, v T) error) Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg *Message) error {
+		var v T
+		if err := json.Unmarshal(msg.Body, &v); err != nil {
+			return Permanent(fmt.Errorf("decode JSON body into %T: %w", v, err))
+		}
+		return h(ctx, tx, msg, v)
+	}
 }

@@ -583,3 +583,21 @@ func TestLogsNameTheMessage(t *testing.T) {
 		}
 	}
 }
+
+func TestJSONHandlerDeadLettersUndecodableBodies(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msg("good", `{"n": 7}`), msg("bad", `{"n": "seven"}`))
+	type body struct{ N int }
+	r := start(t, b.config(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, v body) error {
+		if v.N != 7 {
+			return fmt.Errorf("decoded %d", v.N)
+		}
+		return b.insertEffect(ctx, tx, m)
+	})))
+	waitFor(t, "settled", func() bool { return r.rt.Stats().Applied == 1 && r.rt.Stats().DeadLettered == 1 && b.settled() })
+	dl := b.dlq.list()
+	if dl[0].msg.ID != "bad" || dl[0].f.Class != consumer.ClassPermanent || dl[0].f.Attempts != 1 || !strings.Contains(dl[0].f.Err.Error(), "decode JSON body") {
+		t.Fatalf("dead letter %s: %s after %d attempts: %v", dl[0].msg.ID, dl[0].f.Class, dl[0].f.Attempts, dl[0].f.Err)
+	}
+}
