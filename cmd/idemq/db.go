@@ -5,15 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/url"
-	"regexp"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -49,71 +47,6 @@ func (d *dbFlags) databaseURL(e *env) (u, from string) {
 	}
 }
 
-// redact hides the passwords in a postgres:// URL: the user info's and the
-// password and sslpassword query parameters. Key/value DSNs are not shown
-// at all.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "(the DSN)"
-	}
-	q := u.Query()
-	for _, k := range []string{"password", "sslpassword"} {
-		if q.Has(k) {
-			q.Set(k, "xxxxx")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.Redacted()
-}
-
-// dsnPasswordRE finds password settings in a key/value DSN or a URL query,
-// however malformed the rest is.
-var dsnPasswordRE = regexp.MustCompile(`(?i)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s&]+)`)
-
-// scrubDSN returns err with every password found in dsn masked in its text.
-// pgx redacts its own parse errors only on a best-effort basis, and says
-// so; this makes sure no DSN password reaches the terminal or a log. It
-// still unwraps to err. Passwords shorter than 3 bytes are not masked: they
-// cannot be told apart from the rest of the text.
-func scrubDSN(err error, dsn string) error {
-	var secrets []string
-	add := func(s string) {
-		if len(s) >= 3 {
-			secrets = append(secrets, s)
-		}
-		if u, uerr := url.QueryUnescape(s); uerr == nil && u != s && len(u) >= 3 {
-			secrets = append(secrets, u)
-		}
-	}
-	for _, m := range dsnPasswordRE.FindAllStringSubmatch(dsn, -1) {
-		add(m[1])
-		add(strings.Trim(m[1], "'"))
-	}
-	if _, rest, ok := strings.Cut(dsn, "://"); ok {
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
-				add(pw)
-			}
-		}
-	}
-	msg := err.Error()
-	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
-	for _, s := range secrets {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-	}
-	return &scrubbedError{msg: msg, err: err}
-}
-
-// scrubbedError is an error whose text had secrets masked.
-type scrubbedError struct {
-	msg string
-	err error
-}
-
-func (e *scrubbedError) Error() string { return e.msg }
-func (e *scrubbedError) Unwrap() error { return e.err }
-
 // openStore validates the table names, connects, and returns the store and
 // the connection, which the caller closes.
 func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.Duration, duty float64) (*processed.Store, *pgx.Conn, error) {
@@ -130,14 +63,14 @@ func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.D
 	raw, from := d.databaseURL(e)
 	pcfg, err := pgx.ParseConfig(raw)
 	if err != nil {
-		return nil, nil, scrubDSN(fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err), raw)
+		return nil, nil, redact.Error(fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
 	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = connectTimeout
 	}
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, scrubDSN(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact(raw), from, err), raw)
+		return nil, nil, redact.Error(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
 	}
 	store, err := processed.New(conn, cfg)
 	if err != nil {
