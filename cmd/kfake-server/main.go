@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemq/idemq/internal/kafkatest"
 )
 
 // minSessionTimeout lets tests tune consumer groups to rebalance quickly;
@@ -82,7 +84,10 @@ func run(args []string) error {
 		}
 		return advertisedListener{Listener: ln, addr: adv}, nil
 	}
-	c, err := kfake.NewCluster(
+	// kafkatest's cluster times out group members the way Apache Kafka
+	// does, which kfake alone does not for a member killed in a
+	// rebalance (see kafkatest.SessionEnforcer).
+	c, err := kafkatest.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.ListenFn(listenFn),
 		kfake.AllowAutoTopicCreation(),

@@ -27,8 +27,33 @@ const MinSessionTimeout = 100 * time.Millisecond
 
 // Cluster is a running kfake cluster. The embedded *kfake.Cluster gives
 // access to fault injection (ControlKey, KeepControl and friends).
+//
+// Its consumer groups time out members the way Apache Kafka does: Sessions
+// removes the members kfake keeps past their session timeout (see
+// SessionEnforcer), so a consumer killed during a rebalance cannot hold its
+// partitions, or the group's next rebalance, for good.
 type Cluster struct {
 	*kfake.Cluster
+	Sessions *SessionEnforcer
+}
+
+// NewCluster starts a kfake cluster with opts and session-timeout
+// enforcement. Close it with Close, which stops the enforcer first.
+func NewCluster(opts ...kfake.Opt) (*Cluster, error) {
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{Cluster: c, Sessions: EnforceSessionTimeouts(c, 0, nil)}, nil
+}
+
+// Close stops the session enforcer and closes the cluster. It is
+// idempotent.
+func (c *Cluster) Close() {
+	if c.Sessions != nil {
+		c.Sessions.Close()
+	}
+	c.Cluster.Close()
 }
 
 // Start starts a one-broker kfake cluster on an ephemeral 127.0.0.1 port and
@@ -40,12 +65,12 @@ func Start(t testing.TB, opts ...kfake.Opt) *Cluster {
 		kfake.NumBrokers(1),
 		kfake.GroupMinSessionTimeout(MinSessionTimeout),
 	}
-	c, err := kfake.NewCluster(append(base, opts...)...)
+	c, err := NewCluster(append(base, opts...)...)
 	if err != nil {
 		t.Fatalf("kafkatest: start kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return &Cluster{Cluster: c}
+	return c
 }
 
 // Addrs returns the brokers' host:port addresses.
@@ -104,7 +129,7 @@ func Serve(ctx context.Context, addr string, partitions int) error {
 		return fmt.Errorf("kafkatest: partitions %d, must be at least 1", partitions)
 	}
 	listen := func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }
-	c, err := kfake.NewCluster(
+	c, err := NewCluster(
 		kfake.NumBrokers(1),
 		kfake.ListenFn(listen),
 		kfake.AllowAutoTopicCreation(),
