@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,17 +13,17 @@ import (
 	"github.com/idemq/idemq/internal/kafkatest"
 )
 
-// TestGroupMembersNameTheirWorker: the broker describes a worker's group
-// member with the client id the harness parses back into slot and
-// incarnation, and deadGroupMembers reports the member only once its worker
-// has exited: a stall with live members must not be nudged away.
+// TestGroupMembersNameTheirWorker: the broker knows a worker's group member
+// by the client id the harness parses back into slot and incarnation, so
+// the stall report and the session-eviction events name the worker and say
+// whether its process is still running.
 func TestGroupMembersNameTheirWorker(t *testing.T) {
 	c := kafkatest.Start(t)
-	r := &run{h: &harness{}, s: Scenario{Name: kafkatest.Name(t, "group")}, kafkaBrokers: c.Addrs(), procs: map[incKey]*proc{}}
-	topic, group := kafkatest.Name(t, "chaos-group"), r.consumer()
+	r := &run{h: &harness{}, s: Scenario{Name: kafkatest.Name(t, "group")}, kcluster: c, kafkaBrokers: c.Addrs(), procs: map[incKey]*proc{}}
+	topic := kafkatest.Name(t, "chaos-group")
 	c.CreateTopic(t, topic, 2)
 	src, err := kafka.NewSource(kafka.Config{
-		Brokers: c.Addrs(), Topic: topic, GroupID: group,
+		Brokers: c.Addrs(), Topic: topic, GroupID: r.consumer(),
 		SessionTimeout: KafkaSessionTimeout, HeartbeatInterval: 200 * time.Millisecond, JoinGroupBackoff: 100 * time.Millisecond,
 		Dialer: &kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true, ClientID: fmt.Sprintf(kafkaClientID, 3, 7)},
 	})
@@ -33,33 +34,24 @@ func TestGroupMembersNameTheirWorker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	go func() { _, _ = src.Receive(ctx) }() // joins the group
-	tr := &kafkago.Transport{}
-	defer tr.CloseIdleConnections()
-	client := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...), Timeout: 5 * time.Second, Transport: tr}
 	for {
-		resp, err := client.DescribeGroups(ctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{group}})
-		if err == nil && len(resp.Groups) == 1 && len(resp.Groups[0].Members) == 1 {
-			m := resp.Groups[0].Members[0]
-			var k incKey
-			if _, err := fmt.Sscanf(m.ClientID, kafkaClientID, &k.slot, &k.inc); err != nil || k != (incKey{3, 7}) {
-				t.Fatalf("member client id %q parsed as %+v, %v", m.ClientID, k, err)
-			}
-			if len(m.MemberAssignments.Topics) > 0 {
-				r.procs[k] = &proc{} // the worker is alive
-				if dead := r.deadGroupMembers(ctx); len(dead) != 0 {
-					t.Fatalf("a live worker's member reported dead: %v", dead)
-				}
-				delete(r.procs, k) // it has exited
-				if dead := r.deadGroupMembers(ctx); len(dead) != 1 || dead[0] != "worker 3.7 holding partitions [0 1]" {
-					t.Fatalf("dead members %q, want worker 3.7 with both partitions", dead)
-				}
-				return
-			}
-			// Described before the sync: try again.
+		if gi := c.GroupInfo(r.consumer()); gi != nil && gi.State == "Stable" && gi.NumAssigned() == 2 {
+			break
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("group never described with one member: %+v, %v", resp, err)
+			t.Fatalf("group never stable: %s", r.groupSummary())
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.procs[incKey{3, 7}] = &proc{} // the worker is alive
+	if got, want := r.groupSummary(), "worker 3.7 (live) holding partitions [0 1]"; !strings.Contains(got, want) {
+		t.Fatalf("summary %q, want it to contain %q", got, want)
+	}
+	delete(r.procs, incKey{3, 7}) // it has exited
+	if got, want := r.groupSummary(), "worker 3.7 (exited) holding partitions [0 1]"; !strings.Contains(got, want) {
+		t.Fatalf("summary %q, want it to contain %q", got, want)
+	}
+	if got := r.describeClient("someone-else"); got != `client "someone-else"` {
+		t.Fatalf("describeClient of a foreign client: %q", got)
 	}
 }
