@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/internal/bench"
 	"github.com/idemq/idemq/processed"
 )
@@ -78,7 +78,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Float64Var(&cfg.PurgeDutyCycle, "purge-duty", processed.DefaultPurgeDutyCycle, "with --purge-during, the largest share of time the purge spends deleting (processed.Config.PurgeDutyCycle); 1 for no limit")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", bench.DefaultAMQPURL, "RabbitMQ URL")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
 	fs.IntVar(&cfg.KafkaPartitions, "kafka-partitions", 0, "partitions per topic (default --concurrency)")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
@@ -123,13 +123,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	if kafkaBrokers != "" {
 		cfg.KafkaBrokers = strings.Split(kafkaBrokers, ",")
 	}
-	cfg.DatabaseURL = dbURL
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = e.getenv("DATABASE_URL")
-	}
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = defaultDatabaseURL
-	}
+	cfg.DatabaseURL, _ = (&dbFlags{url: dbURL}).databaseURL(e)
+	cfg.AMQPURL = amqpURL(e, cfg.AMQPURL)
 
 	tty := isTerminal(e.stderr)
 	if tty {
@@ -146,11 +141,11 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
-			return fmt.Errorf("bench: --cpuprofile: %w", err)
+			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("bench: --cpuprofile: %w", err)
+			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
@@ -176,10 +171,20 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	} else if len(results) > 0 {
 		printBenchTable(e.stdout, cfg, results)
 	}
-	if err != nil && !errors.Is(err, bench.ErrVerify) {
-		return fmt.Errorf("bench: %w", err)
-	}
+	// bench's errors carry no "bench: " prefix: runEnv adds "idemq bench: ".
 	return err
+}
+
+// amqpURL returns the RabbitMQ URL a command uses: its --amqp-url flag if
+// set, then $AMQP_URL, then rabbitmq.DefaultURL.
+func amqpURL(e *env, flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if u := e.getenv("AMQP_URL"); u != "" {
+		return u
+	}
+	return rabbitmq.DefaultURL
 }
 
 // printBenchTable prints the summary table.
@@ -248,14 +253,14 @@ func isTerminal(w io.Writer) bool {
 func writeHeapProfile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("bench: --memprofile: %w", err)
+		return fmt.Errorf("--memprofile: %w", err)
 	}
 	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
 		f.Close()
-		return fmt.Errorf("bench: --memprofile: %w", err)
+		return fmt.Errorf("--memprofile: %w", err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("bench: --memprofile: %w", err)
+		return fmt.Errorf("--memprofile: %w", err)
 	}
 	return nil
 }

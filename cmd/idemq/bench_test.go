@@ -74,5 +74,51 @@ func TestBenchUsage(t *testing.T) {
 
 func TestBenchBadDatabase(t *testing.T) {
 	r := idemq(t, "bench", "--messages", "10", "--database-url", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
-	want(t, r, exitFail, "", "Postgres")
+	want(t, r, exitFail, "", "idemq bench: connect to Postgres at postgres://nobody@127.0.0.1:1/none")
+	noStutter(t, r)
+}
+
+// noStutter fails the test if an error names the bench layer twice.
+func noStutter(t *testing.T, r result) {
+	t.Helper()
+	if strings.Contains(r.stderr, "bench: bench:") || strings.Count(r.stderr, "bench:") != 1 {
+		t.Errorf("the error repeats its prefix: %s", r.stderr)
+	}
+}
+
+// TestBenchUnreachableRabbitMQ: a RabbitMQ nothing listens on fails the
+// run at once with the address, not a panic in the cleanup, and without the
+// password.
+func TestBenchUnreachableRabbitMQ(t *testing.T) {
+	port := deadPort(t)
+	r := idemq(t, "bench", "--broker", "rabbitmq", "--messages", "10", "--database-url", testdb.URL(),
+		"--amqp-url", "amqp://app:"+secret+"@127.0.0.1:"+port+"/")
+	want(t, r, exitFail, "", "idemq bench: connect to RabbitMQ at amqp://app:xxxxx@127.0.0.1:"+port+"/")
+	want(t, r, exitFail, "", "connection refused")
+	noSecret(t, r)
+	noStutter(t, r)
+}
+
+// TestBenchAMQPURLFromEnvironment: without --amqp-url, bench uses
+// $AMQP_URL like the other commands; the flag wins over it.
+func TestBenchAMQPURLFromEnvironment(t *testing.T) {
+	port := deadPort(t)
+	t.Setenv("AMQP_URL", "amqp://app:"+secret+"@127.0.0.1:"+port+"/")
+	r := idemq(t, "bench", "--broker", "rabbitmq", "--messages", "10", "--database-url", testdb.URL())
+	want(t, r, exitFail, "", "127.0.0.1:"+port)
+	noSecret(t, r)
+	want(t, idemq(t, "bench", "--broker", "rabbitmq", "--modes", "broker-only", "--messages", "10",
+		"--database-url", testdb.URL(), "--amqp-url", "amqp://guest:guest@127.0.0.1:5672/"), 0, "broker-only", "")
+}
+
+// TestBenchUnreachableKafka: brokers nothing listens on are reported as
+// such before any mode runs, not as a failed verification.
+func TestBenchUnreachableKafka(t *testing.T) {
+	port := deadPort(t)
+	r := idemq(t, "bench", "--broker", "kafka", "--kafka-brokers", "127.0.0.1:"+port, "--messages", "10", "--database-url", testdb.URL())
+	want(t, r, exitFail, "", "idemq bench: could not connect to the Kafka brokers 127.0.0.1:"+port)
+	if strings.Contains(r.stderr, "verification") || r.stdout != "" {
+		t.Errorf("reported as a run:\nstdout: %s\nstderr: %s", r.stdout, r.stderr)
+	}
+	noStutter(t, r)
 }

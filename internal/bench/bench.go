@@ -76,7 +76,10 @@ const (
 
 // ErrVerify is wrapped by the error of a mode whose effects do not match the
 // workload's unique ids, or that dead-lettered or lost messages.
-var ErrVerify = errors.New("bench: verification failed")
+//
+// Errors of this package do not start with "bench: ": its one caller, idemq
+// bench, names the layer.
+var ErrVerify = errors.New("verification failed")
 
 // Config configures a Run. The zero value of every optional field selects a
 // documented default.
@@ -352,12 +355,17 @@ type Result struct {
 	// Verified reports that the checks passed; Error says why not.
 	Verified bool   `json:"verified"`
 	Error    string `json:"error,omitempty"`
+
+	// err is the error behind Error.
+	err error
 }
 
 // Run measures cfg.Modes one after another and returns a Result per mode
-// run. It returns an error wrapping ErrVerify if any mode failed its checks
-// (the results are still returned), or another error if the run could not
-// be set up.
+// run. If a mode fails, it returns the results and an error naming every
+// failed run; the error wraps ErrVerify if a mode failed its checks (rather
+// than, say, its broker setup or its time limit). If the run cannot be set
+// up (the broker or the database cannot be reached), it returns no results
+// and that error.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -371,6 +379,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	var (
 		results []Result
 		failed  []string
+		errs    []error
 	)
 	for _, ph := range cfg.phases() {
 		for _, m := range cfg.Modes {
@@ -383,16 +392,27 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			res := r.runMode(ctx, m, ph)
 			if !res.Verified {
 				failed = append(failed, fmt.Sprintf("%s: %s", res.label(), res.Error))
+				errs = append(errs, res.err)
 			}
 			results = append(results, res)
 		}
 	}
 	fillRatios(results)
 	if len(failed) > 0 {
-		return results, fmt.Errorf("%w: %s", ErrVerify, strings.Join(failed, "; "))
+		return results, &runError{msg: fmt.Sprintf("%d of %d runs failed: %s", len(failed), len(results), strings.Join(failed, "; ")), errs: errs}
 	}
 	return results, nil
 }
+
+// runError is Run's error when modes failed: it unwraps to each failed
+// mode's error, so errors.Is(err, ErrVerify) says whether a check failed.
+type runError struct {
+	msg  string
+	errs []error
+}
+
+func (e *runError) Error() string   { return e.msg }
+func (e *runError) Unwrap() []error { return e.errs }
 
 // The phases of a Run with Config.Compare.
 const (
@@ -483,10 +503,13 @@ func randomHex(n int) string {
 }
 
 func (r *runner) setup(ctx context.Context) error {
-	var err error
-	if r.broker, err = newBrokerEnv(ctx, r.cfg); err != nil {
+	// Set r.broker only on success: close must not see a nil broker in a
+	// non-nil interface.
+	b, err := newBrokerEnv(ctx, r.cfg)
+	if err != nil {
 		return err
 	}
+	r.broker = b
 	return r.setupDB(ctx)
 }
 

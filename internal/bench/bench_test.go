@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -357,5 +358,64 @@ func TestCPUAccounting(t *testing.T) {
 	}
 	if p, m := before.perMessage(0); p != 0 || m != 0 {
 		t.Errorf("no messages: %g, %g", p, m)
+	}
+}
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// TestUnreachableSetup: a broker or database that cannot be reached fails
+// Run at once with no results and an error naming the address, without the
+// password, neither as a panic nor as a failed verification.
+func TestUnreachableSetup(t *testing.T) {
+	const secret = "hunter2Secret"
+	addr := deadAddr(t)
+	for _, c := range []struct {
+		name string
+		cfg  func(*Config)
+		want string
+	}{
+		{"rabbitmq", func(c *Config) { c.Broker, c.AMQPURL = BrokerRabbitMQ, "amqp://app:"+secret+"@"+addr+"/" },
+			"connect to RabbitMQ at amqp://app:xxxxx@" + addr + "/"},
+		{"kafka", func(c *Config) { c.Broker, c.KafkaBrokers = BrokerKafka, []string{addr} },
+			"could not connect to the Kafka brokers " + addr},
+		{"postgres", func(c *Config) { c.DatabaseURL = "postgres://app:" + secret + "@" + addr + "/test?sslmode=disable" },
+			"connect to Postgres at postgres://app:xxxxx@" + addr + "/test"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := smallConfig(BrokerMemory)
+			c.cfg(&cfg)
+			rs, err := run(t, cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) || len(rs) != 0 {
+				t.Fatalf("Run: %d results, %v; want none and an error containing %q", len(rs), err, c.want)
+			}
+			if errors.Is(err, ErrVerify) || strings.Contains(err.Error(), secret) || strings.HasPrefix(err.Error(), "bench:") {
+				t.Fatalf("Run: %v", err)
+			}
+		})
+	}
+}
+
+// TestTimeoutIsNotAVerificationFailure: a mode that runs out of time fails
+// the run, but its error does not claim the checks failed.
+func TestTimeoutIsNotAVerificationFailure(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeNaive1}
+	cfg.Messages = 5000
+	cfg.ModeTimeout = time.Millisecond
+	rs, err := run(t, cfg)
+	if err == nil || errors.Is(err, ErrVerify) || !strings.Contains(err.Error(), "1 of 1 runs failed: naive-1: timed out") || len(rs) != 1 {
+		t.Fatalf("Run: %d results, %v", len(rs), err)
 	}
 }

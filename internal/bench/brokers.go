@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/kafkatest"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // brokerEnv is one broker for a whole Run; each mode gets a fresh target
@@ -46,12 +48,22 @@ type target interface {
 	cleanup()
 }
 
+// newBrokerEnv connects to cfg's broker. On error it returns a nil
+// brokerEnv, never a nil pointer in a non-nil interface.
 func newBrokerEnv(ctx context.Context, cfg Config) (brokerEnv, error) {
 	switch cfg.Broker {
 	case BrokerRabbitMQ:
-		return newRabbitEnv(ctx, cfg)
+		e, err := newRabbitEnv(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
 	case BrokerKafka:
-		return newKafkaEnv(ctx, cfg)
+		e, err := newKafkaEnv(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
 	default:
 		return &memoryEnv{cfg: cfg, b: memory.NewBroker()}, nil
 	}
@@ -141,32 +153,45 @@ type rabbitEnv struct {
 }
 
 func newRabbitEnv(ctx context.Context, cfg Config) (*rabbitEnv, error) {
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idemq-bench"}})
+	conn, err := dialRabbit(cfg.AMQPURL, "idemq-bench")
 	if err != nil {
-		return nil, fmt.Errorf("bench: connect to RabbitMQ: %w", err)
+		return nil, err
 	}
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: cfg.AMQPURL, Channels: DefaultPublishers, ConnectionName: "idemq-bench-publisher"})
 	if err != nil {
 		_ = conn.Close()
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, redact.Error(err, cfg.AMQPURL) // already says "rabbitmq: dial <URL>"
 	}
 	return &rabbitEnv{cfg: cfg, pub: pub, conn: conn}, nil
+}
+
+// dialRabbit opens a raw amqp091 connection. Its error names the URL
+// without its password: amqp091's own errors may quote the whole URL.
+func dialRabbit(url, name string) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": name}})
+	if err != nil {
+		return nil, redact.Error(fmt.Errorf("connect to RabbitMQ at %s (set --amqp-url or AMQP_URL): %w", redact.URL(url), err), url)
+	}
+	return conn, nil
 }
 
 func (e *rabbitEnv) target(ctx context.Context, m Mode) (target, error) {
 	ch, err := e.conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("bench: open channel: %w", err)
+		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
 	q := targetName(m)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("bench: declare queue %s: %w", q, err)
+		return nil, fmt.Errorf("declare queue %s: %w", q, err)
 	}
 	return &rabbitTarget{e: e, queue: q}, nil
 }
 
 func (e *rabbitEnv) close() {
+	if e == nil {
+		return
+	}
 	_ = e.pub.Close()
 	_ = e.conn.Close()
 }
@@ -200,7 +225,7 @@ func (t *rabbitTarget) source(ctx context.Context, m Mode) (consumer.Source, err
 // consume is the plain amqp091 consumer: one channel with basic.qos, manual
 // acks one at a time.
 func (t *rabbitTarget) consume(ctx context.Context, m Mode, workers int, handle rawHandler) error {
-	conn, err := amqp.DialConfig(t.e.cfg.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idemq-bench-" + string(m)}})
+	conn, err := dialRabbit(t.e.cfg.AMQPURL, "idemq-bench-"+string(m))
 	if err != nil {
 		return err
 	}
@@ -272,23 +297,45 @@ func newKafkaEnv(ctx context.Context, cfg Config) (*kafkaEnv, error) {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.ListenFn(listen),
 			kfake.GroupMinSessionTimeout(kafkatest.MinSessionTimeout))
 		if err != nil {
-			return nil, fmt.Errorf("bench: start kfake: %w", err)
+			return nil, fmt.Errorf("start kfake: %w", err)
 		}
 		e.cluster, e.brokers = c, c.ListenAddrs()
+		return e, nil
+	}
+	if err := probeKafka(ctx, e.brokers); err != nil {
+		return nil, err
 	}
 	return e, nil
+}
+
+// kafkaProbeTimeout bounds the metadata request that checks the brokers
+// answer before any mode runs.
+const kafkaProbeTimeout = 10 * time.Second
+
+// probeKafka asks the brokers for their metadata, so that brokers that
+// cannot be reached fail the run at once, saying so, rather than every mode.
+func probeKafka(ctx context.Context, brokers []string) error {
+	ctx, cancel := context.WithTimeout(ctx, kafkaProbeTimeout)
+	defer cancel()
+	transport := &kafkago.Transport{DialTimeout: kafkaProbeTimeout}
+	defer transport.CloseIdleConnections()
+	client := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: transport}
+	if _, err := client.Metadata(ctx, &kafkago.MetadataRequest{}); err != nil {
+		return fmt.Errorf("could not connect to the Kafka brokers %s (set --kafka-brokers): %w", strings.Join(brokers, ","), err)
+	}
+	return nil
 }
 
 func (e *kafkaEnv) target(ctx context.Context, m Mode) (target, error) {
 	name := targetName(m)
 	if err := kafkatest.CreateTopic(ctx, e.brokers[0], name, e.cfg.KafkaPartitions); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
 	// A publisher per topic: a shared one would keep metadata cached
 	// from before the topic existed.
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: e.brokers})
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, err
 	}
 	return &kafkaTarget{e: e, topic: name, group: name, pub: pub}, nil
 }
@@ -410,7 +457,7 @@ func (t *kafkaTarget) ready(ctx context.Context, members int) error {
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("bench: group %s not stable with %d members (last seen: %s): %w", t.group, members, state, ctx.Err())
+			return fmt.Errorf("group %s not stable with %d members (last seen: %s): %w", t.group, members, state, ctx.Err())
 		}
 		sleepCtx(ctx, 50*time.Millisecond)
 	}

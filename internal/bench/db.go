@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -23,9 +24,10 @@ const prefillConsumer = "bench-prefill"
 const purgeOlderThan = 24 * time.Hour
 
 func (r *runner) setupDB(ctx context.Context) error {
-	pcfg, err := pgxpool.ParseConfig(r.cfg.DatabaseURL)
+	dsn := r.cfg.DatabaseURL
+	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("bench: database URL: %w", err)
+		return redact.Error(fmt.Errorf("invalid database URL %s: %w", redact.DSN(dsn), err), dsn)
 	}
 	// The consumer's connections, plus the purge loop, the progress and
 	// verification queries.
@@ -33,15 +35,18 @@ func (r *runner) setupDB(ctx context.Context) error {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
+	connectErr := func(err error) error {
+		return redact.Error(fmt.Errorf("connect to Postgres at %s (set --database-url or DATABASE_URL): %w", redact.DSN(dsn), err), dsn)
+	}
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-		return fmt.Errorf("bench: connect to Postgres: %w", err)
+		return connectErr(err)
 	}
 	if err := r.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("bench: connect to Postgres: %w", err)
+		return connectErr(err)
 	}
 	schema := "idemq_bench_" + randomHex(6)
 	if _, err := r.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return fmt.Errorf("bench: create schema: %w", err)
+		return fmt.Errorf("create schema: %w", err)
 	}
 	r.schema = schema
 	store, err := r.store()
@@ -49,7 +54,7 @@ func (r *runner) setupDB(ctx context.Context) error {
 		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
-		return fmt.Errorf("bench: migrate: %w", err)
+		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
 }
@@ -76,7 +81,7 @@ func (r *runner) createLedger(ctx context.Context, key string) error {
 	amount bigint      NOT NULL,
 	at     timestamptz NOT NULL DEFAULT now())`)
 	if err != nil {
-		return fmt.Errorf("bench: create ledger: %w", err)
+		return fmt.Errorf("create ledger: %w", err)
 	}
 	return nil
 }
@@ -89,7 +94,7 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	}
 	var have int64
 	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", prefillConsumer).Scan(&have); err != nil {
-		return fmt.Errorf("bench: count prefill: %w", err)
+		return fmt.Errorf("count prefill: %w", err)
 	}
 	if have >= int64(n) {
 		return nil
@@ -103,14 +108,14 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 SELECT $1, 'p-' || g, sha256(int8send(g)), now() - interval '30 days', 'prefill'
 FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	if err != nil {
-		return fmt.Errorf("bench: prefill: %w", err)
+		return fmt.Errorf("prefill: %w", err)
 	}
 	// Measure the table in its steady state, not the database digesting a
 	// bulk load: without this, autovacuum's pass over the new rows and
 	// the checkpoint flushing them overlap the next mode (on two cores
 	// that cut batch-mode throughput by two thirds).
 	if _, err := r.pool.Exec(ctx, "VACUUM (ANALYZE) "+r.dedupTable()); err != nil {
-		return fmt.Errorf("bench: vacuum: %w", err)
+		return fmt.Errorf("vacuum: %w", err)
 	}
 	if _, err := r.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		// CHECKPOINT needs superuser or pg_checkpoint: go on without.

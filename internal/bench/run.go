@@ -36,6 +36,7 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	fail := func(err error) Result {
 		res.Verified = false
 		res.Error = err.Error()
+		res.err = err
 		return res
 	}
 	db := m != ModeBrokerOnly

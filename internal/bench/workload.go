@@ -54,11 +54,11 @@ func body(j int32) []byte {
 func parseBody(b []byte) (string, int64, error) {
 	id, amt, ok := strings.Cut(string(b), ":")
 	if !ok {
-		return "", 0, errors.New("bench: malformed body")
+		return "", 0, errors.New("malformed body")
 	}
 	n, err := strconv.ParseInt(amt, 10, 64)
 	if err != nil {
-		return "", 0, errors.New("bench: malformed amount")
+		return "", 0, errors.New("malformed amount")
 	}
 	return id, n, nil
 }
