@@ -16,8 +16,8 @@
 // summary until interrupted.
 //
 // Postgres comes from DATABASE_URL, defaulting to the local server. The
-// program works in its own schema, idemq_quickstart, which it recreates on
-// every run.
+// program works in its own schema, idemq_quickstart (-schema), which it
+// recreates on every run. Its errors never show the database password.
 package main
 
 import (
@@ -46,15 +46,16 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
 	idemqprom "github.com/idemq/idemq/observability/prometheus"
 	"github.com/idemq/idemq/processed"
 )
 
 const (
-	defaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	schema     = "idemq_quickstart"
-	queue      = "payments"
-	dlqQueue   = "payments.dlq"
+	defaultURL    = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultSchema = "idemq_quickstart"
+	queue         = "payments"
+	dlqQueue      = "payments.dlq"
 )
 
 // Payment is the message body.
@@ -68,11 +69,23 @@ type Payment struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
+
+// usageError is a mistake on the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() + " (run with -h for the flags)" }
+func (e usageError) Unwrap() error { return e.err }
 
 type options struct {
 	payments    int
@@ -80,34 +93,60 @@ type options struct {
 	seed        uint64
 	verbose     bool
 	metrics     string
+	schema      string
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
+// run runs the quickstart, printing to out. On -h or --help it prints the
+// usage to out and returns flag.ErrHelp. No error it returns contains the
+// database password.
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
+	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL == "" {
+		dbURL = defaultURL
+	}
+	defer func() {
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			err = redact.Error(err, dbURL)
+		}
+	}()
 	var o options
 	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: go run ./examples/quickstart [flags]\n\nPublishes a payment workload with duplicates and poison messages to the\nmemory broker, applies it to Postgres ($DATABASE_URL) with idemq, and checks\nevery balance.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	fs.IntVar(&o.payments, "payments", 2000, "distinct payments to publish")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "messages handled at once")
 	fs.Uint64Var(&o.seed, "seed", 42, "random seed for the workload")
 	fs.BoolVar(&o.verbose, "v", false, "log the runtime's decisions to stderr")
 	fs.StringVar(&o.metrics, "metrics", "", "serve Prometheus metrics on `ADDR` (such as 127.0.0.1:9464) at /metrics while the quickstart runs, until interrupted")
+	fs.StringVar(&o.schema, "schema", defaultSchema, "Postgres `schema` for the quickstart's tables, dropped and recreated on every run")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(out)
+			fs.Usage()
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if o.payments < 10 {
-		return errors.New("-payments must be at least 10")
+		return usageError{errors.New("-payments must be at least 10")}
+	}
+	if o.concurrency < 1 {
+		return usageError{errors.New("-concurrency must be at least 1")}
 	}
 
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultURL
-	}
-	pool, err := connect(ctx, url, o.concurrency)
+	pool, err := connect(ctx, dbURL, o.concurrency)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	store, err := setupSchema(ctx, pool)
+	store, err := setupSchema(ctx, pool, o.schema)
 	if err != nil {
 		return err
 	}
@@ -235,10 +274,12 @@ func (m *metricsServer) close() {
 	_ = m.srv.Shutdown(ctx)
 }
 
+// connect opens a pool on url and checks it answers. Its errors show url
+// without its password.
 func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL %q: %w", url, err)
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
 	}
 	cfg.MaxConns = int32(concurrency + 2)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -251,21 +292,21 @@ func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, e
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("cannot reach Postgres at %s: %w\n(start Postgres, or set DATABASE_URL to a server you can use)", cfg.ConnConfig.ConnString(), err)
+		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s: %w\n(start Postgres, or set DATABASE_URL to a server you can use)", redact.DSN(url), err), url)
 	}
 	return pool, nil
 }
 
 // setupSchema recreates the quickstart's schema: the dedup table and the
 // business tables.
-func setupSchema(ctx context.Context, pool *pgxpool.Pool) (*processed.Store, error) {
-	s := pgx.Identifier{schema}.Sanitize()
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("reset schema: %w", err)
-	}
+func setupSchema(ctx context.Context, pool *pgxpool.Pool, schema string) (*processed.Store, error) {
 	store, err := processed.New(pool, processed.Config{Schema: schema})
 	if err != nil {
 		return nil, err
+	}
+	s := pgx.Identifier{schema}.Sanitize()
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
+		return nil, fmt.Errorf("reset schema: %w", err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		return nil, err
@@ -282,17 +323,23 @@ INSERT INTO `+s+`.accounts (id) SELECT 'acct-' || lpad(i::text, 2, '0') FROM gen
 
 // workload is the published messages and what they should add up to.
 type workload struct {
-	phase1, phase2 []*consumer.Message
-	expected       map[string]int64 // account -> cents
-	validPayments  int
-	duplicates     int
-	poison         int
-	failOnce       sync.Map // payment ids whose first attempt fails
+	// accounts and ledger are the business tables, quoted.
+	accounts, ledger string
+	phase1, phase2   []*consumer.Message
+	expected         map[string]int64 // account -> cents
+	validPayments    int
+	duplicates       int
+	poison           int
+	failOnce         sync.Map // payment ids whose first attempt fails
 }
 
 func newWorkload(o options) *workload {
 	rng := rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15))
-	w := &workload{expected: map[string]int64{}}
+	w := &workload{
+		accounts: pgx.Identifier{o.schema, "accounts"}.Sanitize(),
+		ledger:   pgx.Identifier{o.schema, "ledger"}.Sanitize(),
+		expected: map[string]int64{},
+	}
 	var originals []*consumer.Message
 	poison := map[int]bool{} // indexes into originals of messages that must be dead-lettered
 	for i := 1; i <= o.payments; i++ {
@@ -368,14 +415,14 @@ func (w *workload) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message)
 	if _, ok := w.failOnce.LoadAndDelete(p.PaymentID); ok {
 		return errors.New("simulated transient failure (lock timeout)")
 	}
-	tag, err := tx.Exec(ctx, `UPDATE idemq_quickstart.accounts SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
+	tag, err := tx.Exec(ctx, `UPDATE `+w.accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
 	if err != nil {
 		return fmt.Errorf("credit account: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return consumer.Permanent(fmt.Errorf("unknown account %q", p.Account))
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO idemq_quickstart.ledger (payment_id, account, amount_cents) VALUES ($1, $2, $3)`,
+	_, err = tx.Exec(ctx, `INSERT INTO `+w.ledger+` (payment_id, account, amount_cents) VALUES ($1, $2, $3)`,
 		p.PaymentID, p.Account, p.AmountCents)
 	return err
 }
@@ -405,7 +452,7 @@ func (c *classCounter) String() string {
 
 func report(ctx context.Context, out io.Writer, pool *pgxpool.Pool, s consumer.Stats, classes *classCounter,
 	dlqDepth int, w *workload, elapsed time.Duration) error {
-	rows, err := pool.Query(ctx, `SELECT id, balance_cents FROM idemq_quickstart.accounts`)
+	rows, err := pool.Query(ctx, `SELECT id, balance_cents FROM `+w.accounts)
 	if err != nil {
 		return err
 	}
@@ -424,7 +471,7 @@ func report(ctx context.Context, out io.Writer, pool *pgxpool.Pool, s consumer.S
 		return err
 	}
 	var ledgerRows, distinct int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id) FROM idemq_quickstart.ledger`).Scan(&ledgerRows, &distinct); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id) FROM `+w.ledger).Scan(&ledgerRows, &distinct); err != nil {
 		return err
 	}
 	wrong := 0
