@@ -14,6 +14,7 @@
 // The broker comes from AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/)
 // and Postgres from DATABASE_URL (default the local server). The program
 // works in its own schema, idemq_example_rabbitmq, recreated on every run.
+// Its errors never show the database or broker password.
 package main
 
 import (
@@ -38,6 +39,7 @@ import (
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -58,11 +60,23 @@ type Payment struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "rabbitmq example:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "rabbitmq example:", err)
 		os.Exit(1)
 	}
 }
+
+// usageError is a mistake on the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() + " (run with -h for the flags)" }
+func (e usageError) Unwrap() error { return e.err }
 
 type options struct {
 	payments    int
@@ -71,19 +85,10 @@ type options struct {
 	verbose     bool
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
-	var o options
-	fs := flag.NewFlagSet("rabbitmq", flag.ContinueOnError)
-	fs.IntVar(&o.payments, "payments", 500, "distinct payments to publish")
-	fs.IntVar(&o.concurrency, "concurrency", 8, "messages handled at once")
-	fs.Uint64Var(&o.seed, "seed", 7, "random seed for the workload")
-	fs.BoolVar(&o.verbose, "v", false, "log the runtime's decisions to stderr")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if o.payments < 1 || o.concurrency < 1 {
-		return errors.New("-payments and -concurrency must be at least 1")
-	}
+// run runs the example, printing to out. On -h or --help it prints the
+// usage to out and returns flag.ErrHelp. No error it returns contains the
+// database or broker password.
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	amqpURL := os.Getenv("AMQP_URL")
 	if amqpURL == "" {
 		amqpURL = rabbitmq.DefaultURL
@@ -92,11 +97,46 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
+	defer func() {
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			err = redact.Error(err, dbURL, amqpURL)
+		}
+	}()
+	var o options
+	fs := flag.NewFlagSet("rabbitmq", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: go run ./examples/rabbitmq [flags]\n\nPublishes payments with duplicates and a poison payment to RabbitMQ\n($AMQP_URL), consumes them into Postgres ($DATABASE_URL) with idemq, and\nchecks every balance and the dead-letter queue.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&o.payments, "payments", 500, "distinct payments to publish")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "messages handled at once")
+	fs.Uint64Var(&o.seed, "seed", 7, "random seed for the workload")
+	fs.BoolVar(&o.verbose, "v", false, "log the runtime's decisions to stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(out)
+			fs.Usage()
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if o.payments < 1 || o.concurrency < 1 {
+		return usageError{errors.New("-payments and -concurrency must be at least 1")}
+	}
 	logger := slog.New(slog.DiscardHandler)
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 
+	// Queues left by an earlier run are deleted first; this also checks
+	// that RabbitMQ answers before the database is touched.
+	if err := deleteTopology(amqpURL); err != nil {
+		return err
+	}
 	pool, err := connect(ctx, dbURL, o.concurrency)
 	if err != nil {
 		return err
@@ -108,13 +148,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	// The topology: the work queue dead-letters to queue.dlx, bound to
-	// queue.dlq. Queues left by an earlier run are deleted first.
+	// queue.dlq.
 	topo := rabbitmq.Topology{Queue: queue}
-	if err := deleteTopology(amqpURL); err != nil {
-		return err
-	}
 	if err := rabbitmq.DeclareTopology(ctx, amqpURL, topo); err != nil {
-		return fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", amqpURL, err)
+		return redact.Error(fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err), amqpURL)
 	}
 	defer func() {
 		if err := deleteTopology(amqpURL); err != nil {
@@ -200,10 +237,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return report(ctx, out, pool, rt.Stats(), dlqDepth, inspection, w, elapsed)
 }
 
+// connect opens a pool on url and checks it answers. Its errors show url
+// without its password.
 func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL %q: %w", url, err)
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
 	}
 	cfg.MaxConns = int32(concurrency + 2)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -216,7 +255,7 @@ func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, e
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", cfg.ConnConfig.ConnString(), err)
+		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
 	}
 	return pool, nil
 }
@@ -246,10 +285,11 @@ INSERT INTO `+s+`.accounts (id) SELECT 'acct-' || i FROM generate_series(1, `+fm
 }
 
 // deleteTopology deletes the example's queues and exchange, if they exist.
+// Its errors show url without its password.
 func deleteTopology(url string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", url, err)
+		return redact.Error(fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err), url)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

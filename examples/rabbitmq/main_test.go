@@ -3,13 +3,115 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
+	"net"
 	"os"
+	"os/exec"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/internal/testdb"
 )
+
+// TestMain runs main instead of the tests when the test binary is started
+// by runMain, so tests can see main's output and exit status.
+func TestMain(m *testing.M) {
+	if os.Getenv("RABBITMQ_EXAMPLE_TEST_MAIN") == "1" {
+		os.Args = append([]string{"rabbitmq"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runMain runs the program with args and the environment plus env, and
+// returns its exit status and output.
+func runMain(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "RABBITMQ_EXAMPLE_TEST_MAIN=1"), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+}
+
+// secret is the password of the URLs below.
+const secret = "hunter2Secret"
+
+// deadPort returns a loopback port nothing listens on.
+func deadPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// amqpURL is the broker the tests use.
+func amqpURL() string {
+	if u := os.Getenv("IDEMQ_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// TestRabbitMQExamplePasswordNeverPrinted runs the program with broker and
+// database URLs that carry a password, unreachable, unparseable or refused:
+// it fails with a clear error that does not contain the password.
+func TestRabbitMQExamplePasswordNeverPrinted(t *testing.T) {
+	port := deadPort(t)
+	for _, c := range []struct {
+		amqp, db, stderr string
+	}{
+		{"amqp://app:" + secret + "@127.0.0.1:" + port + "/", testdb.URL(), "cannot reach RabbitMQ at amqp://app:xxxxx@127.0.0.1:" + port + "/"},
+		{"amqp://app:" + secret + "@127.0.0.1:notaport/", testdb.URL(), "cannot reach RabbitMQ"},
+		{"amqp://app:" + secret + "%zz@127.0.0.1:" + port + "/", testdb.URL(), "cannot reach RabbitMQ at (unparseable URL)"},
+		{"amqp://guest:" + secret + "@127.0.0.1:5672/", testdb.URL(), "cannot reach RabbitMQ at amqp://guest:xxxxx@127.0.0.1:5672/"},
+		{amqpURL(), "postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres at postgres://app:xxxxx@127.0.0.1:" + port + "/test"},
+		{amqpURL(), "host=127.0.0.1 port=" + port + " user=app password=" + secret + " connect_timeout=2", "cannot reach Postgres at (the DSN)"},
+		{amqpURL(), "postgres://app:" + secret + "@[::1/test", "invalid DATABASE_URL (the DSN)"},
+	} {
+		code, stdout, stderr := runMain(t, []string{"AMQP_URL=" + c.amqp, "DATABASE_URL=" + c.db})
+		if code != 1 || !strings.Contains(stderr, c.stderr) {
+			t.Errorf("AMQP_URL %s, DATABASE_URL %s: exit %d, stderr %q; want 1 and %q", c.amqp, c.db, code, stderr, c.stderr)
+		}
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("the password leaked:\nstdout: %s\nstderr: %s", stdout, stderr)
+		}
+	}
+}
+
+// TestRabbitMQExampleHelp: -h and --help print the usage and exit 0; a bad
+// flag exits 2.
+func TestRabbitMQExampleHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "-payments") {
+		t.Fatalf("run -h: %v\n%s", err, out.String())
+	}
+	for _, arg := range []string{"-h", "--help"} {
+		code, stdout, stderr := runMain(t, nil, arg)
+		if code != 0 || !strings.Contains(stdout, "Usage: go run ./examples/rabbitmq") || !strings.Contains(stdout, "-concurrency") || stderr != "" {
+			t.Errorf("%s: exit %d\nstdout: %s\nstderr: %s", arg, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runMain(t, nil, "-nosuchflag"); code != 2 || !strings.Contains(stderr, "-nosuchflag") {
+		t.Errorf("bad flag: exit %d, stderr %s", code, stderr)
+	}
+}
 
 func TestRabbitMQExample(t *testing.T) {
 	t.Setenv("DATABASE_URL", testdb.URL())
