@@ -83,7 +83,10 @@ type Config struct {
 	// finishing. A request that crashed mid-way leaves its claim behind;
 	// after LockTimeout a retry with the same fingerprint takes it over.
 	// A request still running holds a row lock on its claim, so it is
-	// never taken over, however long it runs. Defaults to 1m.
+	// never taken over, however long it runs. It also bounds the
+	// Retry-After of a 409: a duplicate is told to wait as long as the
+	// request in progress has run so far, at least 1s and at most the time
+	// left on its lock. Defaults to 1m.
 	LockTimeout time.Duration
 	// ReplayHeaders are the response headers stored and replayed with the
 	// status and body. Defaults to Content-Type and Location.

@@ -15,7 +15,11 @@
 //   - A retry of a completed key gets the stored response, with the header
 //     Idempotent-Replayed: true. The handler does not run.
 //   - A retry while the first request is still running gets 409 Conflict
-//     with Retry-After.
+//     with Retry-After: as many seconds as that request has been running
+//     (it will likely need about as long again), at least 1 and at most
+//     the time left on its lock (see [Config.LockTimeout]). Duplicates of a
+//     request that takes milliseconds are told to retry after 1 second,
+//     not after the whole lock timeout.
 //   - The same key with a different request (another method, path, query or
 //     body) gets 422 Unprocessable Entity: the key was reused by mistake.
 //   - A 5xx response or a panic rolls the transaction back and releases the
@@ -34,8 +38,8 @@
 // Send Idempotency-Key (at most 255 printable ASCII characters; a random
 // UUID is ideal) on POST, PUT, PATCH and DELETE. Retry a failed or timed-out
 // request with the same key and the same body. On 409, wait Retry-After
-// seconds and retry. On 422, the key was already used for a different
-// request: use a new key. Keys are remembered for the retention the operator
+// seconds (1 while the first request is young) and retry. On 422, the key
+// was already used for a different request: use a new key. Keys are remembered for the retention the operator
 // chooses ([Middleware.Purge]); a key reused after its record was purged is a
 // new request.
 //
@@ -125,11 +129,12 @@ func New(cfg Config) (*Middleware, error) {
 	m.sql.insert = `INSERT INTO ` + t + ` (scope, key, fingerprint, method, path, state, lock_token, locked_until)
 VALUES ($1, $2, $3, $6, $7, 'in_progress', $4, ` + lease + `)
 ON CONFLICT (scope, key) DO NOTHING`
-	retryAfter := `greatest(1, ceil(extract(epoch FROM locked_until - now())))::bigint`
+	// The time left on the lock, in microseconds (0 once completed).
+	remaining := `coalesce((extract(epoch FROM locked_until - now()) * 1000000)::bigint, 0)`
 	m.sql.lockSkip = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''),
-	coalesce(locked_until <= now(), false), coalesce(` + retryAfter + `, 1)
+	coalesce(locked_until <= now(), false), ` + remaining + `
 FROM ` + t + ` WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED`
-	m.sql.peek = `SELECT fingerprint, coalesce(` + retryAfter + `, 1) FROM ` + t + ` WHERE scope = $1 AND key = $2`
+	m.sql.peek = `SELECT fingerprint, ` + remaining + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`
 	m.sql.takeover = `UPDATE ` + t + ` SET lock_token = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
 	takeovers = takeovers + 1 WHERE scope = $1 AND key = $2`
 	// A row lock, not an update: a new row version would make concurrent
@@ -210,7 +215,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		w.WriteHeader(res.status)
 		_, _ = w.Write(res.body)
 	case outcomeInProgress:
-		w.Header().Set("Retry-After", strconv.FormatInt(res.retryAfter, 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter(res.remaining, m.cfg.LockTimeout), 10))
 		reject(w, http.StatusConflict, "a request with this "+m.cfg.Header+" is in progress")
 	case outcomeMismatch:
 		reject(w, http.StatusUnprocessableEntity, "this "+m.cfg.Header+" was used for a different request")
@@ -240,11 +245,30 @@ const (
 )
 
 type claimResult struct {
-	outcome    outcome
-	status     int
-	headers    http.Header
-	body       []byte
-	retryAfter int64
+	outcome outcome
+	status  int
+	headers http.Header
+	body    []byte
+	// remaining is the time left on the lock of a claim in progress.
+	remaining time.Duration
+}
+
+// retryAfter is the Retry-After, in whole seconds, for a duplicate of a
+// request in progress whose lock has remaining left of lockTimeout. The lock
+// was taken lockTimeout-remaining ago, when the request claimed the key (or
+// took it over): that is how long the request has been running, and about
+// how much longer it is likely to need. The wait is that age, at least 1s
+// and at most remaining, after which a claim left by a crashed request can
+// be taken over. A request still running past its lock (it keeps the claim)
+// gets at most lockTimeout.
+func retryAfter(remaining, lockTimeout time.Duration) int64 {
+	age := lockTimeout - remaining
+	limit := remaining
+	if limit <= 0 {
+		limit = lockTimeout
+	}
+	wait := min(max(age, time.Second), max(limit, time.Second))
+	return int64((wait + time.Second - 1) / time.Second)
 }
 
 // maxClaimAttempts bounds the loop when a conflicting row vanishes (is
@@ -285,14 +309,17 @@ func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, metho
 			headers map[string][]string
 			stale   bool
 		)
-		err = tx.QueryRow(ctx, m.sql.lockSkip, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &stale, &res.retryAfter)
+		var remainingUs int64
+		err = tx.QueryRow(ctx, m.sql.lockSkip, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &stale, &remainingUs)
+		res.remaining = time.Duration(remainingUs) * time.Microsecond
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Locked by a request that is running its handler, or gone.
-			err = tx.QueryRow(ctx, m.sql.peek, c.scope, c.key).Scan(&fp, &res.retryAfter)
+			err = tx.QueryRow(ctx, m.sql.peek, c.scope, c.key).Scan(&fp, &remainingUs)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return res, true, nil
 			}
+			res.remaining = time.Duration(remainingUs) * time.Microsecond
 			if err != nil {
 				return res, false, m.wrap("claim: read", err)
 			}

@@ -542,3 +542,72 @@ func TestCanonicalJSON(t *testing.T) {
 		}
 	}
 }
+
+func TestRetryAfterFormula(t *testing.T) {
+	const lock = time.Minute
+	for _, c := range []struct {
+		remaining, lockTimeout time.Duration
+		want                   int64
+	}{
+		{lock - 20*time.Millisecond, lock, 1},   // a request 20ms old
+		{lock - 1500*time.Millisecond, lock, 2}, // 1.5s old: about as long again
+		{lock - 10*time.Second, lock, 10},
+		{lock - 50*time.Second, lock, 10}, // 50s old, but the lock ends in 10s
+		{200 * time.Millisecond, lock, 1}, // the lock ends in 200ms
+		{-5 * time.Second, lock, 60},      // past its lock, still running: at most the lock timeout
+		{-5 * time.Second, 100 * time.Millisecond, 1},
+		{2 * lock, lock, 1}, // locked with a longer timeout than today's
+		{400 * time.Millisecond, 400 * time.Millisecond, 1},
+	} {
+		if got := httpidem.RetryAfter(c.remaining, c.lockTimeout); got != c.want {
+			t.Errorf("RetryAfter(remaining %s, lock timeout %s) = %d, want %d", c.remaining, c.lockTimeout, got, c.want)
+		}
+	}
+}
+
+// TestRetryAfterFollowsTheRequestsAge: with the default one-minute lock,
+// duplicates of a request that has just started are told to retry after
+// 1s, and after about its age once it has run for a while; never after the
+// whole lock timeout.
+func TestRetryAfterFollowsTheRequestsAge(t *testing.T) {
+	t.Parallel()
+	a := newApp(t, httpidem.Config{})
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	var once sync.Once
+	a.before = func(http.ResponseWriter, *http.Request) bool {
+		once.Do(func() { close(entered) })
+		select {
+		case <-release:
+		case <-time.After(20 * time.Second):
+		}
+		return true
+	}
+	started := time.Now()
+	done := make(chan resp, 1)
+	go func() { done <- a.post(t, "k1", pay) }()
+	<-entered
+	retryAfter := func() int {
+		t.Helper()
+		r := a.post(t, "k1", pay)
+		if r.status != http.StatusConflict {
+			t.Fatalf("duplicate: %+v, want 409", r)
+		}
+		var n int
+		if _, err := fmt.Sscan(r.header.Get("Retry-After"), &n); err != nil {
+			t.Fatalf("Retry-After %q: %v", r.header.Get("Retry-After"), err)
+		}
+		return n
+	}
+	if n, age := retryAfter(), time.Since(started); n < 1 || time.Duration(n-1)*time.Second > age {
+		t.Errorf("Retry-After %d for a request %s old, want 1 (its age, at least 1s)", n, age)
+	}
+	time.Sleep(2100*time.Millisecond - time.Since(started))
+	if n, age := retryAfter(), time.Since(started); n < 2 || time.Duration(n-1)*time.Second > age {
+		t.Errorf("Retry-After %d for a request %s old, want its age in seconds", n, age)
+	}
+	close(release)
+	if r := <-done; r.status != http.StatusCreated {
+		t.Fatalf("first request: %+v", r)
+	}
+}
