@@ -11,15 +11,28 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Group is the dead-lettered messages sharing an error class and error text.
+// Group is the dead-lettered messages sharing a FailureFingerprint: one
+// consumer, one original source, one error class and one shape of the
+// error text (NormalizeError), however their texts differ in ids, times
+// and values.
 type Group struct {
-	Class     consumer.FailureClass `json:"class"`
-	Error     string                `json:"error"`
-	Count     int                   `json:"count"`
-	FirstSeen time.Time             `json:"first_seen,omitzero"`
-	LastSeen  time.Time             `json:"last_seen,omitzero"`
-	Consumers []string              `json:"consumers"`
-	Sources   []string              `json:"sources"`
+	// Fingerprint is the group's FailureFingerprint.
+	Fingerprint string                `json:"fingerprint"`
+	Class       consumer.FailureClass `json:"class"`
+	// Pattern is the shape of the group's error texts (NormalizeError).
+	Pattern string `json:"pattern"`
+	// Error is one sample error text of the group: the first one read.
+	Error string `json:"error"`
+	Count int    `json:"count"`
+	// FirstSeen is the earliest first failure of the group's messages
+	// (Record.FirstSeen); LastSeen the latest last failure.
+	FirstSeen time.Time `json:"first_seen,omitzero"`
+	LastSeen  time.Time `json:"last_seen,omitzero"`
+	// Consumers and Sources hold the group's consumer and original
+	// source: at most one each, since both are part of the fingerprint
+	// (none for a message without an envelope, or without a source).
+	Consumers []string `json:"consumers"`
+	Sources   []string `json:"sources"`
 	// Sample holds up to five message ids of the group.
 	Sample []string `json:"sample_ids"`
 	// Unverified counts the group's messages whose envelope is not signed
@@ -49,7 +62,9 @@ func VerifyWith(keys ...[]byte) InspectOption {
 }
 
 // Inspect reads the dead-letter queue, as it was at the start, and groups its
-// messages by error class and error text, largest group first. With
+// messages by FailureFingerprint (consumer, source, error class and the
+// shape of the error text), largest group first, groups of one size in the
+// order their first message was read. With
 // VerifyWith it also counts the messages whose envelope no key verifies. It
 // consumes nothing: it closes the browser, which gives every message back.
 func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...InspectOption) (Report, error) {
@@ -66,7 +81,7 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...I
 	if err != nil {
 		return rep, err
 	}
-	index := map[[2]string]int{}
+	index := map[string]int{}
 	for limit <= 0 || rep.Total < limit {
 		d, err := b.Next(ctx)
 		if errors.Is(err, io.EOF) {
@@ -85,12 +100,14 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...I
 			continue
 		}
 		rep.Total++
-		k := [2]string{string(rec.Class), rec.Error}
-		i, ok := index[k]
+		shape := NormalizeError(rec.Error, rec.MessageID)
+		fp := fingerprintOf(rec.Entry, shape)
+		i, ok := index[fp]
 		if !ok {
 			i = len(rep.Groups)
-			index[k] = i
-			rep.Groups = append(rep.Groups, Group{Class: rec.Class, Error: rec.Error})
+			index[fp] = i
+			rep.Groups = append(rep.Groups, Group{Fingerprint: fp, Class: rec.Class, Pattern: shape, Error: rec.Error,
+				Consumers: []string{}, Sources: []string{}})
 		}
 		g := &rep.Groups[i]
 		g.Count++
