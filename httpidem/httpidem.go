@@ -134,7 +134,8 @@ ON CONFLICT (scope, key) DO NOTHING`
 	m.sql.lockSkip = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''),
 	coalesce(locked_until <= now(), false), ` + remaining + `
 FROM ` + t + ` WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED`
-	m.sql.peek = `SELECT fingerprint, ` + remaining + ` FROM ` + t + ` WHERE scope = $1 AND key = $2`
+	m.sql.peek = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''), ` + remaining + `
+FROM ` + t + ` WHERE scope = $1 AND key = $2`
 	m.sql.takeover = `UPDATE ` + t + ` SET lock_token = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
 	takeovers = takeovers + 1 WHERE scope = $1 AND key = $2`
 	// A row lock, not an update: a new row version would make concurrent
@@ -315,17 +316,24 @@ func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, metho
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Locked by a request that is running its handler, or gone.
-			err = tx.QueryRow(ctx, m.sql.peek, c.scope, c.key).Scan(&fp, &remainingUs)
+			err = tx.QueryRow(ctx, m.sql.peek, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &remainingUs)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return res, true, nil
 			}
 			res.remaining = time.Duration(remainingUs) * time.Microsecond
-			if err != nil {
+			switch {
+			case err != nil:
 				return res, false, m.wrap("claim: read", err)
-			}
-			res.outcome = outcomeInProgress
-			if !bytes.Equal(fp, c.fp[:]) {
+			case !bytes.Equal(fp, c.fp[:]):
 				res.outcome = outcomeMismatch
+			case state == "completed":
+				// Completed since SKIP LOCKED skipped it: the lock
+				// was the completing transaction's, or another
+				// duplicate's reading it.
+				res.outcome = outcomeReplay
+				res.headers = headers
+			default:
+				res.outcome = outcomeInProgress
 			}
 			return res, false, nil
 		case err != nil:
