@@ -6,8 +6,8 @@
 //	go run ./examples/http-payments          # -addr 127.0.0.1:8080
 //
 // Postgres comes from DATABASE_URL (default the local server). The program
-// works in the schema idemq_example_http, created if missing. See README.md
-// for a curl walk-through.
+// works in the schema idemq_example_http, created if missing. Its errors
+// never show the database password. See README.md for a curl walk-through.
 package main
 
 import (
@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/httpidem"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 const (
@@ -40,25 +42,58 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -h: the usage is printed
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "http-payments:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "http-payments:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, logOut io.Writer) error {
-	fs := flag.NewFlagSet("http-payments", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
-	schema := fs.String("schema", defaultSchema, "Postgres schema for the example's tables")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+// usageError is a mistake on the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() + " (run with -h for the flags)" }
+func (e usageError) Unwrap() error { return e.err }
+
+// run serves the API until ctx is done, logging to logOut. On -h or --help
+// it prints the usage to stdout and returns flag.ErrHelp. No error it
+// returns contains the database password.
+func run(ctx context.Context, args []string, stdout, logOut io.Writer) (err error) {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
+	defer func() {
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			err = redact.Error(err, dbURL)
+		}
+	}()
+	fs := flag.NewFlagSet("http-payments", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: go run ./examples/http-payments [flags]\n\nServes a payments API whose POST /payments is idempotent per\nIdempotency-Key, on Postgres ($DATABASE_URL). See README.md for a curl\nwalk-through.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
+	schema := fs.String("schema", defaultSchema, "Postgres schema for the example's tables")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
 	log := slog.New(slog.NewTextHandler(logOut, nil))
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
@@ -100,6 +135,28 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	return srv.Shutdown(shutdown)
 }
 
+// connect opens a pool on url and checks it answers. Its errors show url
+// without its password.
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, cfg)
+	if err == nil {
+		err = pool.Ping(cctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
+	}
+	return pool, nil
+}
+
 // newApp creates the tables and returns the API.
 func newApp(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (http.Handler, *httpidem.Middleware, error) {
 	mw, err := httpidem.New(httpidem.Config{
@@ -138,6 +195,7 @@ CREATE TABLE IF NOT EXISTS `+s.payments+` (
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.createPayment)
+	mux.HandleFunc("GET /payments/{id}", s.getPayment)
 	mux.HandleFunc("GET /accounts/{id}", s.getAccount)
 	return mw.Wrap(mux), mw, nil
 }
@@ -190,6 +248,32 @@ RETURNING balance_cents`, p.Account, p.AmountCents).Scan(&rc.BalanceCents)
 	rc.Account, rc.AmountCents = p.Account, p.AmountCents
 	w.Header().Set("Location", fmt.Sprintf("/payments/%d", rc.PaymentID))
 	writeJSON(w, http.StatusCreated, rc)
+}
+
+// PaymentRecord is the response to GET /payments/{id}, the resource a
+// created payment's Location names.
+type PaymentRecord struct {
+	PaymentID   int64     `json:"payment_id"`
+	Account     string    `json:"account"`
+	AmountCents int64     `json:"amount_cents"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+func (s *api) getPayment(w http.ResponseWriter, r *http.Request) {
+	var p PaymentRecord
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err == nil {
+		err = s.pool.QueryRow(r.Context(), `SELECT id, account, amount_cents, created_at FROM `+s.payments+` WHERE id = $1`, id).
+			Scan(&p.PaymentID, &p.Account, &p.AmountCents, &p.CreatedAt)
+	}
+	switch {
+	case errors.Is(err, strconv.ErrSyntax), errors.Is(err, strconv.ErrRange), errors.Is(err, pgx.ErrNoRows):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such payment"})
+	case err != nil:
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+	default:
+		writeJSON(w, http.StatusOK, p)
+	}
 }
 
 func (s *api) getAccount(w http.ResponseWriter, r *http.Request) {

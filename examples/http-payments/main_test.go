@@ -1,12 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,9 +60,26 @@ func TestWalkThrough(t *testing.T) {
 	if st != http.StatusCreated || hdr.Get("Location") == "" {
 		t.Fatalf("create: %d %s", st, first)
 	}
+	// Its Location is the payment.
+	var receipt Receipt
+	if err := json.Unmarshal([]byte(first), &receipt); err != nil {
+		t.Fatal(err)
+	}
+	location := hdr.Get("Location")
+	st, _, b := do("GET", location, "", "")
+	var rec PaymentRecord
+	if err := json.Unmarshal([]byte(b), &rec); st != http.StatusOK || err != nil || rec.PaymentID != receipt.PaymentID ||
+		rec.Account != "acct-1" || rec.AmountCents != 500 || rec.CreatedAt.IsZero() {
+		t.Fatalf("GET %s: %d %s %v", location, st, b, err)
+	}
+	for _, path := range []string{"/payments/999999", "/payments/x", "/payments/99999999999999999999"} {
+		if st, _, b := do("GET", path, "", ""); st != http.StatusNotFound {
+			t.Errorf("GET %s: %d %s, want 404", path, st, b)
+		}
+	}
 	// 2. The response was lost; the client retries (its clock moved on).
 	st, hdr, again := do("POST", "/payments", "pay-001", `{"account":"acct-1","amount_cents":500,"client_time":"10:00:05"}`)
-	if st != http.StatusCreated || again != first || hdr.Get(httpidem.ReplayedHeader) != "true" {
+	if st != http.StatusCreated || again != first || hdr.Get(httpidem.ReplayedHeader) != "true" || hdr.Get("Location") != location {
 		t.Fatalf("retry: %d %s %v", st, again, hdr)
 	}
 	// 3. The same key for another payment is a client bug.
@@ -69,17 +93,27 @@ func TestWalkThrough(t *testing.T) {
 	// 5. A burst of concurrent duplicates of a new payment.
 	var wg sync.WaitGroup
 	statuses := make([]int, 10)
+	headers := make([]http.Header, 10)
+	burst := time.Now()
 	for i := range statuses {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			statuses[i], _, _ = do("POST", "/payments", "pay-002", `{"account":"acct-1","amount_cents":250}`)
+			statuses[i], headers[i], _ = do("POST", "/payments", "pay-002", `{"account":"acct-1","amount_cents":250}`)
 		}()
 	}
 	wg.Wait()
-	for _, s := range statuses {
+	for i, s := range statuses {
 		if s != http.StatusCreated && s != http.StatusConflict {
 			t.Fatalf("concurrent duplicate: %d", s)
+		}
+		// A 409 says to retry after about as long as the first request
+		// has run: a second or so here, not the one-minute lock.
+		if s == http.StatusConflict {
+			n, err := strconv.Atoi(headers[i].Get("Retry-After"))
+			if err != nil || n < 1 || time.Duration(n-1)*time.Second > time.Since(burst) {
+				t.Errorf("409 with Retry-After %q after %s", headers[i].Get("Retry-After"), time.Since(burst))
+			}
 		}
 	}
 	// The burst may have ended with only 409s answered after the winner;
@@ -88,7 +122,7 @@ func TestWalkThrough(t *testing.T) {
 		t.Fatalf("pay-002 retry: %d %s", st, b)
 	}
 	// 6. The balance: each payment credited once.
-	st, _, b := do("GET", "/accounts/acct-1", "", "")
+	st, _, b = do("GET", "/accounts/acct-1", "", "")
 	var acct struct {
 		Balance int64 `json:"balance_cents"`
 	}
@@ -98,5 +132,78 @@ func TestWalkThrough(t *testing.T) {
 	var payments int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.payments`).Scan(&payments); err != nil || payments != 2 {
 		t.Fatalf("payments = %d, %v; want 2", payments, err)
+	}
+}
+
+// TestMain runs main instead of the tests when the test binary is started
+// by runMain, so tests can see main's output and exit status.
+func TestMain(m *testing.M) {
+	if os.Getenv("HTTP_PAYMENTS_TEST_MAIN") == "1" {
+		os.Args = append([]string{"http-payments"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runMain runs the program with args and the environment plus env, and
+// returns its exit status and output.
+func runMain(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "HTTP_PAYMENTS_TEST_MAIN=1"), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errOut.String()
+}
+
+// secret is the password of the database URLs below.
+const secret = "hunter2Secret"
+
+// TestPasswordNeverPrinted runs the program against unreachable and
+// unparseable DATABASE_URLs that carry a password: it fails before
+// listening, with a clear error that does not contain the password.
+func TestPasswordNeverPrinted(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	for _, c := range []struct{ url, stderr string }{
+		{"postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres at postgres://app:xxxxx@127.0.0.1:" + port + "/test"},
+		{"postgres://app@127.0.0.1:" + port + "/test?password=" + secret, "cannot reach Postgres at postgres://app@127.0.0.1:" + port + "/test?password=xxxxx"},
+		{"host=127.0.0.1 port=" + port + " user=app sslpassword=" + secret + " password=" + secret, "cannot reach Postgres at (the DSN)"},
+		{"postgres://app:" + secret + "%zz@127.0.0.1/test", "invalid DATABASE_URL (the DSN)"},
+	} {
+		code, stdout, stderr := runMain(t, []string{"DATABASE_URL=" + c.url}, "-addr", "127.0.0.1:0")
+		if code != 1 || !strings.Contains(stderr, c.stderr) {
+			t.Errorf("DATABASE_URL %s: exit %d, stderr %q; want 1 and %q", c.url, code, stderr, c.stderr)
+		}
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("the password leaked:\nstdout: %s\nstderr: %s", stdout, stderr)
+		}
+	}
+}
+
+// TestHelp: -h and --help print the usage and exit 0; a bad flag exits 2.
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, &out, io.Discard); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "-addr") {
+		t.Fatalf("run -h: %v\n%s", err, out.String())
+	}
+	for _, arg := range []string{"-h", "--help"} {
+		code, stdout, stderr := runMain(t, nil, arg)
+		if code != 0 || !strings.Contains(stdout, "Usage: go run ./examples/http-payments") || !strings.Contains(stdout, "-schema") || stderr != "" {
+			t.Errorf("%s: exit %d\nstdout: %s\nstderr: %s", arg, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runMain(t, nil, "-nosuchflag"); code != 2 || !strings.Contains(stderr, "-nosuchflag") {
+		t.Errorf("bad flag: exit %d, stderr %s", code, stderr)
 	}
 }
