@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"testing"
@@ -271,6 +272,43 @@ func TestEdgeKafkaControlRecordsNeverDelivered(t *testing.T) {
 				return true
 			})
 		})
+	}
+}
+
+// TestEdgeKafkaBrowserSkipsTransactionMarkers: brokers/kafka's Browser
+// (dlq inspect, replay and requeue) reads a transactional topic as a
+// read_committed consumer does, and ends at the high watermark even when
+// the last offsets are transaction markers.
+func TestEdgeKafkaBrowserSkipsTransactionMarkers(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	e := newEnv(t, 2)
+	want := produceScenario(ctx, t, e)
+	p := newTxnProducer(t, e)
+	p.txn(ctx, false, txnRecords("aborted-last", 0, 4, true)...) // the partitions end with aborts
+	b, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: e.c.Addrs(), Topic: e.topic, FetchMaxWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	var got []string
+	nctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		d, err := b.Next(nctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("next after %q: %v", got, err)
+		}
+		if isMarker(d.Message()) {
+			t.Errorf("browsed a transaction marker at %d@%d", d.Message().Partition, d.Message().Offset)
+		}
+		got = append(got, string(d.Message().Body))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("browsed %q,\nwant %q", trim(got), want)
 	}
 }
 

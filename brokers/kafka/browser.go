@@ -146,9 +146,10 @@ type Browser struct {
 	ctx    context.Context // done at Close: interrupts Next
 	cancel context.CancelFunc
 
-	nextMu sync.Mutex      // serialises Next; guards cur and r
-	cur    int             // index in parts of the partition being read
-	r      *kafkago.Reader // reader of parts[cur], or nil
+	nextMu   sync.Mutex  // serialises Next; guards cur and r
+	cur      int         // index in parts of the partition being read
+	r        *partReader // reader of parts[cur], or nil
+	failures int         // consecutive failed fetches
 
 	mu     sync.Mutex // guards closed and the parts' records
 	closed bool
@@ -303,12 +304,13 @@ func (b *Browser) Depth() int64 {
 // are read in ascending order, each in offset order. Next returns an error
 // wrapping io.EOF once every partition has been read up to its high
 // watermark at open, and one wrapping consumer.ErrSourceClosed after Close.
-// Fetch errors are retried by the partition reader until ctx is done.
+// Fetch errors are retried until ctx is done.
 //
-// The end of a partition is its last record below the high watermark. If
-// the offsets just below it hold no record (transaction markers of a
-// transactional producer; idemq's Publisher writes none), Next waits for
-// the partition's next record, which ends it, or for ctx.
+// Records are read as a read_committed consumer reads them (see Source):
+// records of aborted transactions and transaction markers are skipped. The
+// end of a partition is its last offset below the high watermark. If that
+// offset is still in an open transaction (idemq's Publisher writes none),
+// Next waits for the transaction to end, or for ctx.
 func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 	b.nextMu.Lock()
 	defer b.nextMu.Unlock()
@@ -334,7 +336,7 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 			}
 			b.r = r
 		}
-		m, err := b.r.FetchMessage(fctx)
+		f, err := b.r.next(fctx)
 		if err != nil {
 			switch {
 			case b.isClosed():
@@ -342,14 +344,26 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
 			}
-			// Not wrapped: io.EOF from a closed reader must not read as
-			// the end of the topic, and kafka-go's errors stay behind
-			// the boundary.
-			return nil, fmt.Errorf("kafka: browse topic %q, partition %d: %s", b.cfg.Topic, p.id, err)
+			if err := b.recover(fctx, p, err); err != nil {
+				if b.isClosed() {
+					return nil, b.closedErr()
+				}
+				return nil, err
+			}
+			continue
 		}
+		b.failures = 0
+		m := f.msg
 		if m.Offset >= p.high {
 			// Written after open: this pass is done with the partition.
 			b.nextPartition()
+			continue
+		}
+		if f.control {
+			// A transaction marker: never handed out.
+			if m.Offset >= p.high-1 {
+				b.nextPartition()
+			}
 			continue
 		}
 		rec := &browsedRecord{offset: m.Offset}
@@ -372,37 +386,52 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 	return nil, fmt.Errorf("kafka: browse topic %q: every partition read up to its high watermark: %w", b.cfg.Topic, io.EOF)
 }
 
-// reader opens a plain partition reader at p's start offset.
-func (b *Browser) reader(p *browsePart) (*kafkago.Reader, error) {
-	rcfg := kafkago.ReaderConfig{
-		Brokers:     b.cfg.Brokers,
-		Topic:       b.cfg.Topic,
-		Partition:   p.id,
-		Dialer:      b.cfg.Dialer,
-		MinBytes:    1,
-		MaxBytes:    b.cfg.FetchMaxBytes,
-		MaxWait:     b.cfg.FetchMaxWait,
-		Logger:      kafkaLogger(b.cfg.Logger, slog.LevelDebug),
-		ErrorLogger: kafkaLogger(b.cfg.Logger, slog.LevelWarn),
+// recover handles a failed fetch of p: after an offset out of range (the
+// records were deleted by retention) it moves to the partition's earliest
+// offset; after another error it waits a moment and lets Next retry. It
+// returns ctx's error if ctx ends first.
+func (b *Browser) recover(ctx context.Context, p *browsePart, err error) error {
+	b.failures++
+	if errors.Is(err, errOffsetOutOfRange) {
+		off, rerr := resolveOffset(ctx, b.client, b.cfg.Topic, p.id, kafkago.FirstOffset)
+		if rerr == nil {
+			b.log.Warn("kafka: browse: offset out of range; moving to the earliest offset", "partition", p.id, "offset", b.r.offset, "earliest", off)
+			b.r = &partReader{transport: b.transport, addr: b.r.addr, topic: b.r.topic, partition: p.id,
+				maxBytes: b.r.maxBytes, maxWait: b.r.maxWait, offset: max(off, b.r.offset)}
+			return nil
+		}
+		err = rerr
 	}
-	if err := rcfg.Validate(); err != nil {
-		return nil, fmt.Errorf("kafka: browse topic %q, partition %d: %s", b.cfg.Topic, p.id, err)
+	wait := min(time.Duration(b.failures)*100*time.Millisecond, 2*time.Second)
+	b.log.Warn("kafka: browse: fetch failed; retrying", "partition", p.id, "error", err, "wait", wait)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	r := kafkago.NewReader(rcfg)
-	if err := r.SetOffset(p.start); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("kafka: browse topic %q, partition %d: set offset %d: %s", b.cfg.Topic, p.id, p.start, err)
-	}
-	return r, nil
+}
+
+// reader opens a read_committed partition reader (see partReader) at p's
+// start offset.
+func (b *Browser) reader(p *browsePart) (*partReader, error) {
+	return &partReader{
+		transport: b.transport,
+		addr:      kafkago.TCP(b.cfg.Brokers...),
+		topic:     b.cfg.Topic,
+		partition: p.id,
+		maxBytes:  b.cfg.FetchMaxBytes,
+		maxWait:   b.cfg.FetchMaxWait,
+		offset:    p.start,
+	}, nil
 }
 
 // nextPartition closes the current reader and moves to the next partition.
 // The caller holds nextMu.
 func (b *Browser) nextPartition() {
-	if b.r != nil {
-		_ = b.r.Close()
-		b.r = nil
-	}
+	b.r = nil
 	b.cur++
 }
 
@@ -419,10 +448,7 @@ func (b *Browser) Close() error {
 		b.mu.Unlock()
 		b.cancel()
 		b.nextMu.Lock()
-		if b.r != nil {
-			_ = b.r.Close()
-			b.r = nil
-		}
+		b.r = nil
 		b.nextMu.Unlock()
 		if b.cfg.GroupID != "" {
 			b.closeErr = b.commit()
