@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
@@ -20,9 +21,14 @@ var dlqInspectCommand = &command{
 	name:    "dlq inspect",
 	summary: "summarise a dead-letter queue without consuming it",
 	help: `Reads every message of a dead-letter queue (RabbitMQ: fetched and then
-requeued in place; Kafka: read without committing) and groups them by error
-class and error text, with counts and first and last failure times. Nothing is
-consumed.
+requeued in place; Kafka: read without committing) and groups them by failure
+fingerprint: consumer, original source, error class and the shape of the error
+text, in which message ids, timestamps, UUIDs, hex ids, numbers and quoted
+values are replaced by placeholders (<id>, <time>, <uuid>, <hex>, <n>, "<q>"),
+so the dead letters of one cause form one group although each text names its
+own id and time. Each group shows its count, first and last failure, the shape
+and one sample error text (--json adds the fingerprint and up to five ids).
+Nothing is consumed.
 
 Examples:
   idemq dlq inspect --queue payments.dlq
@@ -48,7 +54,9 @@ unless --force is given.
 
 --dry-run consumes nothing: it classifies every selected message as
 already-applied, will-apply, fingerprint-mismatch or missing-id, and flags the
-ones beyond the retention horizon.
+ones beyond the retention horizon with the reason (how long ago it or the
+original it mismatched was first seen, or that a mismatch's original dedup
+row is gone); --json gives the reason as horizon_reason.
 
 --verify-key-file replays only messages whose envelope was signed with one
 of the listed keys (dlq.Options.SigningKey in the consumer); the others stay in
@@ -292,11 +300,16 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	if len(rep.Groups) == 0 {
 		return nil
 	}
+	// One row per group: the shape of its error texts, and below it, if
+	// they differ, one sample text.
 	tw := tabwriter.NewWriter(e.stdout, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tFIRST SEEN\tLAST SEEN\tCONSUMERS\tSOURCES\tERROR")
+	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tCONSUMER\tSOURCE\tFIRST SEEN\tLAST SEEN\tERROR")
 	for _, g := range rep.Groups {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Count, g.Class, when(g.FirstSeen), when(g.LastSeen),
-			strings.Join(g.Consumers, ","), strings.Join(g.Sources, ","), oneLine(g.Error, 80))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Count, orDash(string(g.Class)), orDash(strings.Join(g.Consumers, ",")),
+			orDash(strings.Join(g.Sources, ",")), when(g.FirstSeen), when(g.LastSeen), orDash(oneLine(g.Pattern, 160)))
+		if sample := oneLine(g.Error, 160); sample != oneLine(g.Pattern, 160) {
+			fmt.Fprintf(tw, "\t\t\t\t\t\te.g. %s\n", sample)
+		}
 	}
 	return tw.Flush()
 }
@@ -308,12 +321,22 @@ func when(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
+// oneLine puts s on one line of at most about n bytes. A longer text loses
+// its middle, not its end: a wrapped error ends with its cause (a SQLSTATE,
+// say).
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n-1] + "…"
+	if len(s) <= n {
+		return s
 	}
-	return s
+	head, tail := 2*n/3, len(s)-(n-2*n/3-1)
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	for tail < len(s) && !utf8.RuneStart(s[tail]) {
+		tail++
+	}
+	return s[:head] + "…" + s[tail:]
 }
 
 func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error {
@@ -391,10 +414,16 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 			return enc.Encode(cl)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 2, 8, 2, ' ', 0)
+		// The last column says why a message is beyond the horizon, or
+		// "-" if it is not.
 		fmt.Fprintln(tw, "MESSAGE ID\tCONSUMER\tCLASS\tVERDICT\tAPPLIED AT\tBEYOND HORIZON")
 		for _, it := range cl.Items {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", orDash(it.Record.MessageID), it.Record.Consumer, it.Record.Class,
-				it.Verdict, when(it.AppliedAt), it.BeyondHorizon)
+			horizon := "-"
+			if it.BeyondHorizon {
+				horizon = "yes: " + it.HorizonReason
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", orDash(it.Record.MessageID), it.Record.Consumer, it.Record.Class,
+				it.Verdict, when(it.AppliedAt), horizon)
 		}
 		_ = tw.Flush()
 		unverified := ""

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -174,7 +176,8 @@ func TestDLQReplayVerifyKeyFile(t *testing.T) {
 	deadLetter("forged", target, unsigned)
 
 	r := idemq(t, "dlq", "inspect", "--queue", dead, "--verify-key-file", keyFile)
-	want(t, r, 0, "3 dead-lettered messages in 1 groups; 1 unverified", "")
+	// The forged one names another source, so it is a group of its own.
+	want(t, r, 0, "3 dead-lettered messages in 2 groups; 1 unverified", "")
 	base := append([]string{"dlq", "replay", "--queue", dead, "--retention", "72h"}, dbArgs...)
 	want(t, idemq(t, append(base, "--verify-key-file", shortFile)...), 2, "", "at least 16")
 	want(t, idemq(t, append(base, "--verify-key-file", dir+"/missing.key")...), 2, "", "read key file")
@@ -186,5 +189,157 @@ func TestDLQReplayVerifyKeyFile(t *testing.T) {
 	want(t, r, 0, "1 unverified", "")
 	if w, tg, d := rmqDepth(t, work), rmqDepth(t, target), rmqDepth(t, dead); w != 2 || tg != 0 || d != 1 {
 		t.Fatalf("after replay: work queue %d (want 2), forged target %d (want 0), DLQ %d (want the forged one)", w, tg, d)
+	}
+}
+
+// deadLetters12 dead-letters twelve messages from four causes to the
+// RabbitMQ queue dead, each with its own id, times and values in its error
+// text, the way the runtime and handlers write them.
+func deadLetters12(ctx context.Context, t *testing.T, work, dead string) {
+	t.Helper()
+	dl := rmqDeadLetterer(ctx, t, dead, dlq.Options{})
+	base := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	for i := 0; i < 12; i++ {
+		id := fmt.Sprintf("order-%04d", 17*i+3)
+		at := base.Add(time.Duration(i) * 7 * time.Minute)
+		f := consumer.Failure{Consumer: "billing", MessageID: id, Attempts: 1, FirstFailure: at, LastFailure: at}
+		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
+		switch i % 4 {
+		case 0: // the runtime's mismatch text
+			f.Class, f.ProcessedAt = consumer.ClassFingerprintMismatch, at.Add(-time.Hour)
+			f.Err = fmt.Errorf("message id %q was applied at %s with a different payload", id, f.ProcessedAt.Format(time.RFC3339Nano))
+		case 1: // a handler's permanent error naming a value
+			f.Class = consumer.ClassPermanent
+			f.Err = consumer.Permanent(fmt.Errorf("unknown account %q for order %s (received %s)", fmt.Sprintf("acct-%d", 100+i), id, at.Format(time.RFC3339)))
+		case 2: // a panic
+			f.Class = consumer.ClassPanic
+			f.Err = &consumer.PanicError{Value: fmt.Errorf("runtime error: index out of range [%d] with length %d", i, i/2)}
+		case 3: // a Postgres error, retried until the budget ran out
+			f.Class, f.Attempts = consumer.ClassRetryableExhausted, 5
+			f.Err = fmt.Errorf("insert ledger row for %s: %w", id,
+				errors.New(`ERROR: insert or update on table "ledger" violates foreign key constraint "ledger_account_fkey" (SQLSTATE 23503)`))
+		}
+		if err := dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: body, Source: work, Partition: -1, Offset: -1}, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDLQInspectGroupsByFingerprint: twelve dead letters from four causes,
+// each error text with its own id and times, come out as four groups.
+func TestDLQInspectGroupsByFingerprint(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	work, dead := rmqQueues(t)
+	deadLetters12(ctx, t, work, dead)
+
+	r := idemq(t, "dlq", "inspect", "--queue", dead)
+	t.Logf("idemq dlq inspect:\n%s", r.stdout)
+	want(t, r, 0, "12 dead-lettered messages in 4 groups", "")
+	for _, s := range []string{
+		`message id "<id>" was applied at <time> with a different payload`,
+		`e.g. message id "order-0003" was applied at 2026-12-01T08:00:00Z with a different payload`,
+		`permanent: unknown account "<q>" for order <id> (received <time>)`,
+		`handler panic: runtime error: index out of range [<n>] with length <n>`,
+		`violates foreign key constraint "ledger_account_fkey" (SQLSTATE 23503)`,
+	} {
+		want(t, r, 0, s, "")
+	}
+
+	r = idemq(t, "dlq", "inspect", "--queue", dead, "--json")
+	var rep dlq.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Total != 12 || len(rep.Groups) != 4 {
+		t.Fatalf("inspect --json: %v %+v\n%s", err, rep, r.stdout)
+	}
+	for _, g := range rep.Groups {
+		if g.Count != 3 || g.Fingerprint == "" || g.Pattern == "" || g.Error == "" || !slices.Equal(g.Consumers, []string{"billing"}) || !slices.Equal(g.Sources, []string{work}) ||
+			len(g.Sample) != 3 || !g.FirstSeen.Before(g.LastSeen) {
+			t.Errorf("group %+v", g)
+		}
+	}
+	if n := rmqDepth(t, dead); n != 12 {
+		t.Fatalf("inspect consumed messages: DLQ depth %d", n)
+	}
+}
+
+// TestDLQDryRunHorizonReason: the dry run says why each message beyond the
+// replay horizon is, in its table and in --json.
+func TestDLQDryRunHorizonReason(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, dbArgs := migrated(t)
+	work, dead := rmqQueues(t)
+	dl := rmqDeadLetterer(ctx, t, dead, dlq.Options{})
+	now := time.Now()
+	for _, f := range []consumer.Failure{
+		{MessageID: "old", Class: consumer.ClassPermanent, Err: errors.New("bug"), FirstFailure: now.Add(-2 * time.Hour), LastFailure: now},
+		// Its original was applied ten minutes ago, but its dedup row is
+		// gone: replaying it would apply the id a second time.
+		{MessageID: "gone", Class: consumer.ClassFingerprintMismatch, Err: errors.New("message id \"gone\" was applied with a different payload"),
+			FirstFailure: now, LastFailure: now, ProcessedAt: now.Add(-10 * time.Minute)},
+		{MessageID: "fresh", Class: consumer.ClassPermanent, Err: errors.New("bug"), FirstFailure: now, LastFailure: now},
+	} {
+		f.Consumer, f.Attempts = "billing", 1
+		if err := dl.DeadLetter(ctx, &consumer.Message{ID: f.MessageID, Body: []byte(`{}`), Source: work, Partition: -1, Offset: -1}, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := append([]string{"dlq", "replay", "--queue", dead, "--dry-run", "--retention", "1h"}, dbArgs...)
+	r := idemq(t, base...)
+	t.Logf("dry run:\n%s", r.stdout)
+	want(t, r, 0, "2 beyond the retention horizon", "")
+	lines := map[string]string{}
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines[f[0]] = l
+		}
+	}
+	for id, reason := range map[string]string{
+		"old":   "yes: first failed 2h0m",
+		"gone":  "yes: fingerprint mismatch whose original's dedup row is gone",
+		"fresh": "will-apply",
+	} {
+		if !strings.Contains(lines[id], reason) {
+			t.Errorf("row of %s lacks %q: %q", id, reason, lines[id])
+		}
+	}
+	if !strings.Contains(lines["old"], "longer ago than the retention of 1h0m0s") || !strings.HasSuffix(strings.TrimSpace(lines["fresh"]), " -") {
+		t.Errorf("rows:\n%s\n%s", lines["old"], lines["fresh"])
+	}
+
+	r = idemq(t, append(base, "--json")...)
+	var cl dlq.Classification
+	if err := json.Unmarshal([]byte(r.stdout), &cl); err != nil || len(cl.Items) != 3 || cl.BeyondHorizon != 2 {
+		t.Fatalf("dry run --json: %v %+v\n%s", err, cl, r.stdout)
+	}
+	for _, it := range cl.Items {
+		if got := it.BeyondHorizon && it.HorizonReason != ""; got != (it.Record.MessageID != "fresh") {
+			t.Errorf("%s: beyond the horizon %v, reason %q", it.Record.MessageID, it.BeyondHorizon, it.HorizonReason)
+		}
+	}
+	if !strings.Contains(r.stdout, `"horizon_reason": "first failed 2h0m`) {
+		t.Errorf("--json lacks horizon_reason:\n%s", r.stdout)
+	}
+	if n := rmqDepth(t, dead); n != 3 {
+		t.Fatalf("dry run consumed messages: DLQ depth %d", n)
+	}
+}
+
+func TestDLQOneLine(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short\n\ttext", 20, "short text"},
+		{"0123456789abcdefghij", 10, "012345…hij"},
+		{"ééééééééé (SQLSTATE 23505)", 20, "éééééé…23505)"},
+	} {
+		if got := oneLine(tc.in, tc.n); got != tc.want {
+			t.Errorf("oneLine(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
 	}
 }
