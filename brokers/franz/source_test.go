@@ -425,3 +425,26 @@ func TestLostPartitionsNeverCommitted(t *testing.T) {
 	waitFor(t, 10*time.Second, "commit of offset 2", func() bool { return txnCommitted(ctx, t, e)[0] == 2 })
 	log.check(t)
 }
+
+// TestCloseCommits: Close commits what was acked, though no commit interval
+// passed, and nothing past an unacked record.
+func TestCloseCommits(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	e := newEnv(t, 1)
+	e.publish(t, "k", 4, 1)
+	s := e.source(t, func(c *franz.Config) { c.CommitInterval = time.Hour })
+	for i := range 3 {
+		d := receiveOne(ctx, t, s)
+		if i < 2 {
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := txnCommitted(ctx, t, e)[0]; got != 2 {
+		t.Fatalf("committed %d after Close, want 2", got)
+	}
+}
