@@ -14,9 +14,9 @@ import (
 const (
 	PlaceholderID     = "<id>"    // the message's own dedup id
 	PlaceholderQuoted = "<q>"     // a quoted value: "...", '...' or `...`
-	PlaceholderTime   = "<time>"  // an RFC 3339 (or Go time.Time) timestamp, or a date
+	PlaceholderTime   = "<time>"  // a timestamp (RFC 3339, Go's time.Time and layouts, HTTP dates), or a date
 	PlaceholderUUID   = "<uuid>"  // a UUID
-	PlaceholderHex    = "<hex>"   // a hex id: 0x..., or 8 or more hex digits with a digit among them
+	PlaceholderHex    = "<hex>"   // a hex id: 0x..., or a word of 8 or more hex digits, one of them decimal
 	PlaceholderAddr   = "<addr>"  // an IPv4 address (with its port), or a bracketed IPv6 one
 	PlaceholderEmail  = "<email>" // an e-mail address
 	PlaceholderNumber = "<n>"     // a number, with what follows it in the same word (1.5s, 42nd, 0042x)
@@ -32,35 +32,57 @@ const normalizeTruncatedBytes = 256
 // truncatedMark ends an error text that truncate cut.
 const truncatedMark = "…[truncated]"
 
-// volatile matches, in one pass, every part of an error text that
-// NormalizeError replaces or protects. Alternatives are tried in order at
-// each position; the submatch that is set says which one matched.
-var volatile = regexp.MustCompile(strings.Join([]string{
-	// 1: a SQLSTATE code, kept as it is: it names the cause.
-	`(\(SQLSTATE [0-9A-Z]{5}\))`,
-	// 2: a double-quoted string, as written by %q (escapes included).
-	`("(?:[^"\\\n]|\\.)*")`,
-	// 3: a back-quoted string (%#q).
-	"(`[^`\\n]*`)",
-	// 4: a single-quoted string: the quote opens at the start or after a
-	// non-word character, so the apostrophe of "handler's" opens nothing.
-	`(?:^|[^A-Za-z0-9_'])('[^'\n]*')`,
-	// 5: a timestamp: RFC 3339 (T or space, fraction, Z or offset), Go's
-	// time.Time.String form (" +0000 UTC m=+0.1"), or a bare date.
-	`(\b\d{4}-\d{2}-\d{2}(?:[Tt ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:[Zz]|[+-]\d{2}:?\d{2}| [+-]\d{4}(?: [A-Z]{2,5})?)?(?: m=[+-]\d+\.\d+)?)?)`,
-	// 6: a UUID.
-	`(\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)`,
-	// 7: an e-mail address.
-	`([A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,})`,
-	// 8: an IPv4 address with an optional port, or a bracketed IPv6 one.
-	`(\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b|\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*\](?::\d{1,5})?)`,
-	// 9: a hex id: 0x-prefixed, or a word of 8 or more hex digits
-	// (replaced only if it holds a digit: "deadbeef" might be a word).
-	`(\b0[xX][0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b)`,
-	// 10: a number, with the rest of its word: 42, 1,000, 1.5s, 2m0s,
-	// 0042abc.
-	`(\d+(?:[.,]\d+)*[A-Za-z0-9_]*)`,
-}, "|"))
+// A rule is one kind of variable part of an error text.
+type rule int
+
+const (
+	ruleSQLState  rule = iota // "(SQLSTATE 23505)": kept, it names the cause
+	ruleDQuoted               // "...", as %q writes it (escapes included)
+	ruleBQuoted               // `...`, as %#q writes it
+	ruleSQuoted               // '...'
+	ruleTime                  // RFC 3339, Go's time.Time.String, a bare date
+	ruleNamedTime             // a timestamp with English day and month names
+	ruleUUID                  // a UUID
+	ruleEmail                 // an e-mail address
+	ruleAddr                  // an IPv4 address (and port), a bracketed IPv6 one
+	ruleHex                   // 0x..., or a word of 8 or more hex digits
+	ruleNumber                // a number, with the rest of its word
+)
+
+// rulePatterns are the rules' regular expressions, each with exactly one
+// capture group: the part the rule replaces or keeps. They are tried in
+// this order at each position of the text.
+var rulePatterns = [...]string{
+	ruleSQLState: `(\(SQLSTATE [0-9A-Z]{5}\))`,
+	ruleDQuoted:  `("(?:[^"\\\n]|\\.)*")`,
+	ruleBQuoted:  "(`[^`\\n]*`)",
+	// The quote opens at the start or after a non-word character (which
+	// the match holds, outside the group), so the apostrophe of
+	// "handler's" opens nothing.
+	ruleSQuoted: `(?:^|[^A-Za-z0-9_'])('[^'\n]*')`,
+	// T or a space, a fraction, Z or an offset; or Go's
+	// "2006-01-02 15:04:05.999 -0700 MST m=+0.1"; or a date alone.
+	ruleTime: `(\b\d{4}-\d{2}-\d{2}(?:[Tt ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:[Zz]|[+-]\d{2}:?\d{2}| [+-]\d{4}(?: [A-Z]{2,5})?)?(?: m=[+-]\d+\.\d+)?)?)`,
+	// Go's RFC 1123(Z), RFC 850, ANSIC and Unix date layouts, and HTTP
+	// dates: the names vary with the day, so they go too.
+	ruleNamedTime: `(\b(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? )?(?:\d{1,2}[ -](?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*[ -]\d{2,4}|(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* {1,2}\d{1,2}) \d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?: [A-Z]{2,5}| [+-]\d{4})?(?: \d{4})?\b)`,
+	ruleUUID:      `(\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)`,
+	ruleEmail:     `([A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,})`,
+	ruleAddr:      `(\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b|\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*\](?::\d{1,5})?)`,
+	// Replaced only if it holds a digit: "deadbeef" might be a word.
+	ruleHex: `(\b0[xX][0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b)`,
+	// 42, 1,000, 1.5s, 1h2m3.5s, 0042abc.
+	ruleNumber: `(\d[A-Za-z0-9_]*(?:[.,]\d[A-Za-z0-9_]*)*)`,
+}
+
+// volatile matches, in one pass, every part of an error text that a rule
+// replaces or keeps; the capture group that is set says which rule.
+var volatile = regexp.MustCompile(strings.Join(rulePatterns[:], "|"))
+
+// mayVary holds the bytes of which every rule's match holds at least one
+// (a UUID or hex id without a decimal digit is kept as it is): a text
+// without any of them is left as it is, without running volatile.
+const mayVary = "0123456789\"'`@["
 
 // objectKeywords are the words after which Postgres quotes the name of a
 // schema object, not a value: `violates unique constraint "orders_pkey"`,
@@ -74,7 +96,8 @@ var objectKeywords = []string{
 // NormalizeError returns the shape of an error text: the text with every
 // part that differs from one message to the next replaced by a
 // placeholder, so that the dead letters of one cause share one shape. It
-// replaces, in this order of precedence:
+// replaces, in this order of precedence (at each position of the text, the
+// first rule that matches there wins):
 //
 //   - messageID, the message's own dedup id, wherever it stands as a
 //     whole token (not inside a longer word), quoted or not, with
@@ -87,11 +110,13 @@ var objectKeywords = []string{
 //     after a word such as constraint, relation, table or column, which
 //     says what failed and is kept;
 //   - timestamps (RFC 3339 with a T or a space, a fraction and a zone;
-//     Go's time.Time.String form; bare dates), UUIDs, e-mail addresses,
+//     Go's time.Time.String form; bare dates; dates with English day and
+//     month names, as in RFC 1123 and HTTP), UUIDs, e-mail addresses,
 //     IP addresses with their port, and hex ids (0x..., or 8 or more hex
 //     digits, one of them a decimal digit) with their placeholders;
-//   - numbers, with the rest of their word (1.5s, 2m0s, 42nd), with
-//     PlaceholderNumber: "order-0042" becomes "order-<n>".
+//   - numbers, with the rest of their word and their decimals (1.5s,
+//     1h2m3.5s, 42nd, 1,000), with PlaceholderNumber: "order-0042"
+//     becomes "order-<n>", "sha256" "sha<n>".
 //
 // A SQLSTATE code, "(SQLSTATE 23505)", is kept: it names the cause. Runs
 // of white space become one space. A text the envelope truncated (it ends
@@ -109,20 +134,20 @@ func NormalizeError(text, messageID string) string {
 	var b strings.Builder
 	b.Grow(len(text))
 	last := 0
-	for _, m := range volatile.FindAllStringSubmatchIndex(text, -1) {
-		group := 0
-		for g := 1; 2*g < len(m); g++ {
-			if m[2*g] >= 0 {
-				group = g
-				break
-			}
+	var matches [][]int
+	if strings.ContainsAny(text, mayVary) {
+		matches = volatile.FindAllStringSubmatchIndex(text, -1)
+	}
+	for _, m := range matches {
+		r := rule(0)
+		for m[2*r+2] < 0 {
+			r++
 		}
 		// Only the group is replaced: a single-quoted string's match
 		// also holds the character before it, which stays.
-		start, end := m[2*group], m[2*group+1]
-		tok := text[start:end]
+		start, end := m[2*r+2], m[2*r+3]
 		b.WriteString(text[last:start])
-		b.WriteString(replacement(group, tok, text[:start]))
+		b.WriteString(r.replace(text[start:end], text[:start]))
 		last = end
 	}
 	b.WriteString(text[last:])
@@ -142,40 +167,40 @@ func NormalizeError(text, messageID string) string {
 	return out
 }
 
-// replacement is what NormalizeError writes for token, matched by the
-// volatile alternative group; before is the text before it.
-func replacement(group int, tok, before string) string {
-	switch group {
-	case 1: // SQLSTATE
-		return tok
-	case 2, 3, 4: // quoted
+// replace returns what NormalizeError writes for tok, matched by r;
+// before is the text before it.
+func (r rule) replace(tok, before string) string {
+	hasDigit := strings.ContainsAny(tok, "0123456789")
+	switch r {
+	case ruleDQuoted, ruleBQuoted, ruleSQuoted:
 		inner := tok[1 : len(tok)-1]
-		if inner == PlaceholderID || (group == 2 && afterObjectKeyword(before)) {
+		if inner == PlaceholderID || (r == ruleDQuoted && afterObjectKeyword(before)) {
 			return tok
 		}
 		return tok[:1] + PlaceholderQuoted + tok[len(tok)-1:]
-	case 5:
+	case ruleTime, ruleNamedTime:
 		return PlaceholderTime
-	case 6:
-		return PlaceholderUUID
-	case 7:
+	case ruleUUID:
+		if hasDigit {
+			return PlaceholderUUID
+		}
+	case ruleEmail:
 		return PlaceholderEmail
-	case 8:
+	case ruleAddr:
 		return PlaceholderAddr
-	case 9:
+	case ruleHex:
 		switch {
 		case strings.HasPrefix(tok, "0x") || strings.HasPrefix(tok, "0X"):
 			return PlaceholderHex
 		case strings.Trim(tok, "0123456789") == "":
 			return PlaceholderNumber // a long number is a number
-		case strings.ContainsAny(tok, "0123456789"):
+		case hasDigit:
 			return PlaceholderHex
 		}
-		return tok
-	case 10:
+	case ruleNumber:
 		return PlaceholderNumber
 	}
-	return tok
+	return tok // ruleSQLState, and a UUID or hex word without a digit
 }
 
 // afterObjectKeyword reports whether before ends in one of objectKeywords
