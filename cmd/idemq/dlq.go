@@ -287,6 +287,7 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // error texts and patterns hold <, > and &
 		return enc.Encode(rep)
 	}
 	fmt.Fprintf(e.stdout, "%d dead-lettered messages in %d groups", rep.Total, len(rep.Groups))
@@ -411,6 +412,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		if asJSON {
 			enc := json.NewEncoder(e.stdout)
 			enc.SetIndent("", "  ")
+			enc.SetEscapeHTML(false) // error texts hold <, > and &
 			return enc.Encode(cl)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 2, 8, 2, ' ', 0)
@@ -445,6 +447,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // error texts hold <, > and &
 		if jerr := enc.Encode(res); jerr != nil {
 			return jerr
 		}

@@ -252,6 +252,9 @@ func TestDLQInspectGroupsByFingerprint(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Total != 12 || len(rep.Groups) != 4 {
 		t.Fatalf("inspect --json: %v %+v\n%s", err, rep, r.stdout)
 	}
+	if !strings.Contains(r.stdout, `"pattern": "message id \"<id>\" was applied at <time> with a different payload"`) {
+		t.Errorf("inspect --json escapes the placeholders:\n%s", r.stdout)
+	}
 	for _, g := range rep.Groups {
 		if g.Count != 3 || g.Fingerprint == "" || g.Pattern == "" || g.Error == "" || !slices.Equal(g.Consumers, []string{"billing"}) || !slices.Equal(g.Sources, []string{work}) ||
 			len(g.Sample) != 3 || !g.FirstSeen.Before(g.LastSeen) {
