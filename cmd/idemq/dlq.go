@@ -54,9 +54,9 @@ unless --force is given.
 
 --dry-run consumes nothing: it classifies every selected message as
 already-applied, will-apply, fingerprint-mismatch or missing-id, and flags the
-ones beyond the retention horizon with the reason (how long ago it or the
-original it mismatched was first seen, or that a mismatch's original dedup
-row is gone); --json gives the reason as horizon_reason.
+ones beyond the retention horizon with the reason (how long ago it first
+failed, or the original it mismatched was applied; or that a mismatch's
+original dedup row is gone); --json gives it as horizon_reason.
 
 --verify-key-file replays only messages whose envelope was signed with one
 of the listed keys (dlq.Options.SigningKey in the consumer); the others stay in
