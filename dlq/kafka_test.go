@@ -413,7 +413,7 @@ func (e *kafEnv) putInDLQ(f consumer.Failure, msgs ...*consumer.Message) {
 	e.t.Helper()
 	for i, m := range msgs {
 		m = m.Clone()
-		m.Source, m.Partition, m.Offset, m.Key = e.topic, 0, int64(100+i), "same-partition"
+		m.Source, m.Partition, m.Offset, m.RecordKey = e.topic, 0, int64(100+i), []byte("same-partition")
 		fl := f
 		fl.Consumer, fl.MessageID = kafConsumerName, m.ID
 		e.publish(e.dlqTopic, dlq.Envelope(m, fl, dlq.Options{}))

@@ -95,7 +95,8 @@ type Message struct {
 	// with keys.ChildKey from the id of the operation that produces the
 	// message, so that a retried operation produces the same id.
 	ID string
-	// Key is the ordering or partition key, if any.
+	// Key is the ordering or partition key, if any. The relay publishes it
+	// as both the message's Key and its RecordKey (a Kafka record key).
 	Key string
 	// Headers are application headers.
 	Headers map[string]string

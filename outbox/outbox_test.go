@@ -808,3 +808,30 @@ func TestBrokerDownFailsTheGroupWithoutOneCallPerMessage(t *testing.T) {
 		t.Errorf("failure hooks called %d times (%d published), want 3: two single messages and the three left", len(hook.retryIn), hook.ok)
 	}
 }
+
+func TestRelayPublishesKeyAsRecordKey(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.placeOrder(t, "order-1", outbox.Message{Destination: "orders", ID: "e1", Key: "cust-1", Body: []byte("placed")}, true)
+	f.placeOrder(t, "order-2", outbox.Message{Destination: "orders", ID: "e2", Body: []byte("placed")}, true)
+	got := make(chan *consumer.Message, 2)
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{Publish: func(ctx context.Context, dest string, msgs ...*consumer.Message) error {
+		for _, m := range msgs {
+			got <- m.Clone()
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(testCtx(t, 20*time.Second)); n != 2 || err != nil {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	for range 2 {
+		m := <-got
+		want := map[string]string{"e1": "cust-1", "e2": ""}[m.ID]
+		if m.Key != want || string(m.RecordKey) != want || (want == "" && m.RecordKey != nil) {
+			t.Errorf("%s: Key %q RecordKey %q, want %q for both (nil without a key)", m.ID, m.Key, m.RecordKey, want)
+		}
+	}
+}

@@ -466,6 +466,11 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 			rows.Close()
 			return nil, r.ob.wrap("relay: read claimed rows", err)
 		}
+		if m.Key != "" {
+			// The partition key is the broker's record key: publishers
+			// write RecordKey, never the runtime's ordering Key.
+			m.RecordKey = []byte(m.Key)
+		}
 		due[c.seq] = dueAt
 		batch = append(batch, c)
 	}
