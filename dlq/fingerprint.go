@@ -101,9 +101,10 @@ var objectKeywords = []string{
 //
 //   - messageID, the message's own dedup id, wherever it stands as a
 //     whole token (not inside a longer word), quoted or not, with
-//     PlaceholderID; ids shorter than 3 bytes are left to the rules below,
-//     which would otherwise turn "attempt 1 of 5" into "attempt <id> of 5"
-//     for the message with id "1";
+//     PlaceholderID; an id shorter than 3 bytes only where %q quoted it,
+//     and is otherwise left to the rules below, which would otherwise
+//     turn "attempt 1 of 5" into "attempt <id> of 5" for the message with
+//     id "1";
 //   - quoted strings ("...", with %q's escapes; `...`; and '...' that
 //     opens after a non-word character, so no apostrophe opens one) with
 //     PlaceholderQuoted, the quotes kept, except a name Postgres quotes
@@ -221,8 +222,13 @@ func afterObjectKeyword(before string) bool {
 // replaceID replaces the whole-token occurrences of id in text, and of its
 // %q-escaped form, with PlaceholderID.
 func replaceID(text, id string) string {
-	if len(id) < 3 {
+	if id == "" {
 		return text
+	}
+	if len(id) < 3 {
+		// Only quoted, as %q writes it: "message id "42" was applied"
+		// reads like "message id "order-0042" was applied".
+		return strings.ReplaceAll(text, strconv.Quote(id), `"`+PlaceholderID+`"`)
 	}
 	text = replaceToken(text, id)
 	if q := strconv.Quote(id); q[1:len(q)-1] != id {

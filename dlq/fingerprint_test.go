@@ -113,6 +113,8 @@ func TestNormalizeError(t *testing.T) {
 		{"e-mail", "m-1", `no customer alice.smith+test@example.co.uk`, `no customer <email>`},
 		{"id inside a longer word", "order-0042", `order-0042 is not order-00421`, `<id> is not order-<n>`},
 		{"short id left to the number rule", "7", `attempt 7 of 7`, `attempt <n> of <n>`},
+		{"short id, quoted", "42", `message id "42" was applied at 2026-12-01T08:00:00Z with a different payload (attempt 42)`,
+			`message id "<id>" was applied at <time> with a different payload (attempt <n>)`},
 		{"white space", "m-1", "line one\n\tline   two ", "line one line two"},
 		{"empty", "m-1", "", ""},
 		{"non-ASCII", "m-1", `ungültiger Betrag "12,50 €" für Konto 9`, `ungültiger Betrag "<q>" für Konto <n>`},
