@@ -160,6 +160,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		return attemptResult{out: outInfraErr, err: err}
 	}
 	res := attemptResult{claims: claims, handler: make([]time.Duration, len(items))}
+	htx := &handlerTx{Tx: tx}
 
 	if r.cfg.BatchHandler != nil && len(items) > 1 {
 		var msgs []*Message
@@ -172,9 +173,9 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		if len(msgs) > 0 {
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
-			err := r.callBatchHandler(hctx, tx, msgs)
+			err := r.callBatchHandler(hctx, htx, msgs)
 			if err == nil {
-				err = handlerMisuse(tx)
+				err = handlerMisuse(htx)
 			}
 			d := time.Since(hstart)
 			for i := range res.handler {
@@ -195,9 +196,9 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 			it.msg.Attempt = attemptNo
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
-			err := r.callHandler(hctx, tx, it.msg)
+			err := r.callHandler(hctx, htx, it.msg)
 			if err == nil {
-				err = handlerMisuse(tx)
+				err = handlerMisuse(htx)
 			}
 			res.handler[i] = time.Since(hstart)
 			if err != nil {
@@ -230,26 +231,47 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 var errStatementIgnored = errors.New("a statement in the handler's transaction failed and the handler returned nil, ignoring its error: " +
 	"Postgres aborted the transaction, so nothing was applied (return the statement's error, or run the statement in a savepoint with tx.Begin to recover from it)")
 
-// errTxEnded is the handler error of a handler that committed or rolled back
-// the runtime's transaction itself.
-var errTxEnded = errors.New("the handler ended the runtime's transaction itself (tx.Commit or tx.Rollback): " +
-	"handlers must leave that to the runtime; if it committed, its effect and the dedup row are durable and a replay will skip the message as a duplicate")
+// errTxEnded is the handler error of a handler that tried to commit or roll
+// back the runtime's transaction itself.
+var errTxEnded = errors.New("the handler called tx.Commit or tx.Rollback on the runtime's transaction, which the runtime refused: " +
+	"handlers must leave that to the runtime (return nil to commit, an error to roll back); nothing was committed")
+
+// handlerTx is the transaction handlers see: the runtime's own, except that
+// Commit and Rollback are refused and remembered. Ending the transaction is
+// the runtime's job; a handler that ended it would also hand its
+// connection back to the pool while the runtime still uses it.
+type handlerTx struct {
+	pgx.Tx
+	ended bool
+}
+
+// Commit refuses to commit: see handlerTx.
+func (t *handlerTx) Commit(context.Context) error {
+	t.ended = true
+	return Permanent(errTxEnded)
+}
+
+// Rollback refuses to roll back: see handlerTx.
+func (t *handlerTx) Rollback(context.Context) error {
+	t.ended = true
+	return Permanent(errTxEnded)
+}
 
 // handlerMisuse checks, after a handler returned nil, that it left the
 // transaction usable: not aborted by a failed statement whose error it
 // ignored (COMMIT would only answer ROLLBACK), and not ended by the handler
-// itself. Both are the message's handler's fault, and definite: nothing
-// the handler did in tx is committed by the runtime.
-func handlerMisuse(tx pgx.Tx) error {
+// itself. Both are the handler's fault, and definite: nothing the handler
+// did in tx is committed.
+func handlerMisuse(tx *handlerTx) error {
+	if tx.ended {
+		return Permanent(errTxEnded)
+	}
 	c := tx.Conn()
 	if c == nil || c.IsClosed() {
 		return nil // a lost connection is found by the commit
 	}
-	switch c.PgConn().TxStatus() {
-	case 'E':
+	if c.PgConn().TxStatus() == 'E' {
 		return errStatementIgnored
-	case 'I':
-		return Permanent(errTxEnded)
 	}
 	return nil
 }
@@ -281,8 +303,6 @@ func classifyCommitErr(err error) attemptResult {
 	case errors.Is(err, pgx.ErrTxCommitRollback):
 		// COMMIT answered ROLLBACK: the transaction was aborted.
 		return attemptResult{out: outHandlerErr, err: fmt.Errorf("commit: %w: %w", errStatementIgnored, err), failed: -1}
-	case errors.Is(err, pgx.ErrTxClosed):
-		return attemptResult{out: outHandlerErr, err: Permanent(fmt.Errorf("commit: %w: %w", errTxEnded, err)), failed: -1}
 	}
 	// The outcome is unknown. Never ack on it: the next attempt's claim
 	// finds out whether it committed.

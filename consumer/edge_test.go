@@ -102,18 +102,26 @@ func TestEdgeHandlerEndingTheTransactionIsDeadLettered(t *testing.T) {
 				if m.ID == "after" {
 					return b.insertEffect(ctx, tx, m)
 				}
-				if end == "commit" {
-					return tx.Commit(ctx)
+				if err := b.insertEffect(ctx, tx, m); err != nil {
+					return err
 				}
-				return tx.Rollback(ctx)
+				if end == "commit" {
+					_ = tx.Commit(ctx) // the error is ignored, as careless code does
+				} else {
+					_ = tx.Rollback(ctx)
+				}
+				return nil
 			}))
 			waitFor(t, "dead-lettered", func() bool { return r.rt.Stats().DeadLettered == 1 && r.rt.Stats().Applied == 1 && b.settled() })
 			dl := b.dlq.list()
-			if dl[0].f.Class != consumer.ClassPermanent || !strings.Contains(dl[0].f.Err.Error(), "ended the runtime's transaction") {
+			if dl[0].f.Class != consumer.ClassPermanent || !strings.Contains(dl[0].f.Err.Error(), "called tx.Commit or tx.Rollback") {
 				t.Fatalf("dead letter %v (%s): want permanent, saying the handler ended the transaction", dl[0].f.Err, dl[0].f.Class)
 			}
 			if s := r.rt.Stats(); s.DBErrors != 0 || s.Retries != 0 {
 				t.Fatalf("stats %+v: misuse is not a database error and is not retried", s)
+			}
+			if got := b.effectCounts(); got["m"] != 0 || got["after"] != 1 {
+				t.Fatalf("effects %v: the misusing handler's effect must not be committed", got)
 			}
 		})
 	}
