@@ -95,15 +95,25 @@ type Config struct {
 
 // RetryConfig bounds retries of handler errors. Errors made by Permanent and
 // handler panics are never retried. Each attempt runs in a fresh transaction.
+//
+// A transient error is retried with exponential backoff until MaxElapsed
+// has passed since the first failure or MaxAttempts attempts were made,
+// whichever comes first; then the message is dead-lettered. With the
+// defaults the time bound governs: a message that keeps failing is retried
+// for 45 to 60 seconds (about 15 attempts), long enough to ride out a short
+// downstream blip instead of dead-lettering everything that arrives during
+// it. Meanwhile it holds its key and one of the Concurrency slots.
 type RetryConfig struct {
 	// MaxAttempts is the total number of handler attempts, the first
-	// included. Defaults to 5; 1 disables retries.
+	// included. Defaults to 25; 1 disables retries.
 	MaxAttempts int
 	// InitialInterval is the first backoff delay. Defaults to 100ms.
 	InitialInterval time.Duration
-	// MaxInterval caps each delay. Defaults to 5s.
+	// MaxInterval caps each delay (before a random jitter of ±50%).
+	// Defaults to 10s.
 	MaxInterval time.Duration
-	// MaxElapsed caps the time spent retrying one message. Defaults to 1m.
+	// MaxElapsed caps the time spent retrying one message, from its first
+	// failure. Defaults to 1m.
 	MaxElapsed time.Duration
 	// MaxConnLosses is how many times one message's transaction may lose
 	// its database connection, while the database stays reachable, before
@@ -135,9 +145,9 @@ const (
 	DefaultMaxIDBytes      = 512
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultJanitorInterval = 10 * time.Minute
-	DefaultMaxAttempts     = 5
+	DefaultMaxAttempts     = 25
 	DefaultInitialInterval = 100 * time.Millisecond
-	DefaultMaxInterval     = 5 * time.Second
+	DefaultMaxInterval     = 10 * time.Second
 	DefaultMaxElapsed      = time.Minute
 	DefaultMaxConnLosses   = 5
 	DefaultBatchSize       = 100

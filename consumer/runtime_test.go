@@ -601,3 +601,25 @@ func TestJSONHandlerDeadLettersUndecodableBodies(t *testing.T) {
 		t.Fatalf("dead letter %s: %s after %d attempts: %v", dl[0].msg.ID, dl[0].f.Class, dl[0].f.Attempts, dl[0].f.Err)
 	}
 }
+
+// TestDefaultRetryRidesOutABlip: with the default retry policy, a handler
+// whose downstream fails for three seconds is retried until it recovers;
+// the old default (5 attempts, about 0.6s of back-off) dead-lettered it.
+func TestDefaultRetryRidesOutABlip(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	b.publish(msg("m", "x"))
+	recovered := time.Now().Add(3 * time.Second)
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if time.Now().Before(recovered) {
+			return errors.New("downstream unavailable")
+		}
+		return b.insertEffect(ctx, tx, m)
+	})
+	cfg.Retry = consumer.RetryConfig{} // the defaults
+	r := start(t, cfg)
+	waitFor(t, "applied after the blip", func() bool { return r.rt.Stats().Applied == 1 || r.rt.Stats().DeadLettered > 0 })
+	if s := r.rt.Stats(); s.Applied != 1 || s.DeadLettered != 0 || s.Retries < 5 {
+		t.Fatalf("stats %+v: a 3s blip must be ridden out by the default retries", s)
+	}
+}
