@@ -27,6 +27,13 @@
 // reconnects: a lost connection ends the pass with every unacked message
 // back in the queue.
 //
+// [Source.DeadLetterer] is the runtime's dead-letterer: it publishes each
+// failed message in package dlq's envelope, with publisher confirms, to the
+// topology's dead-letter queue ([DLQName] of the Source's queue, or another
+// one), on confirm-mode channels of the Source's own connection, following
+// it across reconnections. It is owned by the Source and closed by
+// [Source.Close]; there is nothing else to close.
+//
 // [DeclareTopology] optionally declares a durable work queue (classic or
 // quorum) with a dead-letter exchange and a dead-letter queue.
 package rabbitmq

@@ -41,11 +41,12 @@ func ExampleNewSource() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	dlqPub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
+	// Failed payments go to payments.dlq, the topology's dead-letter
+	// queue, on src's own connection; src owns the dead-letterer.
+	deadLetterer, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer dlqPub.Close()
 
 	rt, err := consumer.New(consumer.Config{
 		Name:   "payments",
@@ -57,17 +58,42 @@ func ExampleNewSource() {
 				string(msg.Body), msg.Header("account"))
 			return err
 		},
-		// A sketch: package dlq does this properly, with failure headers.
-		DeadLetterer: consumer.DeadLettererFunc(func(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
-			return dlqPub.Publish(ctx, "payments.dlx", "", msg)
-		}),
+		DeadLetterer: deadLetterer,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rt.Run(ctx); err != nil { // closes src when it returns
+	if err := rt.Run(ctx); err != nil { // closes src, and with it deadLetterer, when it returns
 		log.Fatal(err)
 	}
+}
+
+// A dead-letterer with signed envelopes, to a dead-letter queue the
+// topology named itself. It publishes on the Source's connection, with
+// publisher confirms, and is closed with the Source.
+func ExampleSource_DeadLetterer() {
+	ctx := context.Background()
+	topo := rabbitmq.Topology{Queue: "orders", DeadLetterQueue: "orders.failed"}
+	if err := rabbitmq.DeclareTopology(ctx, rabbitmq.DefaultURL, topo); err != nil {
+		log.Fatal(err)
+	}
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{Queue: "orders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close() // the runtime closes it too: Close is idempotent
+	key, err := dlq.ReadKeyFile("/etc/idemq/dlq.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{
+		Queue:   topo.DeadLetterQueue, // empty: rabbitmq.DLQName("orders"), "orders.dlq"
+		Options: dlq.Options{SigningKey: key},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = consumer.Config{Source: src, DeadLetterer: dl} // and the rest
 }
 
 func ExamplePublisher_Publish() {

@@ -61,12 +61,11 @@ func FuzzMessageRoundTrip(f *testing.F) {
 	f.Add("\x00\xff", "\r\n", []byte{0}, "\x1b", "\x00", "x-key", "other", true)
 	f.Fuzz(func(t *testing.T, id, key string, body []byte, k1, v1, k2, v2 string, idInHeader bool) {
 		const keyHeader, idHeader = "x-key", "Idempotency-Key"
-		p := &Publisher{cfg: PublisherConfig{KeyHeader: keyHeader}}
 		in := &consumer.Message{ID: id, Key: key, Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		if idInHeader {
 			in.Headers[idHeader] = id
 		}
-		pub := p.publishing(in)
+		pub := publishing(in, keyHeader)
 		if err := pub.Headers.Validate(); err != nil {
 			t.Fatalf("the publisher made an invalid table: %v", err)
 		}

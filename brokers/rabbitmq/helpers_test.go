@@ -164,9 +164,10 @@ type proxy struct {
 	target string
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	cuts  int
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	cuts     int
+	accepted int // client connections accepted
 }
 
 func newProxy(t *testing.T) *proxy {
@@ -211,6 +212,7 @@ func (p *proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		p.accepted++
 		p.conns[c] = struct{}{}
 		p.conns[up] = struct{}{}
 		p.mu.Unlock()
@@ -226,6 +228,14 @@ func (p *proxy) accept() {
 		p.wg.Go(func() { pipe(up, c) })
 		p.wg.Go(func() { pipe(c, up) })
 	}
+}
+
+// Accepted returns how many client connections the proxy has accepted and
+// relayed: the AMQP connections opened through it.
+func (p *proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
 }
 
 // Cut closes every proxied connection, both ways, and returns how many

@@ -126,8 +126,32 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, ms
 	if len(msgs) == 0 {
 		return nil
 	}
-	// Over-long short strings make amqp091 write a broken frame, which
-	// closes the whole connection: refuse them up front.
+	if err := checkPublish(exchange, routingKey, msgs); err != nil {
+		return err
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: publish: %w", ctx.Err())
+	}
+	defer func() { <-p.sem }()
+
+	pc, err := p.channel(ctx)
+	if err != nil {
+		return err
+	}
+	healthy, err := publishOn(ctx, pc, p.cfg.KeyHeader, exchange, routingKey, msgs)
+	if healthy {
+		p.release(pc)
+	} else {
+		_ = pc.ch.Close()
+	}
+	return err
+}
+
+// checkPublish refuses what amqp091 cannot send. Over-long short strings
+// make it write a broken frame, which closes the whole connection.
+func checkPublish(exchange, routingKey string, msgs []*consumer.Message) error {
 	if len(exchange) > maxShortstr || len(routingKey) > maxShortstr {
 		return fmt.Errorf("rabbitmq: publish: exchange or routing key: %w", ErrTooLong)
 	}
@@ -141,34 +165,22 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, ms
 			}
 		}
 	}
-	select {
-	case p.sem <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("rabbitmq: publish: %w", ctx.Err())
-	}
-	defer func() { <-p.sem }()
+	return nil
+}
 
-	pc, err := p.channel(ctx)
-	if err != nil {
-		return err
-	}
-	healthy := false
-	defer func() {
-		if healthy {
-			p.release(pc)
-		} else {
-			_ = pc.ch.Close()
-		}
-	}()
-
+// publishOn publishes msgs on pc, which the caller holds alone, and waits
+// for every confirm; see Publish for the errors. healthy reports whether pc
+// may serve another call: false once its channel is closed or confirms or
+// returns for this call may still arrive.
+func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routingKey string, msgs []*consumer.Message) (healthy bool, err error) {
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	for i, m := range msgs {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, p.publishing(m))
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, publishing(m, keyHeader))
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
-				return fmt.Errorf("rabbitmq: publish: %w", ctxErr)
+				return false, fmt.Errorf("rabbitmq: publish: %w", ctxErr)
 			}
-			return &PublishError{Index: i, MessageID: m.ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(err))}
+			return false, &PublishError{Index: i, MessageID: m.ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(err))}
 		}
 		confirms[i] = dc
 	}
@@ -194,7 +206,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, ms
 			case <-ctx.Done():
 				// Returns still due would be misattributed to the
 				// next call: the channel is discarded.
-				return fmt.Errorf("rabbitmq: publish: waiting for confirms: %w", ctx.Err())
+				return false, fmt.Errorf("rabbitmq: publish: waiting for confirms: %w", ctx.Err())
 			}
 		}
 	}
@@ -230,8 +242,7 @@ drain:
 		}
 		errs = append(errs, &PublishError{Index: i, MessageID: msgs[i].ID, Err: reason})
 	}
-	healthy = !lost
-	return errors.Join(errs...)
+	return !lost, errors.Join(errs...)
 }
 
 // Close closes the connection. Publish calls in flight fail with
@@ -280,16 +291,25 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 		}
 		p.conn = conn
 	}
-	ch, err := p.conn.Channel()
+	pc, err := openConfirmChannel(p.conn)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: publisher: open channel: %w", err)
+		return nil, fmt.Errorf("rabbitmq: publisher: %w", err)
+	}
+	return pc, nil
+}
+
+// openConfirmChannel opens a confirm-mode channel on conn.
+func openConfirmChannel(conn *amqp.Connection) (*pubChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
-		return nil, fmt.Errorf("rabbitmq: publisher: enable confirms: %w", err)
+		return nil, fmt.Errorf("enable confirms: %w", err)
 	}
 	return &pubChannel{
-		conn:    p.conn,
+		conn:    conn,
 		ch:      ch,
 		returns: ch.NotifyReturn(make(chan amqp.Return, returnBuffer)),
 		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
@@ -307,15 +327,17 @@ func (p *Publisher) release(pc *pubChannel) {
 	p.idle = append(p.idle, pc)
 }
 
-func (p *Publisher) publishing(m *consumer.Message) amqp.Publishing {
+// publishing maps m to an AMQP publishing, with Key in keyHeader if both are
+// set.
+func publishing(m *consumer.Message, keyHeader string) amqp.Publishing {
 	var headers amqp.Table
-	if len(m.Headers) > 0 || (p.cfg.KeyHeader != "" && m.Key != "") {
+	if len(m.Headers) > 0 || (keyHeader != "" && m.Key != "") {
 		headers = make(amqp.Table, len(m.Headers)+1)
 		for k, v := range m.Headers {
 			headers[k] = v
 		}
-		if p.cfg.KeyHeader != "" && m.Key != "" {
-			headers[p.cfg.KeyHeader] = m.Key
+		if keyHeader != "" && m.Key != "" {
+			headers[keyHeader] = m.Key
 		}
 	}
 	id := m.ID

@@ -199,6 +199,11 @@ type Source struct {
 	mu   sync.Mutex
 	sess *session // nil when there is no live session
 
+	// dlIdle are confirm-mode channels for DeadLetterer, on the
+	// connection of the session they were opened on.
+	dlMu   sync.Mutex
+	dlIdle []*pubChannel
+
 	received, acked, nacked, abandoned, reconnects, multiAcks atomic.Int64
 }
 
@@ -284,7 +289,9 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 // Close cancels the consumer and closes the channel and connection. The
 // broker requeues every delivery that was not acked, for the next consumer.
 // Ack and Nack on deliveries received before Close then return errors
-// wrapping consumer.ErrSourceClosed. Close is idempotent.
+// wrapping consumer.ErrSourceClosed, and so does DeadLetter on the Source's
+// dead-letterers (see DeadLetterer), whose channels Close closes too. Close
+// is idempotent.
 func (s *Source) Close() error {
 	s.stopOnce.Do(func() {
 		s.stop()
@@ -296,6 +303,7 @@ func (s *Source) Close() error {
 		sess := s.sess
 		s.sess = nil
 		s.mu.Unlock()
+		s.closeDeadLetterChannels()
 		if sess != nil {
 			// Committed deliveries still waiting for a multiple ack
 			// are acked now, not requeued by the channel's close.

@@ -17,7 +17,8 @@ type Topology struct {
 	// Queue + ".dlx".
 	DeadLetterExchange string
 	// DeadLetterQueue is bound to DeadLetterExchange and receives the
-	// dead-lettered messages. Defaults to Queue + ".dlq".
+	// dead-lettered messages. Defaults to DLQName(Queue), Queue + ".dlq",
+	// the queue Source.DeadLetterer publishes to by default.
 	DeadLetterQueue string
 	// Quorum declares both queues as quorum queues (x-queue-type:
 	// quorum) rather than classic ones.
@@ -29,12 +30,17 @@ type Topology struct {
 	DeliveryLimit int
 }
 
+// DLQName is the dead-letter queue of queue that DeclareTopology declares
+// when Topology.DeadLetterQueue is empty, and that Source.DeadLetterer
+// publishes to by default: queue + ".dlq".
+func DLQName(queue string) string { return queue + ".dlq" }
+
 func (t Topology) withDefaults() Topology {
 	if t.DeadLetterExchange == "" {
 		t.DeadLetterExchange = t.Queue + ".dlx"
 	}
 	if t.DeadLetterQueue == "" {
-		t.DeadLetterQueue = t.Queue + ".dlq"
+		t.DeadLetterQueue = DLQName(t.Queue)
 	}
 	return t
 }

@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 			fmt.Fprintln(out, "cleanup:", err)
 		}
 	}()
-	dlqName := queue + ".dlq"
+	dlqName := rabbitmq.DLQName(queue)
 
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: amqpURL, Logger: logger})
 	if err != nil {
@@ -173,16 +173,16 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "published %d messages to %s: %d distinct payments, %d duplicates, %d poison\n",
 		len(w.msgs), queue, o.payments, w.duplicates, w.poison)
 
-	// Dead letters are published, confirmed, to the DLQ before the
-	// original is acked.
-	deadLetterer, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-		return pub.Publish(ctx, "", dlqName, m)
-	}, dlq.Options{})
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Concurrency: o.concurrency, Logger: logger})
 	if err != nil {
 		return err
 	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Concurrency: o.concurrency, Logger: logger})
+	// Dead letters are published, confirmed, to the topology's DLQ
+	// before the original is acked, on the Source's connection. The
+	// Source owns the dead-letterer: the runtime closes both.
+	deadLetterer, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
 	if err != nil {
+		_ = src.Close()
 		return err
 	}
 	rt, err := consumer.New(consumer.Config{
@@ -296,7 +296,7 @@ func deleteTopology(url string) error {
 	if err != nil {
 		return err
 	}
-	for _, q := range []string{queue, queue + ".dlq"} {
+	for _, q := range []string{queue, rabbitmq.DLQName(queue)} {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			return fmt.Errorf("delete queue %s: %w", q, err)
 		}
@@ -404,7 +404,7 @@ func report(ctx context.Context, out io.Writer, pool *pgxpool.Pool, s consumer.S
 	fmt.Fprintf(out, "  applied              %6d\n", s.Applied)
 	fmt.Fprintf(out, "  duplicates skipped   %6d\n", s.Duplicates)
 	fmt.Fprintf(out, "  dead-lettered        %6d\n", s.DeadLettered)
-	fmt.Fprintf(out, "  DLQ depth            %6d  (%s.dlq)\n", dlqDepth, queue)
+	fmt.Fprintf(out, "  DLQ depth            %6d  (%s)\n", dlqDepth, rabbitmq.DLQName(queue))
 	for _, g := range rep.Groups {
 		fmt.Fprintf(out, "    %d x %s: %s\n", g.Count, g.Class, g.Error)
 	}
