@@ -59,6 +59,15 @@
 // set Config.DisableFallbackID so that records without it are dead-lettered
 // as consumer.ClassMissingID instead.
 //
+// # Dead letters
+//
+// Source.DeadLetterer is the runtime's dead-letterer: it writes each failed
+// message in package dlq's envelope, with acks=all and its record key, to
+// a dead-letter topic (DLQName of the Source's topic, "<topic>.dlq", or
+// another one), through a Publisher on the Source's own transport. It is
+// owned by the Source and closed by Source.Close; there is nothing else to
+// close.
+//
 // # Browsing a dead-letter topic
 //
 // Browser reads a topic, typically a dead-letter topic, as it was when it

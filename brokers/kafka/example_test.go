@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -41,36 +42,57 @@ func ExampleNewSource() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dlq, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}})
+	// Failed orders go to orders.dlq, through src's own transport; src
+	// owns the dead-letterer.
+	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer dlq.Close()
 
 	rt, err := consumer.New(consumer.Config{
 		Name:   "order-service",
-		Source: src, // the runtime closes it
+		Source: src,
 		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO orders (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
-		DeadLetterer: consumer.DeadLettererFunc(func(ctx context.Context, m *consumer.Message, f consumer.Failure) error {
-			c := m.Clone()
-			if c.Headers == nil {
-				c.Headers = map[string]string{}
-			}
-			c.Headers["x-failure-class"] = string(f.Class)
-			return dlq.Publish(ctx, "orders.dlq", c)
-		}),
+		DeadLetterer: deadLetterer,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rt.Run(ctx); err != nil {
+	if err := rt.Run(ctx); err != nil { // closes src, and with it deadLetterer, when it returns
 		log.Fatal(err)
 	}
+}
+
+// A dead-letterer with signed envelopes, to a dead-letter topic of another
+// name than the default <topic>.dlq. It writes with acks=all on the
+// Source's transport and is closed with the Source.
+func ExampleSource_DeadLetterer() {
+	src, err := kafka.NewSource(kafka.Config{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topic:   "orders",
+		GroupID: "order-service",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close() // the runtime closes it too: Close is idempotent
+	key, err := dlq.ReadKeyFile("/etc/idemq/dlq.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	dl, err := src.DeadLetterer(kafka.DeadLetterConfig{
+		Topic:   "orders.failed", // empty: kafka.DLQName("orders"), "orders.dlq"
+		Options: dlq.Options{SigningKey: key},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = consumer.Config{Source: src, DeadLetterer: dl} // and the rest
 }
 
 // Publishing with an idempotency key: the consumer applies the order once

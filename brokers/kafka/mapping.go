@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/idemq/idemq/consumer"
@@ -61,6 +62,38 @@ func (mp Mapping) Message(m kafkago.Message) *consumer.Message {
 			"kafka.key":       string(m.Key),
 		},
 	}
+}
+
+// Record is the inverse of Message: the record Publisher writes for m to
+// topic, and brokers/franz's dead-letterer too. Message.ID goes to the
+// IDHeader header (replacing a header of that name in Headers), Headers to
+// record headers (sorted by name), RecordKey to the record key (nil writes
+// a null key), Body to the value and Timestamp to the record time. Key, the
+// runtime's ordering key, is never written.
+func (mp Mapping) Record(topic string, m *consumer.Message) kafkago.Message {
+	idHeader := mp.IDHeader
+	if idHeader == "" {
+		idHeader = DefaultIDHeader
+	}
+	r := kafkago.Message{Topic: topic, Value: m.Body, Time: m.Timestamp}
+	if m.RecordKey != nil {
+		r.Key = m.RecordKey
+	}
+	names := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		if m.ID != "" && k == idHeader {
+			continue
+		}
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		r.Headers = append(r.Headers, kafkago.Header{Key: k, Value: []byte(m.Headers[k])})
+	}
+	if m.ID != "" {
+		r.Headers = append(r.Headers, kafkago.Header{Key: idHeader, Value: []byte(m.ID)})
+	}
+	return r
 }
 
 // recordKey returns k as a Message.RecordKey: nil for a null key, a

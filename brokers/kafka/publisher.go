@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 
 	"github.com/idemq/idemq/consumer"
@@ -96,25 +95,7 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer
 }
 
 func (p *Publisher) record(topic string, m *consumer.Message) kafkago.Message {
-	r := kafkago.Message{Topic: topic, Value: m.Body, Time: m.Timestamp}
-	if m.RecordKey != nil {
-		r.Key = m.RecordKey
-	}
-	names := make([]string, 0, len(m.Headers))
-	for k := range m.Headers {
-		if m.ID != "" && k == p.cfg.IDHeader {
-			continue
-		}
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
-		r.Headers = append(r.Headers, kafkago.Header{Key: k, Value: []byte(m.Headers[k])})
-	}
-	if m.ID != "" {
-		r.Headers = append(r.Headers, kafkago.Header{Key: p.cfg.IDHeader, Value: []byte(m.ID)})
-	}
-	return r
+	return Mapping{IDHeader: p.cfg.IDHeader}.Record(topic, m)
 }
 
 // Close waits for Publish calls in progress, then releases the connections.

@@ -50,7 +50,11 @@ type Source struct {
 	requeued []*entry    // nacked records to hand out again, oldest first
 	current  *generation // the generation in progress, or nil
 
+	dlMu  sync.Mutex
+	dlPub *Publisher // DeadLetterer's, made on first use; on transport
+
 	closeOnce sync.Once
+	closeErr  error
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
@@ -447,7 +451,10 @@ func (s *Source) requeue(e *entry) {
 // member owns, leaves the consumer group and stops every goroutine of the
 // Source. Records handed out and not acked are not committed: the group
 // reads them again. Acks after Close return an error wrapping
-// consumer.ErrSourceClosed. Close is idempotent and returns nil.
+// consumer.ErrSourceClosed, and so does DeadLetter on the Source's
+// dead-letterers (see DeadLetterer), whose Publisher Close closes after
+// its writes in flight. Close is idempotent; it returns an error only if
+// that Publisher's close failed.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -456,9 +463,10 @@ func (s *Source) Close() error {
 		_ = s.cg.Close()
 		s.cancel()
 		s.wg.Wait()
+		s.closeErr = s.closeDeadLetterPublisher()
 		s.transport.CloseIdleConnections()
 	})
-	return nil
+	return s.closeErr
 }
 
 func (s *Source) isClosed() bool {

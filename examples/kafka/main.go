@@ -138,7 +138,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	_, _ = rand.Read(b[:])
 	runID := hex.EncodeToString(b[:])
 	topic := "idemq-example.orders." + runID
-	dlqTopic := topic + ".dlq"
+	dlqTopic := kafka.DLQName(topic)
 	group := "idemq-example-orders-" + runID
 	admin := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: &kafkago.Transport{}}
 	defer admin.Transport.(*kafkago.Transport).CloseIdleConnections()
@@ -166,14 +166,6 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "published %d records to %s (%s, %d partitions): %d distinct orders, %d producer retries, %d poison\n",
 		len(w.msgs), topic, where, partitions, o.orders, w.duplicates, w.poison)
 
-	// Dead letters are written, acknowledged by every in-sync replica, to
-	// the dead-letter topic before the original's offset may be committed.
-	deadLetterer, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-		return pub.Publish(ctx, dlqTopic, m)
-	}, dlq.Options{})
-	if err != nil {
-		return err
-	}
 	src, err := kafka.NewSource(kafka.Config{
 		Brokers:           brokers,
 		Topic:             topic,
@@ -185,6 +177,15 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		Logger:            logger,
 	})
 	if err != nil {
+		return err
+	}
+	// Dead letters are written, acknowledged by every in-sync replica, to
+	// the dead-letter topic (<topic>.dlq) before the original's offset
+	// may be committed. The Source owns the dead-letterer: the runtime
+	// closes both.
+	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
+	if err != nil {
+		_ = src.Close()
 		return err
 	}
 	rt, err := consumer.New(consumer.Config{
