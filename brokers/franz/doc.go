@@ -35,4 +35,11 @@
 //
 // A nacked record is handed out again by the Source itself, flagged
 // Redelivered, as in brokers/kafka.
+//
+// Source.DeadLetterer is the runtime's dead-letterer: it produces each
+// failed message in package dlq's envelope, acknowledged by every in-sync
+// replica and with its record key, to a dead-letter topic
+// (kafka.DLQName of the Source's topic, or another one), on the Source's
+// own franz-go client. It is owned by the Source and closed by
+// Source.Close; there is nothing else to close.
 package franz

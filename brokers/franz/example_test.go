@@ -10,7 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/franz"
+	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -42,20 +44,54 @@ func ExampleNewSource() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// Failed payments go to payments.dlq, produced on src's own client;
+	// src owns the dead-letterer.
+	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	rt, err := consumer.New(consumer.Config{
 		Name:   "ledger",
-		Source: src, // the runtime closes it
+		Source: src,
 		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO ledger (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
+		DeadLetterer: deadLetterer,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rt.Run(ctx); err != nil {
+	if err := rt.Run(ctx); err != nil { // closes src, and with it deadLetterer, when it returns
 		log.Fatal(err)
 	}
+}
+
+// A dead-letterer with signed envelopes, to a dead-letter topic of another
+// name than the default <topic>.dlq. It produces with acks=all on the
+// Source's franz-go client and is closed with the Source.
+func ExampleSource_DeadLetterer() {
+	src, err := franz.NewSource(franz.Config{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topic:   "payments",
+		Group:   "ledger",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer src.Close() // the runtime closes it too: Close is idempotent
+	key, err := dlq.ReadKeyFile("/etc/idemq/dlq.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	dl, err := src.DeadLetterer(kafka.DeadLetterConfig{
+		Topic:   "payments.failed", // empty: kafka.DLQName("payments"), "payments.dlq"
+		Options: dlq.Options{SigningKey: key},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = consumer.Config{Source: src, DeadLetterer: dl} // and the rest
 }

@@ -547,7 +547,9 @@ var (
 // member owns, leaves the consumer group and stops every goroutine of the
 // Source. Records handed out and not acked are not committed: the group
 // reads them again. Acks after Close return an error wrapping
-// consumer.ErrSourceClosed. Close is idempotent and returns nil.
+// consumer.ErrSourceClosed, and so does DeadLetter on the Source's
+// dead-letterers (see DeadLetterer), which produce on the client Close
+// closes. Close is idempotent and returns nil.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)

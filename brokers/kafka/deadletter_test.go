@@ -52,22 +52,24 @@ func readDeadLetters(ctx context.Context, t *testing.T, e *env, topic string, n 
 
 // TestDeadLettererE2E: through the runtime, permanent failures land in the
 // DLQ topic, <topic>.dlq by default, with signed envelopes and their record
-// keys; a produce whose connection the broker drops is retried and lands;
-// the dead-letterer writes on the Source's transport; and the runtime's
-// Close of the Source closes it.
+// keys, in the partition the key hashes to; a produce whose connection the
+// broker drops is retried and lands; the dead-letterer writes on the
+// Source's transport; and the runtime's Close of the Source closes it.
 func TestDeadLettererE2E(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	e := newEnv(t, 2)
 	dlqTopic := kafka.DLQName(e.topic)
-	e.c.CreateTopic(t, dlqTopic, 1)
+	e.c.CreateTopic(t, dlqTopic, 2) // as many partitions as the topic
 	d := newDB(t)
 
 	// produced counts the produce requests to the DLQ topic; the first
 	// one loses its connection.
+	// Produce v13 and later name topics by id.
 	var produced atomic.Int64
+	dlqID := e.c.TopicInfo(dlqTopic).TopicID
 	toDLQ := func(r kmsg.Request) bool {
 		for _, tp := range r.(*kmsg.ProduceRequest).Topics {
-			if tp.Topic == dlqTopic {
+			if tp.Topic == dlqTopic || tp.TopicID == dlqID {
 				return true
 			}
 		}
@@ -133,6 +135,9 @@ func TestDeadLettererE2E(t *testing.T) {
 		}
 		if !bytes.Equal(m.RecordKey, want.RecordKey) || !bytes.Equal(m.Body, want.Body) {
 			t.Errorf("dead letter %q: record key %q, body %q; want %q, %q", want.ID, m.RecordKey, m.Body, want.RecordKey, want.Body)
+		}
+		if m.Partition != rec.Partition {
+			t.Errorf("dead letter %q in partition %d, the original in %d: the key must hash alike", want.ID, m.Partition, rec.Partition)
 		}
 	}
 

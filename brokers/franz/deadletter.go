@@ -1,0 +1,62 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+)
+
+// DeadLetterer returns a dead-letterer for the runtime's
+// consumer.Config.DeadLetterer that produces each failed message, wrapped in
+// package dlq's envelope, to the dead-letter topic: cfg.Topic, by default
+// kafka.DLQName(Config.Topic), "<topic>.dlq". The record is the one
+// brokers/kafka's Publisher would write (kafka.Mapping.Record): the record
+// key is Message.RecordKey, so the copy lands in the partition that key
+// hashes to (murmur2, as the Java client and kafka.Publisher do), and the
+// id goes to Config.IDHeader. DeadLetter returns nil only once the write is
+// acknowledged by every in-sync replica (franz-go's default acks=all, unless
+// Config.Options change it), so the runtime never commits an original's
+// offset before its dead-letter copy is durable.
+//
+// It produces on the Source's own franz-go client (with its TLS, SASL and
+// other Options), which keeps its produce connections next to its fetch
+// ones. The Source owns it: Close closes the client, and DeadLetter after
+// Close returns an error wrapping consumer.ErrSourceClosed. The runtime
+// closes its Source only after the in-flight messages, dead letters
+// included, have drained, so nothing needs closing besides the Source.
+func (s *Source) DeadLetterer(cfg kafka.DeadLetterConfig) (*dlq.DeadLetterer, error) {
+	topic, err := cfg.DeadLetterTopic(s.cfg.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if s.isClosed() {
+		return nil, fmt.Errorf("franz: dead-letterer: %w", consumer.ErrSourceClosed)
+	}
+	mp := kafka.Mapping{IDHeader: s.cfg.IDHeader}
+	return dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		if s.isClosed() {
+			return fmt.Errorf("franz: dead-letter to %q: %w", topic, consumer.ErrSourceClosed)
+		}
+		r := mp.Record(topic, m)
+		rec := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Timestamp: r.Time}
+		if len(r.Headers) > 0 {
+			rec.Headers = make([]kgo.RecordHeader, len(r.Headers))
+			for i, h := range r.Headers {
+				rec.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+			}
+		}
+		if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			if errors.Is(err, kgo.ErrClientClosed) || s.isClosed() {
+				return fmt.Errorf("franz: dead-letter to %q: %w (%v)", topic, consumer.ErrSourceClosed, err)
+			}
+			return fmt.Errorf("franz: dead-letter to %q: %w", topic, err)
+		}
+		return nil
+	}, cfg.Options)
+}
