@@ -14,8 +14,14 @@ import (
 type PublishFunc func(ctx context.Context, msg *consumer.Message) error
 
 // DeadLetterer implements consumer.DeadLetterer for any broker: it wraps the
-// failed message in the envelope and publishes it with a PublishFunc. With
-// RabbitMQ:
+// failed message in the envelope and publishes it with a PublishFunc.
+//
+// The broker adapters make one from their Source, publishing on the
+// Source's own connection and closed with it: rabbitmq.Source.DeadLetterer
+// (to the topology's dead-letter queue), kafka.Source.DeadLetterer and
+// franz.Source.DeadLetterer (to the topic's "<topic>.dlq"), and
+// memory.Broker.DeadLetterer. NewDeadLetterer is for other brokers, or
+// another publish path, for instance:
 //
 //	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 //		return publisher.Publish(ctx, "", "payments.dlq", m)
