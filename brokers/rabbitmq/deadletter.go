@@ -45,6 +45,10 @@ type DeadLetterConfig struct {
 // RabbitMQ redelivers the original, which then fails and is dead-lettered
 // again: the dead-letter queue may hold a message twice, with the same
 // x-idemq-message-id, and a replay applies it once.
+//
+// ctx bounds the check that the queue exists, made on the Source's
+// connection; a missing queue is an error here rather than at the first
+// failure.
 func (s *Source) DeadLetterer(ctx context.Context, cfg DeadLetterConfig) (*dlq.DeadLetterer, error) {
 	queue := cfg.Queue
 	if queue == "" {
