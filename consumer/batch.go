@@ -30,5 +30,6 @@ type BatchAcker interface {
 // HookBatch is called after each batch transaction commits, with the
 // number of deliveries in the batch and how many of them were new.
 type HookBatch interface {
+	Hook
 	OnBatch(ctx context.Context, size, applied int, dur time.Duration)
 }

@@ -302,6 +302,7 @@ func TestBatchHardStopAcksNothingUncommitted(t *testing.T) {
 }
 
 type batchSizes struct {
+	consumer.HookDefaults
 	mu    sync.Mutex
 	sizes []int
 }

@@ -32,7 +32,7 @@ type nopPurgeStore struct{ nopStore }
 
 func (nopPurgeStore) Purge(context.Context, time.Duration) (int64, error) { return 0, nil }
 
-type hookOnlyRetry struct{}
+type hookOnlyRetry struct{ HookDefaults }
 
 func (hookOnlyRetry) OnRetry(context.Context, *Message, int, error, time.Duration) {}
 
@@ -84,7 +84,7 @@ func TestConfigValidation(t *testing.T) {
 		{"Retry.MaxAttempts", func(c *Config) { c.Retry.MaxAttempts = -3 }},
 		{"Retry.MaxInterval", func(c *Config) { c.Retry.InitialInterval = time.Minute; c.Retry.MaxInterval = time.Second }},
 		{"Middleware[0]", func(c *Config) { c.Middleware = []Middleware{nil} }},
-		{"Hooks[0]", func(c *Config) { c.Hooks = []Hook{42} }},
+		{"Hooks[0]", func(c *Config) { c.Hooks = []Hook{HookDefaults{}} }}, // a hook of no event
 	}
 	for _, tc := range cases {
 		cfg := validConfig()

@@ -298,7 +298,7 @@ func TestEdgeConnectionKillingMessageIsDeadLettered(t *testing.T) {
 	}
 }
 
-type panickyHook struct{}
+type panickyHook struct{ consumer.HookDefaults }
 
 func (panickyHook) OnReceived(context.Context, *consumer.Message) { panic("hook: received") }
 func (panickyHook) OnApplied(context.Context, *consumer.Message, time.Duration, time.Duration) {

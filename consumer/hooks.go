@@ -5,14 +5,28 @@ import (
 	"time"
 )
 
-// Hook is a value implementing any of the Hook* interfaces below. The runtime
-// detects each by type assertion once, at New, so a hook implements only the
-// events it cares about. Hooks are called synchronously on the message's
-// goroutine and must be fast and safe for concurrent use.
-type Hook any
+// Hook receives the runtime's events, for metrics and tracing. A hook is a
+// type that embeds HookDefaults, which makes it a Hook, and implements any of
+// the Hook* interfaces below; the runtime detects each once, at New, and
+// calls only the events the hook implements. Config.Hooks takes Hooks, so a
+// value that is not one is refused by the compiler, and New refuses a hook
+// that implements no event. Hooks are called synchronously on the message's
+// goroutine and must be fast and safe for concurrent use; a panic in a hook
+// is recovered and logged, and does not change what happens to the message.
+type Hook interface {
+	// IsHook marks the type as a hook. Embed HookDefaults to implement it.
+	IsHook() bool
+}
+
+// HookDefaults, embedded in a struct, makes it a Hook.
+type HookDefaults struct{}
+
+// IsHook returns true.
+func (HookDefaults) IsHook() bool { return true }
 
 // HookReceived is called when a delivery is received.
 type HookReceived interface {
+	Hook
 	OnReceived(ctx context.Context, msg *Message)
 }
 
@@ -21,6 +35,7 @@ type HookReceived interface {
 // In batch mode commit is the batch's commit, and with a BatchHandler
 // handler is the batch handler's call.
 type HookApplied interface {
+	Hook
 	OnApplied(ctx context.Context, msg *Message, handler, commit time.Duration)
 }
 
@@ -28,22 +43,26 @@ type HookApplied interface {
 // processedAt is when the original was committed: now minus it is the
 // duplicate's age, a guide to the retention window.
 type HookDuplicate interface {
+	Hook
 	OnDuplicate(ctx context.Context, msg *Message, processedAt time.Time)
 }
 
 // HookRetry is called before a failed handler attempt is retried.
 type HookRetry interface {
+	Hook
 	OnRetry(ctx context.Context, msg *Message, attempt int, err error, delay time.Duration)
 }
 
 // HookDeadLettered is called after a message's dead-letter copy was accepted.
 type HookDeadLettered interface {
+	Hook
 	OnDeadLettered(ctx context.Context, msg *Message, f Failure)
 }
 
 // HookAckFailed is called when an ack fails after a successful commit. The
 // broker will redeliver and dedup absorbs it.
 type HookAckFailed interface {
+	Hook
 	OnAckFailed(ctx context.Context, msg *Message, err error)
 }
 

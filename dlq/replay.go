@@ -277,6 +277,7 @@ func (d *replayDelivery) Message() *consumer.Message { return d.msg }
 
 // replayCounter is the hook that turns runtime events into Result counts.
 type replayCounter struct {
+	consumer.HookDefaults
 	src      *replaySource
 	progress func(Result)
 }

@@ -429,6 +429,7 @@ func (w *workload) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message)
 
 // classCounter is a hook counting dead letters by class.
 type classCounter struct {
+	consumer.HookDefaults
 	mu sync.Mutex
 	m  map[consumer.FailureClass]int
 }

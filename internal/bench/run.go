@@ -112,7 +112,7 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 					tr.fail(fmt.Errorf("%w: message %s dead-lettered (%s): %v", ErrVerify, f.MessageID, f.Class, f.Err))
 					return nil
 				}),
-				Hooks:  []consumer.Hook{trackerHook{tr}},
+				Hooks:  []consumer.Hook{trackerHook{t: tr}},
 				Logger: r.log,
 			}
 			switch m {
@@ -266,7 +266,10 @@ wait:
 }
 
 // trackerHook feeds the runtime's events to a tracker.
-type trackerHook struct{ t *tracker }
+type trackerHook struct {
+	consumer.HookDefaults
+	t *tracker
+}
 
 func (h trackerHook) OnApplied(_ context.Context, msg *consumer.Message, _, _ time.Duration) {
 	h.t.record(msg.Header(HeaderPublishedAt), true)

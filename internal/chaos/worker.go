@@ -160,6 +160,7 @@ func (l *dlog) line(kind string, fields ...string) {
 
 // workerHooks implements the consumer hooks the worker needs.
 type workerHooks struct {
+	consumer.HookDefaults
 	log       *dlog
 	applied   atomic.Int64
 	killAfter int64

@@ -144,6 +144,7 @@ type Options struct {
 // outcomes the handler does not see. Put it in consumer.Config.Hooks and its
 // Middleware in consumer.Config.Middleware. It is safe for concurrent use.
 type Tracing struct {
+	consumer.HookDefaults
 	opts   Options
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator

@@ -151,6 +151,7 @@ func (o Options) validate() error {
 // consumer.Config.Hooks; it implements every consumer.Hook* interface. It is
 // safe for concurrent use.
 type Metrics struct {
+	consumer.HookDefaults
 	opts Options
 	reg  prometheus.Registerer
 	vecs *vecs
