@@ -59,8 +59,10 @@ type Failure struct {
 // DeadLetter must return only once the copy is durable (a confirmed
 // publish, a committed row). If it returns an error (or panics) the call is
 // retried with backoff while the original stays unacked and later messages
-// with its key wait; at shutdown the original is requeued. Package dlq implements it for RabbitMQ and Kafka; the memory
-// broker has its own for tests.
+// with its key wait; at shutdown the original is requeued. The broker
+// adapters make one from their Source (rabbitmq.Source.DeadLetterer,
+// kafka.Source.DeadLetterer, memory.Broker.DeadLetterer); dlq.NewDeadLetterer
+// wraps any other confirmed publish.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, msg *Message, f Failure) error
 }
