@@ -22,7 +22,10 @@ injects faults: SIGKILLs at random moments and right after COMMIT before the
 ack, Postgres connections reset at COMMIT, added database latency, AMQP
 connections dropped after commit, Postgres restarted with pg_ctl -m immediate,
 RabbitMQ restarted, Kafka members joining and leaving, OffsetCommit errors and
-handlers slower than consumer_timeout.
+handlers slower than consumer_timeout. One long-run scenario publishes to Kafka
+transactionally, aborting a quarter of the transactions, and consumes
+read_committed through brokers/franz: no record of an aborted transaction may
+be applied.
 
 Then it compares the published-and-confirmed ids, the processed_messages ids
 and the business effects, and reports lost messages, duplicate effects,

@@ -105,6 +105,20 @@ func TestCheckDetectsInconsistencyAndDeadLetters(t *testing.T) {
 	}
 }
 
+func TestCheckDetectsAbortedTransactionApplied(t *testing.T) {
+	in := consistent()
+	in.Aborted = map[string]bool{"x1": true, "x2": true}
+	in.Attempted["x1"], in.Attempted["x2"] = true, true
+	if v := Check(in); !v.Pass() || v.Aborted != 2 {
+		t.Fatalf("aborted ids without effects failed the check: %+v", v)
+	}
+	in.Effects["x2"], in.Processed["x2"] = 1, true
+	v := Check(in)
+	if v.Pass() || !slices.Equal(v.AbortedApplied, []string{"x2"}) || len(v.Unexpected) != 0 {
+		t.Fatalf("planted effect of aborted x2 not reported: %+v", v)
+	}
+}
+
 func TestRedeliveriesPerKill(t *testing.T) {
 	a, b, c := incKey{0, 0}, incKey{0, 1}, incKey{1, 0}
 	dl := &deliveryLog{receipts: []receipt{
@@ -271,6 +285,32 @@ func TestQuickScenarios(t *testing.T) {
 	}
 	if r := results[1]; r.Injected["offset-commit-error"] == 0 || r.Injected["member-join"] != 1 {
 		t.Errorf("kafka: faults not injected: %v", r.Injected)
+	}
+}
+
+// TestQuickTransactional runs a Kafka scenario with a transactional
+// producer, a third of its transactions aborted, consumed read_committed
+// through brokers/franz under SIGKILLs: every committed id is applied once,
+// and no id of an aborted transaction at all.
+func TestQuickTransactional(t *testing.T) {
+	cfg := quickHarness(t)
+	cfg.Scenarios = []Scenario{
+		{Name: "quick-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.33, Mode: ModeBatch, BatchSize: 8,
+			Messages: 400, PublishOver: 3 * time.Second, Workers: 2, Kills: 2, SelfKills: 2, SelfKillEvery: 10, Timeout: 90 * time.Second},
+	}
+	results := runQuick(t, cfg)
+	if len(results) != 1 {
+		t.Fatalf("%d results", len(results))
+	}
+	r := results[0]
+	if r.Injected["txn-abort"] == 0 || r.Verdict.Aborted == 0 {
+		t.Errorf("no transaction aborted: %v, %d ids only in aborted transactions", r.Injected, r.Verdict.Aborted)
+	}
+	if r.Verdict.Confirmed == 0 || r.Verdict.Confirmed+r.Verdict.Aborted > r.Messages {
+		t.Errorf("%d committed and %d aborted ids of %d", r.Verdict.Confirmed, r.Verdict.Aborted, r.Messages)
+	}
+	if r.KillsRandom == 0 || r.KillsAfterCommit == 0 {
+		t.Errorf("kills random %d, after commit %d", r.KillsRandom, r.KillsAfterCommit)
 	}
 }
 

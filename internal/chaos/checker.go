@@ -28,6 +28,9 @@ type CheckInput struct {
 	// DeadLetters counts dead-letter rows per id. The workload has no
 	// poison messages, so any is a finding.
 	DeadLetters map[string]int
+	// Aborted are the ids whose every publish was in a transaction the
+	// broker definitely aborted: none of them may have an effect.
+	Aborted map[string]bool
 }
 
 // Verdict is the checker's finding. Pass means zero lost, zero duplicate
@@ -49,17 +52,21 @@ type Verdict struct {
 	Inconsistent []string
 	// DeadLettered are ids found in the dead-letter table.
 	DeadLettered []string
+	// Aborted is the number of ids published only in aborted
+	// transactions; AbortedApplied are those of them with an effect.
+	Aborted        int
+	AbortedApplied []string
 }
 
 // Pass reports whether the run kept the exactly-once promise.
 func (v Verdict) Pass() bool {
 	return len(v.Lost) == 0 && len(v.Duplicates) == 0 && len(v.Unexpected) == 0 &&
-		len(v.Inconsistent) == 0 && len(v.DeadLettered) == 0
+		len(v.Inconsistent) == 0 && len(v.DeadLettered) == 0 && len(v.AbortedApplied) == 0
 }
 
 // Check compares the sets.
 func Check(in CheckInput) Verdict {
-	v := Verdict{Confirmed: len(in.Confirmed), Processed: len(in.Processed)}
+	v := Verdict{Confirmed: len(in.Confirmed), Processed: len(in.Processed), Aborted: len(in.Aborted)}
 	for id := range in.Confirmed {
 		if in.Effects[id] == 0 {
 			v.Lost = append(v.Lost, id)
@@ -76,6 +83,9 @@ func Check(in CheckInput) Verdict {
 		if n > 0 && !in.Processed[id] {
 			v.Inconsistent = append(v.Inconsistent, id)
 		}
+		if n > 0 && in.Aborted[id] {
+			v.AbortedApplied = append(v.AbortedApplied, id)
+		}
 	}
 	for id := range in.Processed {
 		if in.Effects[id] == 0 {
@@ -87,7 +97,7 @@ func Check(in CheckInput) Verdict {
 			v.DeadLettered = append(v.DeadLettered, id)
 		}
 	}
-	for _, s := range [][]string{v.Lost, v.Duplicates, v.Unexpected, v.Inconsistent, v.DeadLettered} {
+	for _, s := range [][]string{v.Lost, v.Duplicates, v.Unexpected, v.Inconsistent, v.DeadLettered, v.AbortedApplied} {
 		slices.Sort(s)
 	}
 	return v

@@ -281,6 +281,8 @@ type run struct {
 	messages           int
 	confirmed          sync.Map // id -> true
 	attempted          sync.Map
+	abortedCopy        sync.Map // id -> true: a copy was in a transaction definitely aborted
+	uncertain          sync.Map // id -> true: a transactional publish of it had an unknown outcome
 	confirmedN         atomic.Int64
 	publishes          atomic.Int64
 	producerDuplicates int
@@ -444,8 +446,8 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 	}
 
 	if !v.Pass() {
-		failures = append(failures, fmt.Sprintf("exactly-once broken: %d lost, %d duplicate effects, %d unexpected, %d inconsistent, %d dead-lettered",
-			len(v.Lost), len(v.Duplicates), len(v.Unexpected), len(v.Inconsistent), len(v.DeadLettered)))
+		failures = append(failures, fmt.Sprintf("exactly-once broken: %d lost, %d duplicate effects, %d unexpected, %d inconsistent, %d dead-lettered, %d of aborted transactions applied",
+			len(v.Lost), len(v.Duplicates), len(v.Unexpected), len(v.Inconsistent), len(v.DeadLettered), len(v.AbortedApplied)))
 	}
 	if s.CheckRedeliveryBound && res.Redeliveries.Max > res.RedeliveryBound {
 		failures = append(failures, fmt.Sprintf("a kill caused %d redeliveries, more than the bound %d", res.Redeliveries.Max, res.RedeliveryBound))
@@ -530,6 +532,14 @@ func (r *run) check(ctx context.Context) (Verdict, error) {
 		Effects: map[string]int{}, DeadLetters: map[string]int{}}
 	r.confirmed.Range(func(k, _ any) bool { in.Confirmed[k.(string)] = true; return true })
 	r.attempted.Range(func(k, _ any) bool { in.Attempted[k.(string)] = true; return true })
+	in.Aborted = map[string]bool{}
+	r.abortedCopy.Range(func(k, _ any) bool {
+		id := k.(string)
+		if _, unsure := r.uncertain.Load(id); !unsure && !in.Confirmed[id] {
+			in.Aborted[id] = true
+		}
+		return true
+	})
 	q := pgx.Identifier{r.schema}.Sanitize()
 	load := func(sql string, fn func(id string, n int)) error {
 		var err error
@@ -821,6 +831,7 @@ func (r *run) publish(ctx context.Context) error {
 
 	var pubRabbit *rabbitmq.Publisher
 	var pubKafka *kafka.Publisher
+	var pubTxn *txnProducer
 	var err error
 	switch r.s.Broker {
 	case BrokerRabbitMQ:
@@ -833,6 +844,11 @@ func (r *run) publish(ctx context.Context) error {
 		}
 		defer pubRabbit.Close()
 	case BrokerKafka:
+		if r.s.AbortRate > 0 {
+			pubTxn = &txnProducer{brokers: r.kafkaBrokers, topic: r.topic, txnID: "idemq-chaos-" + r.s.Name + "-" + randomHex(4)}
+			defer pubTxn.close()
+			break
+		}
 		if pubKafka, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: r.kafkaBrokers}); err != nil {
 			return err
 		}
@@ -848,6 +864,9 @@ func (r *run) publish(ctx context.Context) error {
 		}
 		next = next.Add(interval)
 		deadline := time.Now().Add(2 * time.Minute)
+		// A transactional unit is committed or aborted as decided here;
+		// an aborted one is not published again.
+		abort := pubTxn != nil && r.float() < r.s.AbortRate
 		for attempt := 1; ; attempt++ {
 			copySeq++
 			msgs := make([]*consumer.Message, len(u.ids))
@@ -859,12 +878,35 @@ func (r *run) publish(ctx context.Context) error {
 			}
 			r.publishes.Add(1)
 			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			if pubRabbit != nil {
+			aborted := false
+			switch {
+			case pubRabbit != nil:
 				err = pubRabbit.Publish(pctx, "", r.queue, msgs...)
-			} else {
+			case pubTxn != nil:
+				var outcome txnOutcome
+				outcome, err = pubTxn.publish(pctx, msgs, abort)
+				switch {
+				case outcome == txnAborted && abort:
+					aborted, err = true, nil
+				case outcome == txnUnknown:
+					for _, m := range msgs {
+						r.uncertain.Store(m.ID, true)
+					}
+				}
+			default:
 				err = pubKafka.Publish(pctx, r.topic, msgs...)
 			}
 			cancel()
+			if aborted {
+				r.inject("txn-abort", 1)
+				for _, m := range msgs {
+					r.abortedCopy.Store(m.ID, true)
+				}
+				break
+			}
+			if err != nil && abort {
+				break // meant to be aborted; its ids stay uncertain
+			}
 			if err == nil {
 				for _, m := range msgs {
 					if _, dup := r.confirmed.LoadOrStore(m.ID, true); !dup {
@@ -931,7 +973,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		KafkaBrokers: r.kafkaBrokers, Topic: r.topic, Group: r.consumer(),
 		DatabaseURL: r.h.dbURL, Schema: r.schema, Consumer: r.consumer(), Mode: r.s.Mode,
 		Concurrency: r.s.Concurrency, BatchSize: r.s.BatchSize, Prefetch: r.s.Prefetch,
-		KafkaCommitEvery: r.s.KafkaCommitEvery,
+		KafkaCommitEvery: r.s.KafkaCommitEvery, KafkaSource: r.s.KafkaSource, Partitions: r.s.Partitions,
 		LogPath:          filepath.Join(r.dir, fmt.Sprintf("worker-%02d-%03d.log", slot, inc)),
 		Seed:             r.h.cfg.Seed + uint64(r.idx)<<40,
 		KillAfterCommits: killAfter, PGResetRate: r.s.PGResetRate, PGLatency: r.s.PGLatency,

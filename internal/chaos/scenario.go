@@ -45,6 +45,16 @@ type Scenario struct {
 	// KafkaCommitEvery is the Kafka source's CommitInterval. Defaults to
 	// 100ms.
 	KafkaCommitEvery time.Duration
+	// KafkaSource picks the Kafka consumer: SourceKafkaGo (brokers/kafka,
+	// the default) or SourceFranz (brokers/franz, on franz-go, reading
+	// committed transactional data only).
+	KafkaSource string
+	// AbortRate, if positive, makes the Kafka producer transactional
+	// (franz-go with a TransactionalID): every Publish call is one
+	// transaction, and about AbortRate of them are aborted. The ids of an
+	// aborted transaction are never published again, and an effect for
+	// one fails the scenario. Needs SourceFranz.
+	AbortRate float64
 
 	// Kills is the number of SIGKILLs the nemesis sends to random
 	// consumer processes at random moments during the publishing window.
@@ -172,6 +182,14 @@ func (s Scenario) validate() error {
 		return bad("RabbitMQ faults on a Kafka scenario")
 	case s.Broker == BrokerRabbitMQ && (s.Rebalances > 0 || s.OffsetCommitErrorRate > 0):
 		return bad("Kafka faults on a RabbitMQ scenario")
+	case s.KafkaSource != "" && s.KafkaSource != SourceKafkaGo && s.KafkaSource != SourceFranz:
+		return bad("Kafka source %q, want %q or %q", s.KafkaSource, SourceKafkaGo, SourceFranz)
+	case s.KafkaSource != "" && s.Broker != BrokerKafka:
+		return bad("a Kafka source on a %s scenario", s.Broker)
+	case s.AbortRate < 0 || s.AbortRate > 0.9:
+		return bad("AbortRate %g, must be in [0, 0.9]", s.AbortRate)
+	case s.AbortRate > 0 && s.KafkaSource != SourceFranz:
+		return bad("aborted transactions need the read_committed source %q", SourceFranz)
 	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0:
 		return bad("negative duration or rate")
 	}
@@ -205,6 +223,8 @@ func (s Scenario) Faults() string {
 	add(s.Rebalances > 0, "%d join/leave rebalances", s.Rebalances)
 	add(s.OffsetCommitErrorRate > 0, "%.0f%% OffsetCommit errors", 100*s.OffsetCommitErrorRate)
 	add(s.SlowEvery > 0, "1/%d handlers sleep %s", s.SlowEvery, s.SlowFor)
+	add(s.AbortRate > 0, "transactional producer, %.0f%% of transactions aborted", 100*s.AbortRate)
+	add(s.KafkaSource == SourceFranz, "franz-go read_committed consumer")
 	if len(out) == 0 {
 		return "none"
 	}

@@ -23,8 +23,8 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: six scenarios, 225 planned SIGKILLs across
-// both brokers, about a quarter of an hour.
+// LongSuite is the long run: seven scenarios, 245 planned SIGKILLs across
+// both brokers and both Kafka sources, about a quarter of an hour.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -41,6 +41,12 @@ func LongSuite() []Scenario {
 		{Name: "long-kafka-batch-infra", Broker: BrokerKafka, Mode: ModeBatch, Messages: 5000, PublishOver: 90 * time.Second,
 			Kills: 20, SelfKills: 10, SelfKillEvery: 60, Rebalances: 4, OffsetCommitErrorRate: 0.3,
 			PGResetRate: 0.02, PGLatency: 2 * time.Millisecond, PGRestarts: 2},
+		// A transactional producer, a quarter of its transactions
+		// aborted, consumed read_committed through brokers/franz: exactly
+		// the committed records are applied, none of the aborted ones.
+		{Name: "long-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.25, Mode: ModeBatch,
+			Messages: 3000, PublishOver: 60 * time.Second, Kills: 15, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2,
+			OffsetCommitErrorRate: 0.1},
 	}
 }
 

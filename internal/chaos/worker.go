@@ -20,8 +20,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/idemq/idemq/brokers/franz"
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
@@ -49,6 +51,12 @@ const (
 	BrokerKafka    = "kafka"
 )
 
+// Kafka sources (Scenario.KafkaSource).
+const (
+	SourceKafkaGo = "kafka-go" // brokers/kafka
+	SourceFranz   = "franz"    // brokers/franz: franz-go, read_committed
+)
+
 // WorkerConfig is what one consumer process runs with. The harness passes
 // it as JSON in WorkerEnv.
 type WorkerConfig struct {
@@ -65,6 +73,8 @@ type WorkerConfig struct {
 	BatchSize         int
 	Prefetch          int // RabbitMQ basic.qos, Kafka MaxInFlight per partition
 	KafkaCommitEvery  time.Duration
+	KafkaSource       string // SourceKafkaGo or SourceFranz
+	Partitions        int    // of the Kafka topic
 	LogPath           string // the delivery log this incarnation appends to
 	Seed              uint64
 
@@ -328,6 +338,29 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		}
 		src = s
 	case BrokerKafka:
+		if cfg.KafkaSource == SourceFranz {
+			s, err := franz.NewSource(franz.Config{
+				Brokers:        cfg.KafkaBrokers,
+				Topic:          cfg.Topic,
+				Group:          cfg.Group,
+				CommitInterval: cfg.KafkaCommitEvery,
+				// franz bounds the records in flight across partitions;
+				// brokers/kafka bounds them per partition.
+				MaxInFlight:       cfg.Prefetch * max(cfg.Partitions, 1),
+				DrainTimeout:      time.Second,
+				SessionTimeout:    KafkaSessionTimeout,
+				HeartbeatInterval: 200 * time.Millisecond,
+				RebalanceTimeout:  4 * time.Second,
+				FetchMaxWait:      100 * time.Millisecond,
+				Options:           []kgo.Opt{kgo.ClientID(fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation))},
+				Logger:            debugLogger(),
+			})
+			if err != nil {
+				return fmt.Errorf("franz source: %w", err)
+			}
+			src = s
+			break
+		}
 		s, err := kafka.NewSource(kafka.Config{
 			Brokers:           cfg.KafkaBrokers,
 			Topic:             cfg.Topic,
