@@ -45,17 +45,16 @@ import (
 // its behalf, the way an operator removes a member
 // (RemoveMembersFromConsumerGroup). kfake then rebalances as it does when a
 // member leaves. A live client is never removed: it heartbeats, and kfake
-// itself would expire a member silent for that long. Parking is bounded by
-// the member's rebalance timeout plus its session timeout, past which
-// Apache Kafka would have completed the rebalance.
+// itself would expire a member silent for that long.
 //
 // The other way round, kfake keeps running the session timer of a member
-// that rejoins and expires it while it waits in the join barrier, dropping
-// its JoinGroup unanswered (the client times out and joins afresh); Apache
-// Kafka keeps a member waiting in the barrier alive. The enforcer
-// heartbeats for parked members every third of their session timeout,
-// which kfake answers with REBALANCE_IN_PROGRESS and takes as a sign of
-// life.
+// that waits in the join barrier or in SyncGroup, and expires it there,
+// dropping its request unanswered (the client times out and joins
+// afresh); Apache Kafka keeps such a member alive. The enforcer heartbeats
+// for parked members every third of their session timeout, which kfake
+// takes as a sign of life, until the member has been parked for twice its
+// rebalance timeout plus its session timeout, by which time clients give
+// up the request themselves.
 //
 // KIP-848 ("consumer" protocol) groups are not touched; kfake times their
 // members out itself.
@@ -345,11 +344,20 @@ func (e *SessionEnforcer) expired(name string, gi *kfake.GroupInfo, now time.Tim
 		if session == 0 {
 			continue // no join seen: nothing to go by
 		}
-		parkedFor := now.Sub(m.seen)
+		// A member waiting in the join barrier of this rebalance, or in
+		// SyncGroup for the leader's assignment of this generation, is
+		// never removed: Apache Kafka keeps such a member alive, and the
+		// enforcer heartbeats for it so that kfake does too (kfake
+		// expires it and drops its request unanswered, and removing a
+		// member parked in SyncGroup skews kfake's count of joined
+		// members, after which every rebalance waits out its deadline).
+		// Clients give up a parked request by 2*rebalance+session
+		// (kafka-go after its Timeout plus the rebalance timeout): a
+		// member parked longer is treated like any other.
 		joining := m.lastKey == int16(kmsg.JoinGroup) || m.lastKey == appeared
-		switch {
-		case gi.State == "PreparingRebalance" && joining && m.joinEpoch == gi.Epoch && parkedFor < rebalance+session:
-			// Waiting in the join barrier.
+		parked := gi.State == "PreparingRebalance" && joining && m.joinEpoch == gi.Epoch ||
+			gi.State == "CompletingRebalance" && m.lastKey == int16(kmsg.SyncGroup) && m.syncGen == gi.Epoch
+		if parked && now.Sub(m.seen) < 2*rebalance+session {
 			last := m.seen
 			if m.keptAlive.After(last) {
 				last = m.keptAlive
@@ -359,8 +367,6 @@ func (e *SessionEnforcer) expired(name string, gi *kfake.GroupInfo, now time.Tim
 				beats = append(beats, gm.MemberID)
 			}
 			continue
-		case gi.State == "CompletingRebalance" && m.lastKey == int16(kmsg.SyncGroup) && m.syncGen == gi.Epoch && parkedFor < rebalance+session:
-			continue // waiting for the leader's assignment
 		}
 		from := m.seen
 		if g.epochSince.After(from) {
