@@ -1,0 +1,226 @@
+// Command rabbitmq-dlq leaves a RabbitMQ dead-letter queue behind for the
+// README's tour of the idemq CLI (idemq status --dlq-queue, idemq dlq
+// inspect and idemq dlq replay).
+//
+// Run it after the quickstart: it works in the quickstart's schema
+// (idemq_quickstart) as the same consumer, ledger. It declares the work
+// queue payments with its dead-letter exchange and queue, payments.dlq
+// (deleting them first if they exist), publishes a few good payments and a
+// few bad ones (unknown accounts, missing ids, two quickstart payment ids
+// re-sent with other amounts), and consumes them with idemq on RabbitMQ. The
+// good ones are applied; the bad ones are dead-lettered to payments.dlq,
+// which it leaves in place. -delete removes the queues and the exchange.
+//
+//	go run ./examples/quickstart
+//	go run ./examples/rabbitmq-dlq
+//
+// The broker comes from AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/)
+// and Postgres from DATABASE_URL (default the local server). Its errors
+// never show a password.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/processed"
+)
+
+const (
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	queue              = "payments"
+	consumerName       = "ledger"
+)
+
+// Payment is the message body, as in the quickstart.
+type Payment struct {
+	PaymentID   string `json:"payment_id"`
+	Account     string `json:"account"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "rabbitmq-dlq:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
+	amqpURL := os.Getenv("AMQP_URL")
+	if amqpURL == "" {
+		amqpURL = rabbitmq.DefaultURL
+	}
+	dbURL := os.Getenv("DATABASE_URL")
+	if dbURL == "" {
+		dbURL = defaultDatabaseURL
+	}
+	defer func() {
+		if err != nil {
+			err = redact.Error(err, dbURL, amqpURL)
+		}
+	}()
+	fs := flag.NewFlagSet("rabbitmq-dlq", flag.ContinueOnError)
+	fs.SetOutput(out)
+	schema := fs.String("schema", "idemq_quickstart", "Postgres `schema` of the quickstart's tables")
+	del := fs.Bool("delete", false, "delete the queues "+queue+" and "+rabbitmq.DLQName(queue)+" and the exchange, and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	if err := deleteTopology(amqpURL); err != nil {
+		return err
+	}
+	if *del {
+		fmt.Fprintf(out, "deleted %s, %s and %s.dlx\n", queue, rabbitmq.DLQName(queue), queue)
+		return nil
+	}
+
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return fmt.Errorf("invalid DATABASE_URL: %w", err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	accounts := pgx.Identifier{*schema, "accounts"}.Sanitize()
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+accounts).Scan(&n); err != nil {
+		return fmt.Errorf("cannot read %s (run go run ./examples/quickstart first): %w", accounts, err)
+	}
+	store, err := processed.New(pool, processed.Config{Schema: *schema})
+	if err != nil {
+		return err
+	}
+
+	if err := rabbitmq.DeclareTopology(ctx, amqpURL, rabbitmq.Topology{Queue: queue}); err != nil {
+		return fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err)
+	}
+	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: amqpURL})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	var msgs []*consumer.Message
+	add := func(id string, p Payment) {
+		body, _ := json.Marshal(p)
+		msgs = append(msgs, &consumer.Message{ID: id, Key: p.Account, Body: body, Timestamp: time.Now()})
+	}
+	for i := 1; i <= 5; i++ { // good payments: applied
+		id := fmt.Sprintf("pay-%05d", 90000+i)
+		add(id, Payment{PaymentID: id, Account: fmt.Sprintf("acct-%02d", i), AmountCents: 1000})
+	}
+	for i := 1; i <= 3; i++ { // an account that does not exist: permanent
+		id := fmt.Sprintf("pay-%05d", 90100+i)
+		add(id, Payment{PaymentID: id, Account: "acct-99", AmountCents: 500})
+	}
+	for i := 0; i < 2; i++ { // no id: missing-id
+		add("", Payment{Account: "acct-01", AmountCents: 999})
+	}
+	for _, id := range []string{"pay-00010", "pay-00011"} { // applied by the quickstart with other amounts
+		add(id, Payment{PaymentID: id, Account: "acct-01", AmountCents: 1})
+	}
+	if err := pub.Publish(ctx, "", queue, msgs...); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Concurrency: 2})
+	if err != nil {
+		return err
+	}
+	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
+	if err != nil {
+		_ = src.Close()
+		return err
+	}
+	rt, err := consumer.New(consumer.Config{
+		Name:         consumerName,
+		Source:       src,
+		DB:           pool,
+		Store:        store,
+		DeadLetterer: dl,
+		Concurrency:  2,
+		Handler: consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p Payment) error {
+			tag, err := tx.Exec(ctx, `UPDATE `+accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return consumer.Permanent(fmt.Errorf("unknown account %q", p.Account))
+			}
+			return nil
+		}),
+	})
+	if err != nil {
+		_ = src.Close()
+		return err
+	}
+	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(runCtx) }()
+	for s := rt.Stats(); s.Applied+s.Duplicates+s.DeadLettered < int64(len(msgs)) || s.InFlight > 0; s = rt.Stats() {
+		select {
+		case err := <-done:
+			return fmt.Errorf("runtime stopped early: %v", err)
+		case <-runCtx.Done():
+			cancel()
+			<-done
+			return fmt.Errorf("not every message settled: %v", runCtx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		return err
+	}
+	s := rt.Stats()
+	fmt.Fprintf(out, "published %d messages to %s; consumer %s applied %d, dead-lettered %d\n",
+		len(msgs), queue, consumerName, s.Applied, s.DeadLettered)
+	fmt.Fprintf(out, "left in RabbitMQ: %s with %d dead letters (go run ./examples/rabbitmq-dlq -delete removes it)\n",
+		rabbitmq.DLQName(queue), s.DeadLettered)
+	return nil
+}
+
+// deleteTopology deletes the queues and the exchange, if they exist.
+func deleteTopology(url string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	for _, q := range []string{queue, rabbitmq.DLQName(queue)} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", q, err)
+		}
+	}
+	if err := ch.ExchangeDelete(queue+".dlx", false, false); err != nil {
+		return fmt.Errorf("delete exchange %s.dlx: %w", queue, err)
+	}
+	return nil
+}
