@@ -25,11 +25,12 @@ const (
 )
 
 // What the tour leaves behind, dropped before it starts so that it runs on
-// a fresh database: the quickstart's schema and the examples' schemas, the
-// dedup table `idemq migrate` creates in public, and the RabbitMQ queues
-// and exchange of examples/rabbitmq-dlq.
+// a fresh database: the quickstart's schema, the dedup table `idemq
+// migrate` creates in public, and the RabbitMQ queues and exchange of
+// examples/rabbitmq-dlq. (The other examples recreate their own schemas and
+// queues, and their tests may be using them.)
 var (
-	tourSchemas   = []string{"idemq_quickstart", "idemq_example_rabbitmq", "idemq_example_dlq"}
+	tourSchemas   = []string{"idemq_quickstart"}
 	tourTables    = []string{"processed_messages", "processed_messages_migrations"} // in public
 	tourQueues    = []string{"payments", "payments.dlq"}
 	tourExchanges = []string{"payments.dlx"}
