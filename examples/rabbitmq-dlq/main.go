@@ -43,7 +43,7 @@ import (
 
 const (
 	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	queue              = "payments"
+	defaultQueue       = "payments"
 	consumerName       = "ledger"
 )
 
@@ -80,12 +80,14 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("rabbitmq-dlq", flag.ContinueOnError)
 	fs.SetOutput(out)
 	schema := fs.String("schema", "idemq_quickstart", "Postgres `schema` of the quickstart's tables")
-	del := fs.Bool("delete", false, "delete the queues "+queue+" and "+rabbitmq.DLQName(queue)+" and the exchange, and exit")
+	queueFlag := fs.String("queue", defaultQueue, "the work `queue`; its dead letters go to <queue>.dlq")
+	del := fs.Bool("delete", false, "delete the work queue, its DLQ and its dead-letter exchange, and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	queue := *queueFlag
 
-	if err := deleteTopology(amqpURL); err != nil {
+	if err := deleteTopology(amqpURL, queue); err != nil {
 		return err
 	}
 	if *del {
@@ -203,8 +205,9 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	return nil
 }
 
-// deleteTopology deletes the queues and the exchange, if they exist.
-func deleteTopology(url string) error {
+// deleteTopology deletes queue, its DLQ and its dead-letter exchange, if
+// they exist.
+func deleteTopology(url, queue string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err)
