@@ -38,7 +38,7 @@ temporary directory, from --pg-bin, as user postgres when run as root) and
 its own RabbitMQ node (a private node name and ports), all on 127.0.0.1, and
 removes them at the end. --short is the CI run (3 scenarios, 55 SIGKILLs,
 under 2 minutes on the project's 2-core CI machine); without it the long run
-(6 scenarios, 225 SIGKILLs, about 8 minutes there). RELIABILITY.md has the
+(7 scenarios, 245 SIGKILLs, about 10 minutes there). RELIABILITY.md has the
 last results.
 
 Exit status 0 if every scenario passed, 1 otherwise.`,
