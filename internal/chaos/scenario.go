@@ -99,6 +99,11 @@ type Scenario struct {
 	// CheckRedeliveryBound makes the scenario fail if a kill caused more
 	// redeliveries than the prefetch (RabbitMQ) or partitions*MaxInFlight
 	// (Kafka). Enable it where kills are the only source of redelivery.
+	// For Kafka a SIGKILL also loses the offsets acked since the last
+	// commit, up to one KafkaCommitEvery of throughput (about 150 records
+	// at the default 100ms, when a young process re-reads a deduplicated
+	// backlog): a Kafka scenario that checks the bound must commit often
+	// enough, a few milliseconds, for that to stay within it.
 	CheckRedeliveryBound bool
 	// Timeout bounds the whole scenario. Defaults to 3*PublishOver + 2m.
 	Timeout time.Duration
