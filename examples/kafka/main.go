@@ -46,6 +46,7 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -67,6 +68,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // the usage was printed
+		}
 		fmt.Fprintln(os.Stderr, "kafka example:", err)
 		os.Exit(1)
 	}
@@ -83,6 +87,7 @@ type options struct {
 func run(ctx context.Context, args []string, out io.Writer) error {
 	var o options
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
+	fs.SetOutput(out)
 	fs.IntVar(&o.orders, "orders", 500, "distinct orders to publish")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
 	fs.IntVar(&o.batch, "batch", 32, "orders claimed and applied per transaction (1: one transaction per order)")
@@ -274,7 +279,7 @@ func createTopics(ctx context.Context, admin *kafkago.Client, topics ...string) 
 func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL %q: %w", url, err)
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
 	}
 	cfg.MaxConns = int32(concurrency + 2)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -287,7 +292,7 @@ func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, e
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", cfg.ConnConfig.ConnString(), err)
+		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
 	}
 	return pool, nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"regexp"
 	"testing"
 	"time"
@@ -66,5 +68,40 @@ func TestKafkaExampleExternalCluster(t *testing.T) {
 		if !regexp.MustCompile(want).MatchString(out.String()) {
 			t.Errorf("summary lacks %s:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestKafkaExampleRedactsPasswords: a password in DATABASE_URL never
+// reaches the example's errors, whether the URL cannot be parsed or the
+// server cannot be reached.
+func TestKafkaExampleRedactsPasswords(t *testing.T) {
+	t.Setenv("KAFKA_BROKERS", "")
+	for _, url := range []string{
+		"postgres://app:hunter2pw@127.0.0.1:1/test?connect_timeout=1",
+		"postgres://app:hunter2pw@127.0.0.1:1/test?sslmode=bogus",
+		"host=127.0.0.1 port=1 user=app password=hunter2pw connect_timeout=1",
+	} {
+		t.Setenv("DATABASE_URL", url)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var out bytes.Buffer
+		err := run(ctx, []string{"-orders", "10"}, &out)
+		cancel()
+		if err == nil {
+			t.Fatalf("%s: run succeeded against a closed port", redactedForTest(url))
+		}
+		if msg := err.Error() + out.String(); bytes.Contains([]byte(msg), []byte("hunter2pw")) {
+			t.Fatalf("the password leaked: %s", msg)
+		}
+	}
+}
+
+func redactedForTest(s string) string { return regexp.MustCompile(`hunter2pw`).ReplaceAllString(s, "xxxxx") }
+
+// TestKafkaExampleHelp: -h prints the usage and is not a failure.
+func TestKafkaExampleHelp(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"-h"}, &out)
+	if !errors.Is(err, flag.ErrHelp) || !bytes.Contains(out.Bytes(), []byte("-orders")) {
+		t.Fatalf("run -h = %v, output %q", err, out.String())
 	}
 }
