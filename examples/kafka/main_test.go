@@ -95,7 +95,9 @@ func TestKafkaExampleRedactsPasswords(t *testing.T) {
 	}
 }
 
-func redactedForTest(s string) string { return regexp.MustCompile(`hunter2pw`).ReplaceAllString(s, "xxxxx") }
+func redactedForTest(s string) string {
+	return regexp.MustCompile(`hunter2pw`).ReplaceAllString(s, "xxxxx")
+}
 
 // TestKafkaExampleHelp: -h prints the usage and is not a failure.
 func TestKafkaExampleHelp(t *testing.T) {
