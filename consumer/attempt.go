@@ -220,7 +220,6 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 	if err := tx.Commit(ctx); err != nil {
 		return classifyCommitErr(err)
 	}
-	r.commits.Add(1)
 	res.commit = time.Since(cstart)
 	res.dur = time.Since(start)
 	return res

@@ -31,12 +31,11 @@ type Runtime struct {
 	log       *slog.Logger
 	running   atomic.Bool
 	stats     stats
-	// commits counts committed transactions; see connLossCounts.
-	commits atomic.Int64
-	// fatal holds the error that stops the current Run for good (a dedup
-	// table that does not exist); stopRecv ends its receive loop.
+	// fatalErr holds the error that stops the current Run for good (a
+	// dedup table that does not exist); it is read on every attempt, so
+	// it is an atomic. stopRecv, guarded by fatalMu, ends the receive loop.
+	fatalErr atomic.Pointer[error]
 	fatalMu  sync.Mutex
-	fatalErr error
 	stopRecv context.CancelCauseFunc
 }
 
@@ -180,7 +179,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	recvCtx, stopRecv := context.WithCancelCause(ctx)
 	defer stopRecv(nil)
 	r.fatalMu.Lock()
-	r.fatalErr, r.stopRecv = nil, stopRecv
+	r.fatalErr.Store(nil)
+	r.stopRecv = stopRecv
 	r.fatalMu.Unlock()
 
 	var wg sync.WaitGroup
@@ -227,21 +227,23 @@ func (r *Runtime) Run(ctx context.Context) error {
 func (r *Runtime) stop(err error) {
 	r.fatalMu.Lock()
 	defer r.fatalMu.Unlock()
-	if r.fatalErr != nil {
+	if r.fatalErr.Load() != nil {
 		return
 	}
-	r.fatalErr = fmt.Errorf("idemq: stopping: %w", err)
+	ferr := fmt.Errorf("idemq: stopping: %w", err)
+	r.fatalErr.Store(&ferr)
 	r.log.Error("idemq: stopping the runtime", "error", err)
 	if r.stopRecv != nil {
-		r.stopRecv(r.fatalErr)
+		r.stopRecv(ferr)
 	}
 }
 
 // fatal returns the error that stopped the current Run, if any.
 func (r *Runtime) fatal() error {
-	r.fatalMu.Lock()
-	defer r.fatalMu.Unlock()
-	return r.fatalErr
+	if p := r.fatalErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // stopping reports whether work on ctx must stop and be requeued: a hard
