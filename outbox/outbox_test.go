@@ -835,3 +835,24 @@ func TestRelayPublishesKeyAsRecordKey(t *testing.T) {
 		}
 	}
 }
+
+// A PublishFunc that panics fails its rows, with backoff, instead of
+// crashing the relay with the rows leased.
+func TestPublishFuncPanicFailsTheRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.placeOrder(t, "o1", outbox.Message{Destination: "q", ID: "e1", Body: []byte("x")}, true)
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{
+		Publish: func(context.Context, string, ...*consumer.Message) error { panic("boom") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t, 30*time.Second)
+	if n, err := relay.RelayOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v; want 1, nil", n, err)
+	}
+	if n := f.count(t, f.table(), "sent_at IS NULL AND attempts = 1 AND lease_token IS NULL AND strpos(last_error, $1) > 0", "panicked: boom"); n != 1 {
+		t.Fatalf("failed rows recording the panic = %d, want 1", n)
+	}
+}

@@ -559,7 +559,10 @@ func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, dea
 }
 
 // publish makes one Publish call, cut short at deadline. It returns
-// started false, and makes no call, if deadline has passed.
+// started false, and makes no call, if deadline has passed. A panic in the
+// PublishFunc is returned as the call's error: the rows fail and are
+// retried with backoff, rather than the relay's process crashing with the
+// rows leased.
 func (r *Relay) publish(ctx context.Context, dest string, msgs []*consumer.Message, deadline time.Time) (started bool, err error) {
 	left := time.Until(deadline)
 	if left <= 0 {
@@ -567,6 +570,11 @@ func (r *Relay) publish(ctx context.Context, dest string, msgs []*consumer.Messa
 	}
 	pctx, cancel := context.WithTimeout(ctx, min(r.cfg.PublishTimeout, left))
 	defer cancel()
+	defer func() {
+		if v := recover(); v != nil {
+			started, err = true, fmt.Errorf("outbox: relay: PublishFunc panicked: %v", v)
+		}
+	}()
 	return true, r.cfg.Publish(pctx, dest, msgs...)
 }
 
