@@ -249,15 +249,22 @@ func (p *partition) fetch(ctx context.Context) {
 			return false
 		}
 	}
-	for {
-		off, err := resolveOffset(ctx, s.client, p.topic, p.id, r.offset)
-		if err == nil {
-			r.offset = off
-			break
+	// resolve turns the reader's offset, if it is FirstOffset or
+	// LastOffset, into a real one; it returns false if ctx is done.
+	resolve := func() bool {
+		for {
+			off, err := resolveOffset(ctx, s.client, p.topic, p.id, r.offset)
+			if err == nil {
+				r.offset = off
+				return true
+			}
+			if ctx.Err() != nil || !backoff("resolving the start offset", err) {
+				return false
+			}
 		}
-		if ctx.Err() != nil || !backoff("resolving the start offset", err) {
-			return
-		}
+	}
+	if !resolve() {
+		return
 	}
 	failures = 0
 	for {
@@ -275,15 +282,8 @@ func (p *partition) fetch(ctx context.Context) {
 			if errors.Is(err, errOffsetOutOfRange) {
 				log.Warn("kafka: offset out of range; restarting from the configured StartOffset", "offset", r.offset, "start_offset", s.cfg.StartOffset)
 				r.offset, r.buf, r.pending, r.aborted = s.cfg.StartOffset, nil, nil, nil
-				for {
-					off, err := resolveOffset(ctx, s.client, p.topic, p.id, r.offset)
-					if err == nil {
-						r.offset = off
-						break
-					}
-					if ctx.Err() != nil || !backoff("resolving the start offset", err) {
-						return
-					}
+				if !resolve() {
+					return
 				}
 				continue
 			}
