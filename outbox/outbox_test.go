@@ -856,3 +856,27 @@ func TestPublishFuncPanicFailsTheRow(t *testing.T) {
 		t.Fatalf("failed rows recording the panic = %d, want 1", n)
 	}
 }
+
+type panicHook struct{}
+
+func (panicHook) OnPublished(context.Context, string, []*consumer.Message, time.Duration) {
+	panic("hook")
+}
+
+// A panicking hook is ignored: the confirmed row is still marked sent.
+func TestPanickingHookDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	broker := memory.NewBroker()
+	f.placeOrder(t, "o1", outbox.Message{Destination: "q", ID: "e1", Body: []byte("x")}, true)
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{Publish: broker.Publish, Hooks: []outbox.Hook{panicHook{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(testCtx(t, 30*time.Second)); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v; want 1, nil", n, err)
+	}
+	if n := f.count(t, f.table(), "sent_at IS NOT NULL"); n != 1 {
+		t.Fatalf("sent rows = %d, want 1", n)
+	}
+}

@@ -121,7 +121,8 @@ type BackoffConfig struct {
 }
 
 // Hook is a value implementing HookPublished, HookPublishFailed or both.
-// Hooks are called synchronously by the relay and must be fast.
+// Hooks are called synchronously by the relay and must be fast; a hook that
+// panics is logged and ignored.
 type Hook any
 
 // HookPublished is called once per destination of a batch with the
@@ -598,7 +599,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 	}
 	if len(sent) > 0 {
 		for _, h := range r.published {
-			h.OnPublished(ctx, dest, sent, took)
+			r.hook("OnPublished", func() { h.OnPublished(ctx, dest, sent, took) })
 		}
 	}
 	report := func(msgs []*consumer.Message, err error, retryIn time.Duration) {
@@ -606,7 +607,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 			slog.String("destination", dest), slog.Int("messages", len(msgs)),
 			slog.Any("error", err), slog.Duration("retry_in", retryIn))
 		for _, h := range r.failed {
-			h.OnPublishFailed(ctx, dest, msgs, err, retryIn)
+			r.hook("OnPublishFailed", func() { h.OnPublishFailed(ctx, dest, msgs, err, retryIn) })
 		}
 	}
 	var (
@@ -628,6 +629,18 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 	if len(shared) > 0 {
 		report(shared, groupErr, retryIn)
 	}
+}
+
+// hook calls a hook, recovering a panic: it runs between the publish and
+// the recording of outcomes, so a panic would otherwise crash the process
+// with the rows leased and the broker's confirms unrecorded.
+func (r *Relay) hook(name string, call func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.log.Error("outbox: hook panicked; ignored", slog.String("hook", name), slog.Any("panic", v))
+		}
+	}()
+	call()
 }
 
 // record writes the outcomes of batch in one short transaction. Each update
