@@ -133,9 +133,13 @@ type HookPublished interface {
 }
 
 // HookPublishFailed is called with messages whose publish failed, and their
-// error, before the failures are recorded: once for a failed Publish call
-// that named no message, or once per failed message otherwise. The rows are
-// due again after retryIn (the shortest of their delays).
+// error, before the failures are recorded: once per message that failed
+// with an error of its own (named by an IndexedError, or failing its own
+// call when the relay publishes a group one message at a time), and once
+// for the messages that failed with the group's first error (a group of
+// one, or the messages left unpublished once the broker is taken to be
+// down or the lease runs short). The rows are due again after retryIn (the
+// shortest of their delays).
 type HookPublishFailed interface {
 	OnPublishFailed(ctx context.Context, destination string, msgs []*consumer.Message, err error, retryIn time.Duration)
 }
