@@ -44,7 +44,6 @@ import (
 	"github.com/idemq/idemq/brokers/franz"
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -150,23 +149,16 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "produced to %s (%s, %d partitions): 2 committed batches of %d, 1 duplicate, 2 aborted batches of %d\n",
 		topic, where, partitions, batch, batch)
 
-	// Failed payments go to a dead-letter topic, through brokers/kafka's
-	// Publisher, before their offsets may be committed.
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	deadLetterer, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-		return pub.Publish(ctx, topic+".dlq", m)
-	}, dlq.Options{})
-	if err != nil {
-		return err
-	}
-
 	// The ledger: franz's Source reads committed records only.
 	src, err := franz.NewSource(franz.Config{Brokers: brokers, Topic: topic, Group: group, CommitInterval: 100 * time.Millisecond})
 	if err != nil {
+		return err
+	}
+	// Failed payments go to the dead-letter topic, topic+".dlq", on the
+	// Source's own client, before their offsets may be committed.
+	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
+	if err != nil {
+		_ = src.Close()
 		return err
 	}
 	var markers atomic.Int64
