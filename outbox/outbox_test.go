@@ -880,3 +880,37 @@ func TestPanickingHookDoesNotStopTheRelay(t *testing.T) {
 		t.Fatalf("sent rows = %d, want 1", n)
 	}
 }
+
+// Once the lease runs short, the rows the relay did not get to are released
+// unpublished at once: not failed, not left leased.
+func TestLeaseRunningOutReleasesUnpublishedRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.placeOrder(t, "o1", outbox.Message{Destination: "slow", ID: "e1", Body: []byte("x")}, true)
+	f.placeOrder(t, "o2", outbox.Message{Destination: "later", ID: "e2", Body: []byte("y")}, true)
+	var calls []string
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{
+		PublishTimeout: 100 * time.Millisecond,
+		Lease:          300 * time.Millisecond,
+		Publish: func(_ context.Context, dest string, _ ...*consumer.Message) error {
+			calls = append(calls, dest)
+			time.Sleep(300 * time.Millisecond) // past the point where the relay stops publishing
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(testCtx(t, 30*time.Second)); err != nil || n != 2 {
+		t.Fatalf("RelayOnce = %d, %v; want 2, nil", n, err)
+	}
+	if len(calls) != 1 || calls[0] != "slow" {
+		t.Fatalf("Publish calls = %v, want only slow", calls)
+	}
+	if n := f.count(t, f.table(), "destination = 'slow' AND sent_at IS NOT NULL"); n != 1 {
+		t.Fatalf("sent slow rows = %d, want 1", n)
+	}
+	if n := f.count(t, f.table(), "destination = 'later' AND sent_at IS NULL AND attempts = 0 AND lease_token IS NULL AND next_attempt_at <= now()"); n != 1 {
+		t.Fatalf("released later rows = %d, want 1", n)
+	}
+}
