@@ -39,9 +39,9 @@
 // UUID is ideal) on POST, PUT, PATCH and DELETE. Retry a failed or timed-out
 // request with the same key and the same body. On 409, wait Retry-After
 // seconds (1 while the first request is young) and retry. On 422, the key
-// was already used for a different request: use a new key. Keys are remembered for the retention the operator
-// chooses ([Middleware.Purge]); a key reused after its record was purged is a
-// new request.
+// was already used for a different request: use a new key. Keys are
+// remembered for the retention the operator chooses ([Middleware.Purge]); a
+// key reused after its record was purged is a new request.
 //
 // Responses are buffered until the transaction commits: streaming handlers
 // (http.Flusher) are not supported.
