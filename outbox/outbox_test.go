@@ -914,3 +914,35 @@ func TestLeaseRunningOutReleasesUnpublishedRows(t *testing.T) {
 		t.Fatalf("released later rows = %d, want 1", n)
 	}
 }
+
+// A failure is fenced like a success: once another relay holds the row's
+// lease, the first relay's failure (attempts, last_error, backoff) is not
+// recorded over it.
+func TestFencingExpiredLeaseCannotRecordFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.placeOrder(t, "o1", outbox.Message{Destination: "q", ID: "e1", Body: []byte("x")}, true)
+	const other = "00000000-0000-4000-8000-000000000001"
+	relay, err := outbox.NewRelay(f.ob, outbox.RelayConfig{
+		Publish: func(ctx context.Context, _ string, _ ...*consumer.Message) error {
+			// Another relay claims the row meanwhile, as after an
+			// expired lease.
+			if _, err := f.pool.Exec(ctx, "UPDATE "+f.table()+" SET lease_token = $1, lease_owner = 'other'", other); err != nil {
+				return err
+			}
+			return errors.New("nacked")
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RelayOnce(testCtx(t, 30*time.Second)); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v; want 1, nil", n, err)
+	}
+	if n := f.count(t, f.table(), "sent_at IS NULL AND attempts = 0 AND last_error IS NULL AND lease_token = $1", other); n != 1 {
+		t.Fatalf("rows still held by the other relay, untouched = %d, want 1", n)
+	}
+	if s := relay.Stats(); s.Failed != 0 || s.Fenced != 1 {
+		t.Fatalf("stats = %+v, want the failure fenced", s)
+	}
+}
