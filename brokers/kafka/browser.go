@@ -330,11 +330,7 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 			continue
 		}
 		if b.r == nil {
-			r, err := b.reader(p)
-			if err != nil {
-				return nil, err
-			}
-			b.r = r
+			b.r = b.reader(p)
 		}
 		f, err := b.r.next(fctx)
 		if err != nil {
@@ -416,7 +412,7 @@ func (b *Browser) recover(ctx context.Context, p *browsePart, err error) error {
 
 // reader opens a read_committed partition reader (see partReader) at p's
 // start offset.
-func (b *Browser) reader(p *browsePart) (*partReader, error) {
+func (b *Browser) reader(p *browsePart) *partReader {
 	return &partReader{
 		transport: b.transport,
 		addr:      kafkago.TCP(b.cfg.Brokers...),
@@ -425,10 +421,10 @@ func (b *Browser) reader(p *browsePart) (*partReader, error) {
 		maxBytes:  b.cfg.FetchMaxBytes,
 		maxWait:   b.cfg.FetchMaxWait,
 		offset:    p.start,
-	}, nil
+	}
 }
 
-// nextPartition closes the current reader and moves to the next partition.
+// nextPartition drops the current reader and moves to the next partition.
 // The caller holds nextMu.
 func (b *Browser) nextPartition() {
 	b.r = nil
