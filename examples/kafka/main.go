@@ -88,6 +88,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	var o options
 	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: go run ./examples/kafka [flags]\n\nPublishes orders with producer retries and a poison order to Kafka\n($KAFKA_BROKERS, or an in-process cluster), consumes them into Postgres\n($DATABASE_URL) with idemq in batches, and checks every customer's total,\nthe committed offsets and the dead-letter topic.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	fs.IntVar(&o.orders, "orders", 500, "distinct orders to publish")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "batches handled at once")
 	fs.IntVar(&o.batch, "batch", 32, "orders claimed and applied per transaction (1: one transaction per order)")
