@@ -44,6 +44,7 @@ import (
 	"github.com/idemq/idemq/brokers/franz"
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -63,11 +64,17 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, out io.Writer) error {
+func run(ctx context.Context, out io.Writer) (err error) {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
+	// pgx masks passwords in its errors only on a best-effort basis.
+	defer func() {
+		if err != nil {
+			err = redact.Error(err, dbURL)
+		}
+	}()
 	var brokers []string
 	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
 		if b = strings.TrimSpace(b); b != "" {
