@@ -180,7 +180,16 @@ func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routing
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return false, fmt.Errorf("rabbitmq: publish: %w", ctxErr)
 			}
-			return false, &PublishError{Index: i, MessageID: m.ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(err))}
+			// Not one message of the call is confirmed: those before i
+			// were sent without their confirms awaited, those after it
+			// never. Name them all, so that a caller retrying only the
+			// named ones (the outbox relay, by MessageIndex) loses none.
+			reason := pc.reason(err)
+			errs := make([]error, len(msgs))
+			for j := range msgs {
+				errs[j] = &PublishError{Index: j, MessageID: msgs[j].ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, reason)}
+			}
+			return false, errors.Join(errs...)
 		}
 		confirms[i] = dc
 	}

@@ -165,3 +165,33 @@ func TestPublishRefusesOverlongFieldsAndKeepsWorking(t *testing.T) {
 	}
 	mustAck(ctx, t, d)
 }
+
+// TestPublishNamesEveryUnconfirmedMessage: when the channel fails part way
+// through a call (a missing exchange closes it), every message the broker
+// did not confirm is named by a PublishError, those never sent included, so
+// that a caller retrying only the named ones (the outbox relay) loses none.
+func TestPublishNamesEveryUnconfirmedMessage(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{Channels: 1})
+	const n = 2000
+	msgs := brokertest.NewMessages("gone", n, 0)
+	err := pub.Publish(ctx, uniqueName(t), "x", msgs...)
+	if err == nil {
+		t.Fatal("publish to a missing exchange succeeded")
+	}
+	seen := map[int]bool{}
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		t.Fatalf("error names no message: %v", err)
+	}
+	for _, e := range joined.Unwrap() {
+		var pe *rabbitmq.PublishError
+		if errors.As(e, &pe) {
+			seen[pe.MessageIndex()] = true
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("errors name %d of the %d unconfirmed messages", len(seen), n)
+	}
+}
