@@ -184,15 +184,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	transport := &kafkago.Transport{
-		Dial:     cfg.Dialer.DialFunc,
-		ClientID: cfg.Dialer.ClientID,
-		TLS:      cfg.Dialer.TLS,
-		SASL:     cfg.Dialer.SASLMechanism,
-	}
-	if cfg.Dialer.Timeout > 0 {
-		transport.DialTimeout = cfg.Dialer.Timeout
-	}
+	transport := dialerTransport(cfg.Dialer)
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With("topic", cfg.Topic),
@@ -422,6 +414,21 @@ func (b *Browser) reader(p *browsePart) *partReader {
 		maxWait:   b.cfg.FetchMaxWait,
 		offset:    p.start,
 	}
+}
+
+// dialerTransport returns a Transport that connects the way d dials: its
+// dial function, client id, TLS, SASL and dial timeout.
+func dialerTransport(d *kafkago.Dialer) *kafkago.Transport {
+	t := &kafkago.Transport{
+		Dial:     d.DialFunc,
+		ClientID: d.ClientID,
+		TLS:      d.TLS,
+		SASL:     d.SASLMechanism,
+	}
+	if d.Timeout > 0 {
+		t.DialTimeout = d.Timeout
+	}
+	return t
 }
 
 // nextPartition drops the current reader and moves to the next partition.

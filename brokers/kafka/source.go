@@ -129,15 +129,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, &consumer.ConfigError{Field: "kafka.Config", Reason: err.Error()}
 	}
-	transport := &kafkago.Transport{
-		Dial:     cfg.Dialer.DialFunc,
-		ClientID: cfg.Dialer.ClientID,
-		TLS:      cfg.Dialer.TLS,
-		SASL:     cfg.Dialer.SASLMechanism,
-	}
-	if cfg.Dialer.Timeout > 0 {
-		transport.DialTimeout = cfg.Dialer.Timeout
-	}
+	transport := dialerTransport(cfg.Dialer)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Source{
 		cfg:       cfg,
