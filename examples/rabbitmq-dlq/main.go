@@ -79,6 +79,10 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}()
 	fs := flag.NewFlagSet("rabbitmq-dlq", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: go run ./examples/rabbitmq-dlq [flags]\n\nAfter the quickstart, publishes 12 payments to a RabbitMQ queue and consumes\nthem as the quickstart's consumer, leaving its dead letters in <queue>.dlq\nfor the CLI tour ($DATABASE_URL, $AMQP_URL).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	schema := fs.String("schema", "idemq_quickstart", "Postgres `schema` of the quickstart's tables")
 	queueFlag := fs.String("queue", defaultQueue, "the work `queue`; its dead letters go to <queue>.dlq")
 	del := fs.Bool("delete", false, "delete the work queue, its DLQ and its dead-letter exchange, and exit")
@@ -198,8 +202,12 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return err
 	}
 	s := rt.Stats()
-	fmt.Fprintf(out, "published %d messages to %s; consumer %s applied %d, dead-lettered %d\n",
-		len(msgs), queue, consumerName, s.Applied, s.DeadLettered)
+	dups := ""
+	if s.Duplicates > 0 { // a second run: the good payments are already applied
+		dups = fmt.Sprintf(", skipped %d as duplicates", s.Duplicates)
+	}
+	fmt.Fprintf(out, "published %d messages to %s; consumer %s applied %d, dead-lettered %d%s\n",
+		len(msgs), queue, consumerName, s.Applied, s.DeadLettered, dups)
 	fmt.Fprintf(out, "left in RabbitMQ: %s with %d dead letters (go run ./examples/rabbitmq-dlq -delete removes it)\n",
 		rabbitmq.DLQName(queue), s.DeadLettered)
 	return nil
