@@ -443,6 +443,8 @@ type claimed struct {
 	retryIn  time.Duration
 	// shared: err is the error of the group's first Publish call.
 	shared bool
+	// due is when the row was due, for ordering the batch.
+	due time.Time
 }
 
 // claim leases up to BatchSize due rows to token and returns them in the
@@ -457,17 +459,13 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 	if err != nil {
 		return nil, r.ob.wrap("relay: claim due rows", err)
 	}
-	var (
-		batch []*claimed
-		due   = map[int64]time.Time{}
-	)
+	var batch []*claimed
 	for rows.Next() {
 		var (
-			c     = &claimed{msg: &consumer.Message{Partition: -1, Offset: -1}}
-			m     = c.msg
-			dueAt time.Time
+			c = &claimed{msg: &consumer.Message{Partition: -1, Offset: -1}}
+			m = c.msg
 		)
-		if err := rows.Scan(&c.seq, &m.Source, &m.ID, &m.Key, &m.Headers, &m.Body, &m.Timestamp, &c.attempts, &dueAt); err != nil {
+		if err := rows.Scan(&c.seq, &m.Source, &m.ID, &m.Key, &m.Headers, &m.Body, &m.Timestamp, &c.attempts, &c.due); err != nil {
 			rows.Close()
 			return nil, r.ob.wrap("relay: read claimed rows", err)
 		}
@@ -476,7 +474,6 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 			// write RecordKey, never the runtime's ordering Key.
 			m.RecordKey = []byte(m.Key)
 		}
-		due[c.seq] = dueAt
 		batch = append(batch, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -486,7 +483,7 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 		return nil, r.ob.wrap("relay: claim: commit", err)
 	}
 	slices.SortFunc(batch, func(a, b *claimed) int {
-		if c := due[a.seq].Compare(due[b.seq]); c != 0 {
+		if c := a.due.Compare(b.due); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.seq, b.seq)
