@@ -163,10 +163,11 @@ func NewSource(cfg Config) (*Source, error) {
 // so a polled record always belongs to the assignment it was fetched for.
 func (s *Source) poll(ctx context.Context) {
 	for {
-		if !s.waitRoom(ctx) {
+		room := s.waitRoom(ctx)
+		if room == 0 {
 			return
 		}
-		fetches := s.cl.PollRecords(ctx, maxPoll)
+		fetches := s.cl.PollRecords(ctx, min(room, maxPoll))
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			s.cl.AllowRebalance()
 			return
@@ -219,20 +220,20 @@ func (p *partition) skipControlLocked(r *kgo.Record) {
 	p.s.inFlight++
 }
 
-// waitRoom waits until fewer than MaxInFlight records are in flight. It
-// returns false once ctx is done.
-func (s *Source) waitRoom(ctx context.Context) bool {
+// waitRoom waits until fewer than MaxInFlight records are in flight, and
+// returns how many more may be. It returns 0 once ctx is done.
+func (s *Source) waitRoom(ctx context.Context) int {
 	for {
 		s.mu.Lock()
 		n := s.inFlight
 		s.mu.Unlock()
 		if n < s.cfg.MaxInFlight {
-			return true
+			return s.cfg.MaxInFlight - n
 		}
 		select {
 		case <-s.room:
 		case <-ctx.Done():
-			return false
+			return 0
 		}
 	}
 }
