@@ -421,7 +421,12 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			}
 		}
 	}
-	return len(batch), r.record(ctx, token, batch)
+	// The outcomes are recorded even if ctx ended after the publishes: rows
+	// the broker confirmed must be marked sent, not published again when
+	// their lease expires.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	return len(batch), r.record(rctx, token, batch)
 }
 
 // outcome is what became of a claimed row.
@@ -643,6 +648,9 @@ func (r *Relay) hook(name string, call func()) {
 	}()
 	call()
 }
+
+// recordTimeout bounds the transaction that records a batch's outcomes.
+const recordTimeout = 30 * time.Second
 
 // record writes the outcomes of batch in one short transaction. Each update
 // applies only to rows still leased to token; the others are counted as
