@@ -31,10 +31,10 @@
 // # The replay-horizon guard
 //
 // Replay is safe only while the dedup row of a message's id still exists;
-// the consumer's janitor purges rows older than its Retention. Replay,
-// Requeue and Classify therefore leave in the queue, counted as
-// BeyondHorizon unless Force is set, every message that may have outlived
-// its row: one first seen longer ago than the retention, and for a
+// the consumer's janitor purges rows older than its Retention. Replay and
+// Requeue therefore leave in the queue, counted as BeyondHorizon unless
+// Force is set, and the dry run Classify marks as beyond the horizon, every
+// message that may have outlived its row: one first seen longer ago than the retention, and for a
 // fingerprint mismatch one whose original (the applied message with the
 // same id, whose row is the one at risk) was applied longer ago, as
 // recorded in HeaderOriginalProcessedAt. A mismatch whose original's row is
