@@ -24,7 +24,7 @@ const settleTimeout = 30 * time.Second
 type Runtime struct {
 	cfg Config
 	// batchSize is cfg.BatchSize, capped to what the source's window
-	// lets one lane collect (see WindowedSource).
+	// lets one lane collect (see ConfigurableSource).
 	batchSize int
 	handler   Handler
 	hooks     hooks
@@ -89,27 +89,28 @@ func New(cfg Config) (*Runtime, error) {
 		log:     cfg.Logger.With("consumer", cfg.Name),
 	}
 	r.checkPoolSize()
-	r.batchSize = r.windowedBatchSize()
+	r.batchSize = r.configureSource()
 	return r, nil
 }
 
-// windowedBatchSize caps the batch size in batch mode to the source's window
-// shared by the lanes: a lane cannot collect more than that, and waiting
-// BatchWait for deliveries the window will not let in only adds latency.
-func (r *Runtime) windowedBatchSize() int {
+// configureSource tells a ConfigurableSource the window and logger, and
+// returns the batch size to use: cfg.BatchSize, capped in batch mode to
+// what the source's window lets one lane collect, since waiting BatchWait
+// for deliveries the window will not let in only adds latency.
+func (r *Runtime) configureSource() int {
 	size := r.cfg.BatchSize
-	ws, ok := r.cfg.Source.(WindowedSource)
-	if size <= 1 || !ok {
+	cs, ok := r.cfg.Source.(ConfigurableSource)
+	if !ok {
 		return size
 	}
-	w := ws.Window()
-	if w <= 0 || w >= r.cfg.Concurrency*size {
+	w := cs.Configure(SourceSettings{Window: r.cfg.Concurrency * size, Logger: r.log})
+	if size <= 1 || w <= 0 || w >= r.cfg.Concurrency*size {
 		return size
 	}
 	capped := max(1, min(size, w/r.cfg.Concurrency))
 	r.log.Warn("idemq: the source's window (prefetch) is too small for the batch size; batches are capped and throughput suffers",
 		"window", w, "concurrency", r.cfg.Concurrency, "batch_size", size, "batch_size_used", capped,
-		"hint", "raise the source's prefetch to at least Concurrency×BatchSize (rabbitmq.Config.BatchSize sizes it)")
+		"hint", "leave the source's prefetch unset: the runtime sizes it to Concurrency×BatchSize")
 	return capped
 }
 

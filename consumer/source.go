@@ -1,6 +1,9 @@
 package consumer
 
-import "context"
+import (
+	"context"
+	"log/slog"
+)
 
 // Source is a stream of deliveries from a broker. The memory, RabbitMQ and
 // Kafka adapters implement it, and third parties may implement it for other
@@ -34,15 +37,32 @@ type Delivery interface {
 	Nack(ctx context.Context, requeue bool) error
 }
 
-// WindowedSource is implemented by sources that hold at most a fixed number
-// of unsettled deliveries at once: RabbitMQ's prefetch, the memory broker's.
-// Batch mode uses it: a lane's batch cannot fill past what the window lets
-// in, so the runtime caps batches at Window()/Concurrency (at least 1)
-// rather than wait BatchWait for deliveries that cannot come, and New logs a
-// warning when the window is below Concurrency×BatchSize.
-type WindowedSource interface {
+// SourceSettings is what the runtime tells its Source, so that neither the
+// window nor the logger is said twice: once on consumer.Config is enough.
+type SourceSettings struct {
+	// Window is the most deliveries the runtime holds unsettled at once:
+	// Concurrency × BatchSize. A source that bounds its broker's
+	// unacknowledged deliveries (RabbitMQ's prefetch, JetStream's
+	// MaxAckPending, the memory broker's prefetch) sizes that bound from
+	// it, so that a message or batch is waiting whenever a worker frees up.
+	Window int
+	// Logger is the runtime's logger. A source configured without a logger
+	// of its own logs here.
+	Logger *slog.Logger
+}
+
+// ConfigurableSource is a Source that takes SourceSettings from the runtime.
+// The memory, RabbitMQ and Kafka adapters implement it, and so may other
+// adapters. New calls Configure once, before the first Receive; a source
+// used without a runtime keeps its own defaults.
+type ConfigurableSource interface {
 	Source
-	// Window is the most deliveries the source holds unsettled at once.
-	// 0 means no fixed bound.
-	Window() int
+	// Configure applies s and returns the window the source will actually
+	// hold: s.Window, unless its own configuration fixed another bound
+	// (an explicit prefetch, say); 0 means no fixed bound. In batch mode
+	// the runtime caps each lane's batch at window/Concurrency, rather than
+	// wait for deliveries the window cannot let in. Configure must be
+	// called before the first Receive; later calls may have no effect on a
+	// consumer already started.
+	Configure(s SourceSettings) (window int)
 }

@@ -13,7 +13,9 @@ import (
 type SubscribeOptions struct {
 	// Prefetch is the most unacked deliveries the subscription holds at
 	// once; Receive blocks while it holds that many, like a RabbitMQ
-	// consumer with basic.qos. Defaults to DefaultPrefetch (64). Negative
+	// consumer with basic.qos. Defaults to the runtime's window
+	// (Concurrency × BatchSize, see consumer.ConfigurableSource) when a
+	// runtime consumes it, and to DefaultPrefetch (64) otherwise. Negative
 	// values are invalid.
 	Prefetch int
 }
@@ -37,9 +39,11 @@ func (o SubscribeOptions) validate() error {
 // owned by the subscription until its delivery is acked or nacked. Several
 // subscriptions on one queue compete for its messages.
 type Subscription struct {
-	b        *Broker
-	q        *queue
-	prefetch int
+	b *Broker
+	q *queue
+	// prefetch is guarded by b.mu; fixedPrefetch says the caller chose it.
+	prefetch      int
+	fixedPrefetch bool
 	// done is closed by Close.
 	done chan struct{}
 
@@ -48,11 +52,27 @@ type Subscription struct {
 	inflight map[*delivery]struct{}
 }
 
-var _ consumer.WindowedSource = (*Subscription)(nil)
+var _ consumer.ConfigurableSource = (*Subscription)(nil)
 
-// Window returns the subscription's prefetch. It implements
-// consumer.WindowedSource.
-func (s *Subscription) Window() int { return s.prefetch }
+// Window returns the subscription's prefetch.
+func (s *Subscription) Window() int {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return s.prefetch
+}
+
+// Configure implements consumer.ConfigurableSource: unless
+// SubscribeOptions.Prefetch was set, the prefetch becomes the runtime's
+// window, so that every worker (or batch lane) can be busy at once. It
+// returns the prefetch in force.
+func (s *Subscription) Configure(set consumer.SourceSettings) int {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	if !s.fixedPrefetch && set.Window > 0 {
+		s.prefetch = set.Window
+	}
+	return s.prefetch
+}
 
 // Subscribe opens a subscription on queue, creating the queue if needed.
 // The caller must Close it.
@@ -63,15 +83,17 @@ func (b *Broker) Subscribe(queue string, opts SubscribeOptions) (*Subscription, 
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	fixed := opts.Prefetch != 0
 	opts = opts.withDefaults()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return &Subscription{
-		b:        b,
-		q:        b.queueLocked(queue),
-		prefetch: opts.Prefetch,
-		done:     make(chan struct{}),
-		inflight: make(map[*delivery]struct{}),
+		b:             b,
+		q:             b.queueLocked(queue),
+		prefetch:      opts.Prefetch,
+		fixedPrefetch: fixed,
+		done:          make(chan struct{}),
+		inflight:      make(map[*delivery]struct{}),
 	}, nil
 }
 

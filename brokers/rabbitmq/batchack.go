@@ -10,8 +10,8 @@ import (
 )
 
 var (
-	_ consumer.BatchAcker     = (*Source)(nil)
-	_ consumer.WindowedSource = (*Source)(nil)
+	_ consumer.BatchAcker         = (*Source)(nil)
+	_ consumer.ConfigurableSource = (*Source)(nil)
 )
 
 // AckBatch acks deliveries this Source delivered, in as few broker calls as

@@ -315,8 +315,12 @@ func (s *Source) Close() error {
 }
 
 // Window returns the prefetch: the most deliveries the broker sends this
-// Source unacked. It implements consumer.WindowedSource.
+// Source unacked.
 func (s *Source) Window() int { return s.cfg.Prefetch }
+
+// Configure implements consumer.ConfigurableSource. It returns the
+// prefetch, which Config sizes.
+func (s *Source) Configure(consumer.SourceSettings) int { return s.cfg.Prefetch }
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
