@@ -262,12 +262,21 @@ func TestPoolSizeWarningRealPool(t *testing.T) {
 	}
 }
 
+// windowSource is a ConfigurableSource with a fixed window (0: it takes the
+// runtime's); it records the settings it was given.
 type windowSource struct {
 	nopSource
 	window int
+	got    *SourceSettings
 }
 
-func (s windowSource) Window() int { return s.window }
+func (s windowSource) Configure(set SourceSettings) int {
+	*s.got = set
+	if s.window == 0 {
+		return set.Window
+	}
+	return s.window
+}
 
 func TestWindowedBatchSize(t *testing.T) {
 	t.Parallel()
@@ -277,7 +286,7 @@ func TestWindowedBatchSize(t *testing.T) {
 		wantSize            int
 		wantWarning         bool
 	}{
-		{"no bound", 0, 8, 100, 100, false},
+		{"takes the runtime's window", 0, 8, 100, 100, false},
 		{"room for every lane", 800, 8, 100, 100, false},
 		{"rabbitmq default before batch sizing", 16, 8, 100, 2, true},
 		{"memory default", 64, 4, 50, 16, true},
@@ -288,12 +297,16 @@ func TestWindowedBatchSize(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
 			cfg := validConfig()
-			cfg.Source = windowSource{window: tc.window}
+			var got SourceSettings
+			cfg.Source = windowSource{window: tc.window, got: &got}
 			cfg.Concurrency, cfg.BatchSize = tc.conc, tc.batch
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			rt, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if got.Window != tc.conc*tc.batch || got.Logger == nil {
+				t.Fatalf("Configure got window %d and logger %v, want %d and the runtime's", got.Window, got.Logger, tc.conc*tc.batch)
 			}
 			if rt.batchSize != tc.wantSize {
 				t.Fatalf("batch size %d, want %d", rt.batchSize, tc.wantSize)
