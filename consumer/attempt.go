@@ -321,122 +321,22 @@ func connLost(tx pgx.Tx) bool {
 	return c != nil && c.IsClosed()
 }
 
-// beginClaims begins a transaction and claims items in it. One item on a
-// pool or connection with the processed store goes in one pipelined round
-// trip; a group is claimed with one statement where the store allows it. A
-// non-nil tx must be rolled back by the caller, also when err is not nil.
+// beginClaims begins a transaction and claims items in it: one claim per
+// distinct message id, sorted so that concurrent batches take their locks in
+// one order. A repeated id in a group is a duplicate of its first occurrence
+// (or a mismatch, if the payload differs). A non-nil tx must be rolled back by
+// the caller, also when err is not nil.
 func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []ClaimResult, error) {
 	if len(items) == 1 {
-		tx, res, err := r.beginClaim(ctx, items[0].claim)
+		tx, got, err := r.cfg.Store.BeginClaim(ctx, []Claim{items[0].claim})
+		if err == nil {
+			err = checkResults(got, 1)
+		}
 		if err != nil {
-			return tx, nil, err
+			return tx, nil, fmt.Errorf("begin and claim: %w", err)
 		}
-		return tx, []ClaimResult{res}, nil
+		return tx, got, nil
 	}
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	claims, err := r.claimBatch(ctx, tx, items)
-	return tx, claims, err
-}
-
-// beginTxer is implemented by *pgxpool.Pool and *pgx.Conn.
-type beginTxer interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-// syncBegin starts a transaction whose commit is synchronous whatever the
-// server or role default: acks depend on the commit being durable. Sent as
-// one simple-protocol query, it costs one round trip.
-const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSyncCommit
-
-// setSyncCommit makes the current transaction's commit synchronous.
-const setSyncCommit = "SET LOCAL synchronous_commit = on"
-
-// begin starts a dedup transaction.
-func (r *Runtime) begin(ctx context.Context) (pgx.Tx, error) {
-	if b, ok := r.cfg.DB.(beginTxer); ok {
-		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: syncBegin})
-		if err != nil {
-			return nil, fmt.Errorf("begin: %w", err)
-		}
-		return tx, nil
-	}
-	tx, err := r.cfg.DB.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	if _, err := tx.Exec(ctx, setSyncCommit); err != nil {
-		r.rollback(ctx, tx)
-		return nil, fmt.Errorf("set synchronous_commit: %w", err)
-	}
-	return tx, nil
-}
-
-// batchBeginner is implemented by *pgxpool.Pool and *pgx.Conn: a batch sent
-// on it can begin a transaction (pgx.Batch.BeginTx).
-type batchBeginner interface {
-	beginTxer
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
-// beginClaim begins the message's transaction and claims the message in it.
-// When the DB and the Store allow it, BEGIN, SET LOCAL and the claim go in
-// one pipelined round trip. A non-nil tx must be rolled back by the caller,
-// also when err is not nil.
-func (r *Runtime) beginClaim(ctx context.Context, claim Claim) (pgx.Tx, ClaimResult, error) {
-	if q, ok := r.cfg.Store.(ClaimQueuer); ok {
-		if db, ok := r.cfg.DB.(batchBeginner); ok {
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-			b.Queue(setSyncCommit)
-			finish := q.QueueClaim(b, claim)
-			br := db.SendBatch(ctx, b)
-			tx := br.Tx()
-			sendErr := br.Close()
-			if tx == nil {
-				return nil, ClaimResult{}, fmt.Errorf("begin and claim: the batch began no transaction (%v)", sendErr)
-			}
-			res, err := finish(ctx, tx, sendErr)
-			if err == nil && sendErr != nil {
-				err = sendErr // a store that did not report it
-			}
-			if err != nil {
-				return tx, ClaimResult{}, fmt.Errorf("begin and claim: %w", err)
-			}
-			if err := checkOutcome(res.Outcome); err != nil {
-				return tx, ClaimResult{}, err
-			}
-			return tx, res, nil
-		}
-	}
-	tx, err := r.begin(ctx)
-	if err != nil {
-		return nil, ClaimResult{}, err
-	}
-	res, err := r.cfg.Store.Claim(ctx, tx, claim)
-	if err != nil {
-		return tx, ClaimResult{}, fmt.Errorf("claim: %w", err)
-	}
-	if err := checkOutcome(res.Outcome); err != nil {
-		return tx, ClaimResult{}, err
-	}
-	return tx, res, nil
-}
-
-func checkOutcome(o ClaimOutcome) error {
-	switch o {
-	case ClaimNew, ClaimDuplicate, ClaimMismatch:
-		return nil
-	}
-	return fmt.Errorf("claim: unknown outcome %d", o)
-}
-
-// claimBatch claims the ids of items, sorted so that concurrent batches take
-// their locks in one order. A repeated id in the batch is a duplicate of its
-// first occurrence (or a mismatch, if the payload differs).
-func (r *Runtime) claimBatch(ctx context.Context, tx pgx.Tx, items []item) ([]ClaimResult, error) {
 	firstOf := make(map[string]int, len(items))
 	var unique []int
 	for i, it := range items {
@@ -450,30 +350,15 @@ func (r *Runtime) claimBatch(ctx context.Context, tx pgx.Tx, items []item) ([]Cl
 	for j, i := range unique {
 		claims[j] = items[i].claim
 	}
-	var got []ClaimResult
-	if bs, ok := r.cfg.Store.(BatchStore); ok {
-		var err error
-		if got, err = bs.ClaimBatch(ctx, tx, claims); err != nil {
-			return nil, fmt.Errorf("claim batch: %w", err)
-		}
-		if len(got) != len(claims) {
-			return nil, fmt.Errorf("claim batch: %d results for %d claims", len(got), len(claims))
-		}
-	} else {
-		got = make([]ClaimResult, len(claims))
-		for j, c := range claims {
-			res, err := r.cfg.Store.Claim(ctx, tx, c)
-			if err != nil {
-				return nil, fmt.Errorf("claim: %w", err)
-			}
-			got[j] = res
-		}
+	tx, got, err := r.cfg.Store.BeginClaim(ctx, claims)
+	if err == nil {
+		err = checkResults(got, len(claims))
+	}
+	if err != nil {
+		return tx, nil, fmt.Errorf("begin and claim batch: %w", err)
 	}
 	out := make([]ClaimResult, len(items))
 	for j, i := range unique {
-		if err := checkOutcome(got[j].Outcome); err != nil {
-			return nil, err
-		}
 		out[i] = got[j]
 	}
 	for i, it := range items {
@@ -486,7 +371,22 @@ func (r *Runtime) claimBatch(ctx context.Context, tx pgx.Tx, items []item) ([]Cl
 			out[i].Outcome = ClaimMismatch
 		}
 	}
-	return out, nil
+	return tx, out, nil
+}
+
+// checkResults checks a Store's answer to n claims.
+func checkResults(got []ClaimResult, n int) error {
+	if len(got) != n {
+		return fmt.Errorf("%d results for %d claims", len(got), n)
+	}
+	for _, res := range got {
+		switch res.Outcome {
+		case ClaimNew, ClaimDuplicate, ClaimMismatch:
+		default:
+			return fmt.Errorf("unknown claim outcome %d", res.Outcome)
+		}
+	}
+	return nil
 }
 
 // rollback ends tx on a context detached from shutdown; after Commit it is

@@ -6,35 +6,42 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/processed"
 )
 
-// countingStore counts which claim path the runtime takes.
-type countingStore struct {
-	s              *processed.Store
-	claims, queued atomic.Int64
+// plainDB hides everything but processed.DB from the store, so it cannot
+// pipeline: it begins with Begin and claims with a separate statement. It
+// counts the transactions it begins.
+type plainDB struct {
+	processed.DB
+	begins *atomic.Int64
 }
 
-func (c *countingStore) Claim(ctx context.Context, tx pgx.Tx, cl consumer.Claim) (consumer.ClaimResult, error) {
-	c.claims.Add(1)
-	return c.s.Claim(ctx, tx, cl)
+func (d plainDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	d.begins.Add(1)
+	return d.DB.Begin(ctx)
 }
 
-// queuingStore also offers the pipelined claim.
-type queuingStore struct{ *countingStore }
-
-func (q queuingStore) QueueClaim(b *pgx.Batch, cl consumer.Claim) func(context.Context, pgx.Tx, error) (consumer.ClaimResult, error) {
-	q.queued.Add(1)
-	return q.s.QueueClaim(b, cl)
+// batchingDB is a pool that counts the batches it is sent: the store's
+// pipelined claim (BEGIN and INSERT in one round trip) is one.
+type batchingDB struct {
+	*pgxpool.Pool
+	batches *atomic.Int64
 }
 
-// claimPaths runs f once with the claim queued on the batch that begins the
-// transaction (one round trip), and once with BEGIN and Claim as separate
-// statements (a store without QueueClaim), and checks the path taken. The
-// bundle's config uses the path's store.
-func claimPaths(t *testing.T, f func(t *testing.T, b *bundle)) {
+func (d batchingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	d.batches.Add(1)
+	return d.Pool.SendBatch(ctx, b)
+}
+
+// claimPaths runs f once with the store pipelining BEGIN and the claim in one
+// round trip, and once over a handle that cannot, and checks the path taken.
+// The bundle's store takes the path; f can make another with storeOver, over
+// a pool of its own.
+func claimPaths(t *testing.T, f func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store)) {
 	for _, pipelined := range []bool{true, false} {
 		name := "separate"
 		if pipelined {
@@ -43,15 +50,22 @@ func claimPaths(t *testing.T, f func(t *testing.T, b *bundle)) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := newBundle(t)
-			cs := &countingStore{s: b.store}
-			b.claimStore = cs
-			if pipelined {
-				b.claimStore = queuingStore{cs}
+			var batches, begins atomic.Int64
+			storeOver := func(pool *pgxpool.Pool) *processed.Store {
+				var db processed.DB = plainDB{pool, &begins}
+				if pipelined {
+					db = batchingDB{pool, &batches}
+				}
+				s, err := processed.New(db, processed.Config{Schema: b.schema, Table: b.store.Table()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
 			}
-			f(t, b)
-			queued, claims := cs.queued.Load(), cs.claims.Load()
-			if pipelined && queued == 0 || !pipelined && claims == 0 {
-				t.Fatalf("path not taken: %d queued claims, %d separate claims", queued, claims)
+			b.store = storeOver(b.pool)
+			f(t, b, storeOver)
+			if pipelined && batches.Load() == 0 || !pipelined && begins.Load() == 0 {
+				t.Fatalf("path not taken: %d pipelined batches, %d separate begins", batches.Load(), begins.Load())
 			}
 		})
 	}
@@ -61,7 +75,7 @@ func claimPaths(t *testing.T, f func(t *testing.T, b *bundle)) {
 // transaction's commit synchronous when the session default is async.
 func TestClaimPathsForceSynchronousCommit(t *testing.T) {
 	t.Parallel()
-	claimPaths(t, func(t *testing.T, b *bundle) {
+	claimPaths(t, func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store) {
 		ctx := context.Background()
 		b.publish(msg("a", "x"))
 		var setting, iso string
@@ -79,7 +93,7 @@ func TestClaimPathsForceSynchronousCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		cfg.DB = pool
+		cfg.Store = storeOver(pool)
 		r := start(t, cfg)
 		waitFor(t, "applied", func() bool { return r.rt.Stats().Applied == 1 })
 		if setting != "on" || iso != "read committed" {
@@ -93,7 +107,7 @@ func TestClaimPathsForceSynchronousCommit(t *testing.T) {
 // connection leaks, and the messages apply once the table is there.
 func TestClaimPathsFailingClaimIsRetried(t *testing.T) {
 	t.Parallel()
-	claimPaths(t, func(t *testing.T, b *bundle) {
+	claimPaths(t, func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store) {
 		ctx := context.Background()
 		pool, err := newPool(ctx, b.pool.Config())
 		if err != nil {
@@ -117,7 +131,7 @@ func TestClaimPathsFailingClaimIsRetried(t *testing.T) {
 		}
 		b.publish(msgs("m", 3)...)
 		cfg := b.config(b.insertEffect)
-		cfg.DB = pool
+		cfg.Store = storeOver(pool)
 		cfg.Concurrency = 2
 		r := start(t, cfg)
 		leaked := func() bool { return pool.Stat().AcquiredConns() > int32(cfg.Concurrency) }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Config configures a Runtime. The zero value of every optional field selects
@@ -18,13 +16,11 @@ type Config struct {
 	// Source delivers the messages. Required. The runtime closes it when
 	// Run returns.
 	Source Source
-	// DB begins the per-message transactions, typically a *pgxpool.Pool
-	// sized to at least Concurrency connections. Required. A pgx.Tx is
-	// refused (its commits are savepoint releases, not durable), and so is
-	// a *pgx.Conn unless Concurrency is 1 and Retention is 0 (it is one
-	// connection, not safe for concurrent use).
-	DB DB
-	// Store records claims. Required; use processed.New.
+	// Store is the Postgres handle: it begins each message's transaction
+	// and records its claim in it. Required; use processed.Open (or
+	// processed.New over a pool of your own). Its pool should hold at
+	// least Concurrency connections, one more with Retention; New logs a
+	// warning if it holds fewer.
 	Store Store
 	// Handler applies a message's effect. Set exactly one of Handler and
 	// BatchHandler.
@@ -77,12 +73,9 @@ type Config struct {
 	// requeued. Defaults to 30s.
 	ShutdownTimeout time.Duration
 
-	// Retention, if positive, runs a janitor that calls Purger.Purge with
+	// Retention, if positive, runs a janitor that calls Store.Purge with
 	// it every JanitorInterval. Defaults to 0: no janitor.
 	Retention time.Duration
-	// Purger is what the janitor calls; usually the same *processed.Store
-	// as Store. Defaults to Store if it implements Purger.
-	Purger Purger
 	// JanitorInterval is the time between purges. Defaults to 10m.
 	JanitorInterval time.Duration
 
@@ -124,18 +117,6 @@ type RetryConfig struct {
 	// outage, a restart) never count: those are retried for as long as it
 	// takes. Defaults to 5.
 	MaxConnLosses int
-}
-
-// isTx reports whether db is a transaction: its Begin starts a savepoint.
-func isTx(db DB) bool {
-	_, ok := db.(pgx.Tx)
-	return ok
-}
-
-// isConn reports whether db is a single connection.
-func isConn(db DB) bool {
-	_, ok := db.(*pgx.Conn)
-	return ok
 }
 
 // Defaults for Config.
@@ -185,11 +166,6 @@ func (c Config) withDefaults() Config {
 	if c.JanitorInterval == 0 {
 		c.JanitorInterval = DefaultJanitorInterval
 	}
-	if c.Purger == nil {
-		if p, ok := c.Store.(Purger); ok {
-			c.Purger = p
-		}
-	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -229,18 +205,13 @@ func (c Config) validate() error {
 		return bad("Name", "%q is not valid UTF-8 text without NUL bytes; it is stored in Postgres", c.Name)
 	case c.Source == nil:
 		return bad("Source", "required")
-	case c.DB == nil:
-		return bad("DB", "required")
-	case isTx(c.DB):
-		return bad("DB", "a pgx.Tx cannot be the runtime's DB: each message's commit would only release a savepoint, "+
-			"so messages would be acked before their effects are durable, and lost if the outer transaction rolls back; pass a *pgxpool.Pool")
-	case isConn(c.DB) && c.Concurrency > 1:
-		return bad("DB", "a *pgx.Conn is one connection and is not safe for concurrent use, but Concurrency is %d; "+
-			"pass a *pgxpool.Pool, or set Concurrency to 1", c.Concurrency)
-	case isConn(c.DB) && c.Retention > 0:
-		return bad("DB", "a *pgx.Conn is one connection, and the janitor that Retention starts would use it concurrently with the worker; pass a *pgxpool.Pool")
 	case c.Store == nil:
-		return bad("Store", "required")
+		return bad("Store", "required: use processed.Open")
+	case c.Store.MaxConns() == 1 && c.Concurrency > 1:
+		return bad("Store", "it has one connection, which is not safe for concurrent use, but Concurrency is %d; "+
+			"use processed.Open (or a *pgxpool.Pool), or set Concurrency to 1", c.Concurrency)
+	case c.Store.MaxConns() == 1 && c.Retention > 0:
+		return bad("Store", "it has one connection, and the janitor that Retention starts would use it concurrently with the worker; use processed.Open (or a *pgxpool.Pool)")
 	case c.Handler == nil && c.BatchHandler == nil:
 		return bad("Handler", "required (or BatchHandler)")
 	case c.Handler != nil && c.BatchHandler != nil:
@@ -265,8 +236,6 @@ func (c Config) validate() error {
 		return bad("ShutdownTimeout", "negative")
 	case c.Retention < 0:
 		return bad("Retention", "negative")
-	case c.Retention > 0 && c.Purger == nil:
-		return bad("Purger", "required when Retention is set, and Store is not a Purger")
 	case c.JanitorInterval < 0:
 		return bad("JanitorInterval", "negative")
 	case c.Retry.MaxConnLosses < 1:

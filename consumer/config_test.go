@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type nopSource struct{}
@@ -18,19 +17,15 @@ type nopSource struct{}
 func (nopSource) Receive(ctx context.Context) (Delivery, error) { <-ctx.Done(); return nil, ctx.Err() }
 func (nopSource) Close() error                                  { return nil }
 
-type nopDB struct{}
+// nopStore is a Store with conns connections (0: unknown) and no database.
+type nopStore struct{ conns int }
 
-func (nopDB) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("nop") }
-
-type nopStore struct{}
-
-func (nopStore) Claim(context.Context, pgx.Tx, Claim) (ClaimResult, error) {
-	return ClaimResult{}, errors.New("nop")
+func (nopStore) BeginClaim(context.Context, []Claim) (pgx.Tx, []ClaimResult, error) {
+	return nil, nil, errors.New("nop")
 }
-
-type nopPurgeStore struct{ nopStore }
-
-func (nopPurgeStore) Purge(context.Context, time.Duration) (int64, error) { return 0, nil }
+func (nopStore) Ping(context.Context) error                          { return nil }
+func (nopStore) Purge(context.Context, time.Duration) (int64, error) { return 0, nil }
+func (s nopStore) MaxConns() int                                     { return s.conns }
 
 type hookOnlyRetry struct{ HookDefaults }
 
@@ -40,7 +35,6 @@ func validConfig() Config {
 	return Config{
 		Name:         "payments",
 		Source:       nopSource{},
-		DB:           nopDB{},
 		Store:        nopStore{},
 		Handler:      func(context.Context, pgx.Tx, *Message) error { return nil },
 		DeadLetterer: DeadLettererFunc(func(context.Context, *Message, Failure) error { return nil }),
@@ -71,8 +65,9 @@ func TestConfigValidation(t *testing.T) {
 		{"Name", func(c *Config) { c.Name = "" }},
 		{"Name", func(c *Config) { c.Name = strings.Repeat("n", 201) }},
 		{"Source", func(c *Config) { c.Source = nil }},
-		{"DB", func(c *Config) { c.DB = nil }},
 		{"Store", func(c *Config) { c.Store = nil }},
+		{"Store", func(c *Config) { c.Store = nopStore{conns: 1} }},                                             // one connection, Concurrency 8
+		{"Store", func(c *Config) { c.Store = nopStore{conns: 1}; c.Concurrency = 1; c.Retention = time.Hour }}, // and a janitor
 		{"Handler", func(c *Config) { c.Handler = nil }},
 		{"DeadLetterer", func(c *Config) { c.DeadLetterer = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
@@ -80,7 +75,6 @@ func TestConfigValidation(t *testing.T) {
 		{"HandlerTimeout", func(c *Config) { c.HandlerTimeout = -time.Second }},
 		{"ShutdownTimeout", func(c *Config) { c.ShutdownTimeout = -time.Second }},
 		{"Retention", func(c *Config) { c.Retention = -time.Hour }},
-		{"Purger", func(c *Config) { c.Retention = time.Hour }},
 		{"Retry.MaxAttempts", func(c *Config) { c.Retry.MaxAttempts = -3 }},
 		{"Retry.MaxInterval", func(c *Config) { c.Retry.InitialInterval = time.Minute; c.Retry.MaxInterval = time.Second }},
 		{"Middleware[0]", func(c *Config) { c.Middleware = []Middleware{nil} }},
@@ -97,11 +91,11 @@ func TestConfigValidation(t *testing.T) {
 	}
 
 	cfg := validConfig()
-	cfg.Store = nopPurgeStore{}
-	cfg.Retention = time.Hour
+	cfg.Store = nopStore{conns: 1}
+	cfg.Concurrency = 1
 	cfg.Hooks = []Hook{hookOnlyRetry{}}
 	if _, err := New(cfg); err != nil {
-		t.Fatalf("Store that is a Purger should satisfy Retention: %v", err)
+		t.Fatalf("one connection with Concurrency 1 and no Retention should do: %v", err)
 	}
 }
 
@@ -184,15 +178,6 @@ func TestBatchConfigValidation(t *testing.T) {
 	}
 }
 
-// fakePool reports a pgxpool size, as *pgxpool.Pool does, without a
-// database behind it.
-type fakePool struct {
-	nopDB
-	max int32
-}
-
-func (p fakePool) Config() *pgxpool.Config { return &pgxpool.Config{MaxConns: p.max} }
-
 func TestPoolSizeWarning(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -212,12 +197,9 @@ func TestPoolSizeWarning(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
 			cfg := validConfig()
-			cfg.DB = fakePool{max: tc.maxConns}
+			cfg.Store = nopStore{conns: int(tc.maxConns)}
 			cfg.Concurrency = tc.concurrency
-			if tc.retention > 0 {
-				cfg.Retention = tc.retention
-				cfg.Store = nopPurgeStore{}
-			}
+			cfg.Retention = tc.retention
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			if _, err := New(cfg); err != nil {
 				t.Fatal(err)
@@ -234,31 +216,6 @@ func TestPoolSizeWarning(t *testing.T) {
 				t.Fatalf("want a warning with needed=%s, got %q", tc.want, got)
 			}
 		})
-	}
-}
-
-func TestPoolSizeWarningRealPool(t *testing.T) {
-	t.Parallel()
-	// A real *pgxpool.Pool must be recognised; it connects lazily, so no
-	// database is needed.
-	pcfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?pool_max_conns=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	var logs strings.Builder
-	cfg := validConfig()
-	cfg.DB = pool
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	if _, err := New(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(logs.String(), "pool_max_conns=2") {
-		t.Fatalf("no pool-size warning for a real pgxpool: %q", logs.String())
 	}
 }
 

@@ -227,49 +227,39 @@ func TestEdgeTxAndConnAsDBRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
+	// What the rejection prevents: with a pgx.Tx as the database, a
+	// message would be acked while its effect is only a released savepoint.
+	var ce *consumer.ConfigError
+	if _, err := processed.New(tx, processed.Config{Schema: b.schema}); !errors.As(err, &ce) || ce.Field != "db" || !strings.Contains(err.Error(), "savepoint") {
+		t.Fatalf("processed.New(tx) = %v, want a ConfigError on db explaining the savepoint", err)
+	}
 	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	onConn, err := processed.New(conn, processed.Config{Schema: b.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		mod  func(*consumer.Config)
 		ok   bool
 	}{
-		{"tx", func(c *consumer.Config) { c.DB = tx }, false},
-		{"conn at default concurrency", func(c *consumer.Config) { c.DB = conn }, false},
-		{"conn with retention", func(c *consumer.Config) { c.DB, c.Concurrency, c.Retention = conn, 1, time.Hour }, false},
-		{"conn alone", func(c *consumer.Config) { c.DB, c.Concurrency = conn, 1 }, true},
+		{"conn at default concurrency", func(c *consumer.Config) { c.Store = onConn }, false},
+		{"conn with retention", func(c *consumer.Config) { c.Store, c.Concurrency, c.Retention = onConn, 1, time.Hour }, false},
+		{"conn alone", func(c *consumer.Config) { c.Store, c.Concurrency = onConn, 1 }, true},
 	} {
 		cfg := b.config(b.insertEffect)
 		tc.mod(&cfg)
 		_, err := consumer.New(cfg)
-		var ce *consumer.ConfigError
 		switch {
 		case tc.ok && err != nil:
 			t.Errorf("%s: %v", tc.name, err)
-		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "DB"):
-			t.Errorf("%s: New = %v, want a ConfigError on DB", tc.name, err)
+		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "Store"):
+			t.Errorf("%s: New = %v, want a ConfigError on Store", tc.name, err)
 		}
-	}
-}
-
-func TestEdgeTxAsDBErrorExplainsSavepoint(t *testing.T) {
-	// What the rejection prevents: with a pgx.Tx as DB, a message is acked
-	// while its effect is only a released savepoint.
-	t.Parallel()
-	b := newBundle(t)
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	cfg := b.config(b.insertEffect)
-	cfg.DB = tx
-	if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), "savepoint") {
-		t.Fatalf("New = %v, want a config error explaining the savepoint", err)
 	}
 }
 

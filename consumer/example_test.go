@@ -56,7 +56,6 @@ func Example() {
 	rt, err := consumer.New(consumer.Config{
 		Name:   "greeter",
 		Source: sub,
-		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if len(msg.Body) == 0 {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // settleTimeout bounds an ack, nack, rollback or dead-letter call. They run
@@ -114,30 +113,21 @@ func (r *Runtime) configureSource() int {
 	return capped
 }
 
-// pooled is implemented by *pgxpool.Pool.
-type pooled interface {
-	Config() *pgxpool.Config
-}
-
-// checkPoolSize warns when DB is a pool with fewer connections than the
-// runtime holds at once: each of the Concurrency workers (or batch lanes)
-// holds one for its transaction, and the janitor one more. A smaller pool
-// is not unsafe, but workers queue for connections and throughput is capped
-// at the pool's size, which is easy to miss: pgxpool defaults to
-// max(4, GOMAXPROCS) connections, fewer than the default Concurrency of 8 on
-// most machines.
+// checkPoolSize warns when the Store has fewer connections than the runtime
+// holds at once: each of the Concurrency workers (or batch lanes) holds one
+// for its transaction, and the janitor one more. A smaller pool is not
+// unsafe, but workers queue for connections and throughput is capped at the
+// pool's size, which is easy to miss: pgxpool defaults to max(4, GOMAXPROCS)
+// connections, fewer than the default Concurrency of 8 on most machines.
 func (r *Runtime) checkPoolSize() {
-	p, ok := r.cfg.DB.(pooled)
-	if !ok {
-		return
-	}
+	have := r.cfg.Store.MaxConns()
 	need := r.cfg.Concurrency
 	if r.cfg.Retention > 0 {
 		need++
 	}
-	if have := int(p.Config().MaxConns); have < need {
-		r.log.Warn("idemq: the pgxpool has fewer connections than the runtime uses at once; workers will wait for connections and throughput is capped by the pool",
-			"pool_max_conns", have, "needed", need, "concurrency", r.cfg.Concurrency, "hint", "set pgxpool.Config.MaxConns (or pool_max_conns in the URL) to at least the needed count")
+	if have > 0 && have < need {
+		r.log.Warn("idemq: the store's pool has fewer connections than the runtime uses at once; workers will wait for connections and throughput is capped by the pool",
+			"pool_max_conns", have, "needed", need, "concurrency", r.cfg.Concurrency, "hint", "use processed.Open, which sizes its pool, or raise the pool's MaxConns (pool_max_conns in the URL)")
 	}
 }
 
@@ -313,7 +303,7 @@ func (r *Runtime) janitor(ctx context.Context) {
 	t := time.NewTicker(r.cfg.JanitorInterval)
 	defer t.Stop()
 	for {
-		n, err := r.cfg.Purger.Purge(ctx, r.cfg.Retention)
+		n, err := r.cfg.Store.Purge(ctx, r.cfg.Retention)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.Error("idemq: purge failed", "error", err)

@@ -12,14 +12,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testlog"
+	"github.com/idemq/idemq/processed"
 )
 
 func TestDuplicateDeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
-	claimPaths(t, func(t *testing.T, b *bundle) {
+	claimPaths(t, func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store) {
 		b.publish(msg("a", "pay 10"), msg("b", "pay 20"), msg("a", "pay 10"), msg("a", "pay 10"))
 		r := start(t, b.config(b.insertEffect))
 		waitFor(t, "all settled", func() bool { return r.rt.Stats().Applied+r.rt.Stats().Duplicates == 4 && b.settled() })
@@ -35,7 +37,7 @@ func TestDuplicateDeliveryAppliesOnce(t *testing.T) {
 
 func TestConcurrentDuplicatesApplyOnce(t *testing.T) {
 	t.Parallel()
-	claimPaths(t, func(t *testing.T, b *bundle) {
+	claimPaths(t, func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store) {
 		const copies, ids = 16, 5
 		var all []*consumer.Message
 		for c := 0; c < copies; c++ {
@@ -253,7 +255,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 
 func TestBadInputDeadLettered(t *testing.T) {
 	t.Parallel()
-	claimPaths(t, func(t *testing.T, b *bundle) {
+	claimPaths(t, func(t *testing.T, b *bundle, storeOver func(*pgxpool.Pool) *processed.Store) {
 		b.publish(msg("x", "original"))
 		var handled atomic.Int32
 		cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -449,24 +451,24 @@ func TestHardStopLosesNothingAcksNothingUncommitted(t *testing.T) {
 	}
 }
 
-// lyingDB commits the first transaction of each run but reports a network
-// failure, as a connection reset during COMMIT would.
-type lyingDB struct {
-	consumer.DB
+// lyingStore commits the first transactions of each run but reports a
+// network failure, as a connection reset during COMMIT would.
+type lyingStore struct {
+	consumer.Store
 	lies atomic.Int32
 }
 
 type lyingTx struct {
 	pgx.Tx
-	db *lyingDB
+	db *lyingStore
 }
 
-func (d *lyingDB) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := d.DB.Begin(ctx)
-	if err != nil {
-		return nil, err
+func (d *lyingStore) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+	tx, res, err := d.Store.BeginClaim(ctx, claims)
+	if tx != nil {
+		tx = lyingTx{tx, d}
 	}
-	return lyingTx{tx, d}, nil
+	return tx, res, err
 }
 
 func (t lyingTx) Commit(ctx context.Context) error {
@@ -484,9 +486,9 @@ func TestAmbiguousCommitNotAckedThenSettledByDedup(t *testing.T) {
 	b := newBundle(t)
 	b.publish(msgs("m", 5)...)
 	cfg := b.config(b.insertEffect)
-	db := &lyingDB{DB: b.pool}
+	db := &lyingStore{Store: b.store}
 	db.lies.Store(3)
-	cfg.DB = db
+	cfg.Store = db
 	r := start(t, cfg)
 	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
 	s := r.rt.Stats()

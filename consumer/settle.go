@@ -161,11 +161,7 @@ func (r *Runtime) split(ctx context.Context, items []item, failed int) {
 func (r *Runtime) dbReachable(ctx context.Context) bool {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	tx, err := r.cfg.DB.Begin(pctx)
-	if err != nil {
-		return false
-	}
-	return tx.Rollback(pctx) == nil
+	return r.cfg.Store.Ping(pctx) == nil
 }
 
 // settleApplied settles a committed attempt: acks the applied and the

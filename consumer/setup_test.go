@@ -28,9 +28,6 @@ type bundle struct {
 	store   *processed.Store
 	dlq     *recordingDLQ
 	effects string // quoted name of the effects table
-	// claimStore, if set, is the Store config gives the runtime instead of
-	// store (see claimPaths).
-	claimStore consumer.Store
 }
 
 // recordingDLQ is a DeadLetterer that keeps what it is given and can be made
@@ -103,15 +100,10 @@ func (b *bundle) config(h consumer.Handler) consumer.Config {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	var store consumer.Store = b.store
-	if b.claimStore != nil {
-		store = b.claimStore
-	}
 	return consumer.Config{
 		Name:            "test-consumer",
 		Source:          sub,
-		DB:              b.pool,
-		Store:           store,
+		Store:           b.store,
 		Handler:         h,
 		DeadLetterer:    b.dlq,
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},

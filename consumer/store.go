@@ -7,13 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DB begins transactions: a *pgxpool.Pool, or a *pgx.Conn with Concurrency 1.
-// A pgx.Tx satisfies the interface but Config.validate refuses it: its
-// Begin starts a savepoint, whose release is not durable.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Claim asks the dedup store to record that a consumer is applying a message.
 type Claim struct {
 	// Consumer is the dedup scope: the consumer's name.
@@ -66,42 +59,36 @@ type ClaimResult struct {
 	ProcessedAt time.Time
 }
 
-// Store is the dedup store. Package processed provides the Postgres
-// implementation; other implementations must give the same guarantee:
-// Claim inserts in the caller's transaction, so the claim commits or rolls
-// back together with the handler's effect, and a concurrent claim of the same
-// id waits for the first transaction to finish rather than both succeeding.
+// Store is the runtime's one Postgres handle: it begins the transactions the
+// handlers run in, records the claims in them, and purges old claims.
+// Package processed provides it ([processed.Open] makes one with its own
+// pool); consumer.Config takes nothing else from the database.
+//
+// Another implementation must give processed's guarantees: BeginClaim's
+// transaction is READ COMMITTED and its commit is durable when Commit
+// returns (the runtime acks then); a claim is an insert in that transaction,
+// so it commits or rolls back with the handler's effect; and a concurrent
+// claim of the same id waits for the first transaction to end rather than
+// both succeeding.
+//
+// [processed.Open]: https://pkg.go.dev/github.com/idemq/idemq/processed#Open
 type Store interface {
-	Claim(ctx context.Context, tx pgx.Tx, c Claim) (ClaimResult, error)
-}
-
-// ClaimQueuer is an optional extension of Store for stores whose claim is one
-// statement. The runtime queues that statement on the batch that begins the
-// message's transaction (see [pgx.Batch.BeginTx]), so BEGIN and the claim
-// cost one round trip instead of two. *processed.Store implements it.
-type ClaimQueuer interface {
-	// QueueClaim queues c's claim on b, which begins the transaction.
-	// Once b has been sent and closed, the runtime calls finish with the
-	// transaction and the error the batch's Close returned. finish returns
-	// what Claim would have: the outcome, for which it may run further
-	// statements in tx (to tell a duplicate from a mismatch), or sendErr
-	// translated as Claim translates its errors.
-	QueueClaim(b *pgx.Batch, c Claim) (finish func(ctx context.Context, tx pgx.Tx, sendErr error) (ClaimResult, error))
-}
-
-// Purger deletes dedup rows older than a retention window. The runtime's
-// optional janitor calls it; *processed.Store implements it.
-type Purger interface {
+	// BeginClaim begins a transaction and claims every element of claims
+	// in it; results[i] answers claims[i]. The claims share one Consumer,
+	// have distinct message ids and are sorted by message id, so that
+	// concurrent batches take their locks in one order. A non-nil tx must
+	// be rolled back by the caller unless it commits, also when err is not
+	// nil.
+	BeginClaim(ctx context.Context, claims []Claim) (tx pgx.Tx, results []ClaimResult, err error)
+	// Ping reports whether the database answers: the runtime tells a lost
+	// connection that is the message's fault from a database outage by it.
+	Ping(ctx context.Context) error
+	// Purge deletes claims older than olderThan and returns how many it
+	// deleted. The janitor that Config.Retention starts calls it.
 	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
-}
-
-// BatchStore is a Store that claims many ids in one statement. Batch mode
-// uses it when the Store implements it, and falls back to one Claim per
-// message otherwise. *processed.Store implements it.
-type BatchStore interface {
-	Store
-	// ClaimBatch claims every element of claims in tx, with the same
-	// semantics as Claim; results[i] answers claims[i]. The claims share
-	// one Consumer and have distinct message ids.
-	ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]ClaimResult, error)
+	// MaxConns is the most transactions the store can have open at once:
+	// its pool's size, 1 for a single connection, 0 if unknown. With 1,
+	// New refuses a Concurrency above 1 and a Retention (a single
+	// connection is not safe for concurrent use).
+	MaxConns() int
 }

@@ -261,13 +261,13 @@ func TestEdgeReplayRetentionDefaultsToConsumer(t *testing.T) {
 
 // edgePurger counts the purges the runtime asks for.
 type edgePurger struct {
-	consumer.Purger
+	*processed.Store
 	calls atomic.Int64
 }
 
 func (p *edgePurger) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	p.calls.Add(1)
-	return p.Purger.Purge(ctx, olderThan)
+	return p.Store.Purge(ctx, olderThan)
 }
 
 // TestEdgeReplayWithRetentionReturnsWithoutPurging is issue 14 item 2 seen
@@ -283,8 +283,8 @@ func TestEdgeReplayWithRetentionReturnsWithoutPurging(t *testing.T) {
 	e.broken.Store(false)
 	cfg := e.config(nil)
 	cfg.Retention = edgeRetention
-	purger := &edgePurger{Purger: e.store}
-	cfg.Purger = purger
+	purger := &edgePurger{Store: e.store}
+	cfg.Store = purger
 
 	res, took := edgeReplay(t, e, cfg, nil)
 	if res.Applied != 3 || res.BeyondHorizon != 0 {

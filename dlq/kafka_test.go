@@ -141,7 +141,7 @@ func (e *kafEnv) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 // config is the live consumer's configuration: two attempts, then the DLQ.
 func (e *kafEnv) config(src consumer.Source) consumer.Config {
 	return consumer.Config{
-		Name: kafConsumerName, Source: src, DB: e.pool, Store: e.store, Handler: e.handler,
+		Name: kafConsumerName, Source: src, Store: e.store, Handler: e.handler,
 		DeadLetterer: e.dl, Concurrency: 4, ShutdownTimeout: 10 * time.Second,
 		Retry: consumer.RetryConfig{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 	}

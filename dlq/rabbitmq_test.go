@@ -166,7 +166,7 @@ func (e *rmqEnv) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 // config is the live consumer's configuration: two attempts, then the DLQ.
 func (e *rmqEnv) config(src consumer.Source) consumer.Config {
 	return consumer.Config{
-		Name: rmqConsumerName, Source: src, DB: e.pool, Store: e.store, Handler: e.handler,
+		Name: rmqConsumerName, Source: src, Store: e.store, Handler: e.handler,
 		DeadLetterer: e.dl, Concurrency: 4, ShutdownTimeout: 10 * time.Second,
 		Retry: consumer.RetryConfig{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 	}

@@ -114,7 +114,7 @@ func TestEdgeKafkaRecordKeyKeptThroughDLQAndRequeue(t *testing.T) {
 	}
 	defer func() { _ = src.Close() }()
 	rt, err := consumer.New(consumer.Config{
-		Name: "rk", Source: src, DB: pool, Store: store, DeadLetterer: dl, Concurrency: 2,
+		Name: "rk", Source: src, Store: store, DeadLetterer: dl, Concurrency: 2,
 		Handler: func(context.Context, pgx.Tx, *consumer.Message) error {
 			return consumer.Permanent(errors.New("rejected"))
 		},

@@ -70,7 +70,7 @@ func (e *memEnv) config(src consumer.Source) consumer.Config {
 		dl = e.broker.DeadLetterer(memDLQ)
 	}
 	return consumer.Config{
-		Name: "billing", Source: src, DB: e.pool, Store: e.store, Handler: e.handler,
+		Name: "billing", Source: src, Store: e.store, Handler: e.handler,
 		DeadLetterer: dl,
 		Retry:        consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
 	}

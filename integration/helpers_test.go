@@ -218,7 +218,6 @@ func startRuntime(t testing.TB, d *db, src consumer.Source, mod func(*consumer.C
 	cfg := consumer.Config{
 		Name:        "integration",
 		Source:      src,
-		DB:          d.pool,
 		Store:       d.store,
 		Handler:     d.handler,
 		Concurrency: 4,

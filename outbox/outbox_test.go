@@ -248,7 +248,7 @@ func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt, err := consumer.New(consumer.Config{
-		Name: "shipping", Source: src, DB: f.pool, Store: store, Concurrency: 2,
+		Name: "shipping", Source: src, Store: store, Concurrency: 2,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", msg.ID, string(msg.Body))
 			return err

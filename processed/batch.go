@@ -12,14 +12,8 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var (
-	_ consumer.BatchStore  = (*Store)(nil)
-	_ consumer.ClaimQueuer = (*Store)(nil)
-)
-
-// batchSQL returns the statements of ClaimBatch, built on first use.
-func (s *Store) batchSQL() (insert, existing string) {
-	t := s.qTable
+// batchSQL returns the statements of ClaimBatch for the quoted table t.
+func batchSQL(t string) (insert, existing string) {
 	insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)
@@ -66,7 +60,11 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 		}
 		index[c.MessageID] = i
 	}
-	insertSQL, existingSQL := s.batchSQL()
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	insertSQL, existingSQL := st.batchInsert, st.batchExisting
 
 	pending := claims
 	for attempt := 1; ; attempt++ {

@@ -36,7 +36,7 @@ func benchClaim(id string) consumer.Claim {
 // BenchmarkClaim measures one transaction per claim, the per-message path,
 // both ways the runtime can take it: "separate" sends BEGIN (with SET LOCAL
 // synchronous_commit) and then Claim, two round trips; "queued" sends both
-// in one pipelined batch with QueueClaim. Each op then commits. "new" claims
+// in one pipelined batch with BeginClaim. Each op then commits. "new" claims
 // fresh ids; "duplicate" claims an id already committed (an INSERT that
 // conflicts, then the SELECT of the existing row).
 func BenchmarkClaim(b *testing.B) {
@@ -56,14 +56,11 @@ func BenchmarkClaim(b *testing.B) {
 			return tx, res, err
 		}},
 		{"queued", func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
-			batch := &pgx.Batch{}
-			batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-			batch.Queue(setSync)
-			finish := store.QueueClaim(batch, c)
-			br := pool.SendBatch(ctx, batch)
-			tx := br.Tx()
-			res, err := finish(ctx, tx, br.Close())
-			return tx, res, err
+			tx, res, err := store.BeginClaim(ctx, []consumer.Claim{c})
+			if err != nil {
+				return tx, consumer.ClaimResult{}, err
+			}
+			return tx, res[0], nil
 		}},
 	}
 	run := func(b *testing.B, claim func(consumer.Claim) (pgx.Tx, consumer.ClaimResult, error), id func(i int) string, want consumer.ClaimOutcome) {

@@ -11,8 +11,13 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultSchema         = "public"
-	DefaultTable          = "processed_messages"
+	DefaultTable = "processed_messages"
+	// DefaultMaxConns is the size of the pool Open makes when neither
+	// Config.MaxConns nor the URL's pool_max_conns sets it: room for a
+	// runtime at Concurrency 16 with its janitor, or two at the default
+	// Concurrency. Connections are opened as they are needed, so an idle
+	// or lightly loaded consumer holds fewer.
+	DefaultMaxConns       = 20
 	DefaultPurgeBatchSize = 1000
 	DefaultPurgePause     = 10 * time.Millisecond
 	DefaultPurgeDutyCycle = 0.25
@@ -23,12 +28,15 @@ const (
 // within Postgres's 63-byte identifier limit.
 const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 
-// Config configures a Store. The zero value selects public.processed_messages.
+// Config configures a Store. The zero value selects the table
+// processed_messages in the connection's current schema (usually public).
 type Config struct {
 	// Schema holds the dedup table. Migrate creates it if it is missing.
 	// It must be a plain identifier (letters, digits and underscores, not
 	// starting with a digit, at most MaxIdentifierLen bytes); it is always
-	// quoted, so it is case-sensitive. Defaults to "public".
+	// quoted, so it is case-sensitive. Defaults to the connection's
+	// current_schema(): the first schema of its search_path that exists,
+	// so a search_path set in the URL or on the role is honoured.
 	Schema string
 	// Table is the dedup table's name, with the same rules as Schema. The
 	// store also uses Table+"_migrations" to track applied migrations.
@@ -55,6 +63,13 @@ type Config struct {
 	// throughput at 0.25 and 14-15% with no duty cycle. 1 turns it off;
 	// with PurgePause -1 as well, Purge runs flat out.
 	PurgeDutyCycle float64
+
+	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
+	// runtime's Concurrency workers holds one connection for its
+	// transaction, and its janitor one more. Defaults to the URL's
+	// pool_max_conns if it has one, else DefaultMaxConns; setting both is
+	// an error. Only Open uses it: with New, the pool you pass decides.
+	MaxConns int
 }
 
 // pace is how Purge spaces its batches.
@@ -63,9 +78,6 @@ func (c Config) pace() pgpurge.Pace {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
@@ -82,8 +94,13 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := validIdent("Schema", c.Schema); err != nil {
-		return err
+	if c.Schema != "" {
+		if err := validIdent("Schema", c.Schema); err != nil {
+			return err
+		}
+	}
+	if c.MaxConns < 0 {
+		return &consumer.ConfigError{Field: "MaxConns", Reason: fmt.Sprintf("%d is negative", c.MaxConns)}
 	}
 	if err := validIdent("Table", c.Table); err != nil {
 		return err

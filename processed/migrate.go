@@ -24,9 +24,13 @@ func Migrations() []Migration { return migrations.Migrations() }
 // LatestVersion is the version Migrate brings the table to.
 func LatestVersion() int { return migrations.Latest() }
 
-func (s *Store) target() pgmigrate.Target {
-	return pgmigrate.Target{Schema: s.cfg.Schema, Table: s.cfg.Table,
-		Indexes: map[string]string{"processed_at_index": "_processed_at"}}
+func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return pgmigrate.Target{}, err
+	}
+	return pgmigrate.Target{Schema: st.schema, Table: s.cfg.Table,
+		Indexes: map[string]string{"processed_at_index": "_processed_at"}}, nil
 }
 
 // Migrate creates the schema if it is missing, then applies the pending
@@ -41,17 +45,29 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // migrate is Migrate, returning the migrations it applied.
 func (s *Store) migrate(ctx context.Context) ([]Migration, error) {
-	return migrations.Migrate(ctx, s.db, s.target())
+	t, err := s.target(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return migrations.Migrate(ctx, s.db, t)
 }
 
 // Version returns the highest applied migration version, or 0 if Migrate
 // has never run.
 func (s *Store) Version(ctx context.Context) (int, error) {
-	return migrations.Version(ctx, s.db, s.target())
+	t, err := s.target(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return migrations.Version(ctx, s.db, t)
 }
 
 // Applied returns the rows of the migrations-tracking table, oldest first,
 // or none if Migrate has never run.
 func (s *Store) Applied(ctx context.Context) ([]AppliedMigration, error) {
-	return migrations.AppliedTo(ctx, s.db, s.target())
+	t, err := s.target(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return migrations.AppliedTo(ctx, s.db, t)
 }

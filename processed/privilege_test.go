@@ -149,7 +149,6 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			cfg := consumer.Config{
 				Name:   "ledger",
 				Source: sub,
-				DB:     pool,
 				Store:  store,
 				Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (message_id, body) VALUES ($1, $2)", m.ID, string(m.Body))

@@ -31,19 +31,32 @@ func modePool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
 	return pool
 }
 
-// queueClaim begins a transaction with a batch carrying c's queued claim,
-// the way the runtime does, and returns the open transaction and the
-// outcome. The caller commits or rolls back.
+// over returns a store for s's table over db.
+func over(t *testing.T, db processed.DB, s *processed.Store) *processed.Store {
+	t.Helper()
+	o, err := processed.New(db, processed.Config{Schema: s.Schema(), Table: s.Table()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// queueClaim begins a transaction and claims c in it with BeginClaim over
+// pool, the pipelined path the runtime takes, and returns the open
+// transaction and the outcome. The caller commits or rolls back.
 func queueClaim(t *testing.T, pool *pgxpool.Pool, s *processed.Store, c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
 	t.Helper()
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	finish := s.QueueClaim(b, c)
-	br := pool.SendBatch(ctx(t), b)
-	tx := br.Tx()
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	res, err := finish(ctx(t), tx, br.Close())
-	return tx, res, err
+	tx, res, err := over(t, pool, s).BeginClaim(ctx(t), []consumer.Claim{c})
+	if tx != nil {
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	}
+	if err != nil {
+		return tx, consumer.ClaimResult{}, err
+	}
+	if len(res) != 1 {
+		t.Fatalf("BeginClaim: %d results for 1 claim", len(res))
+	}
+	return tx, res[0], nil
 }
 
 // queueClaimCommit claims c with queueClaim and commits.
@@ -129,27 +142,48 @@ func TestQueueClaimRolledBack(t *testing.T) {
 	}
 }
 
-// TestQueueClaimRowPurgedBeforeFinish: the queued insert conflicted, then a
-// purge deleted the row before finish read it; finish claims the id afresh.
+// afterBatchDB runs after once, when the first batch sent on the pool has
+// been read: between the pipelined INSERT and the read of the row it
+// conflicted with.
+type afterBatchDB struct {
+	*pgxpool.Pool
+	after func()
+}
+
+type afterResults struct {
+	pgx.BatchResults
+	after func()
+}
+
+func (d afterBatchDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return afterResults{d.Pool.SendBatch(ctx, b), d.after}
+}
+
+func (r afterResults) Close() error {
+	err := r.BatchResults.Close()
+	r.after()
+	return err
+}
+
+// TestQueueClaimRowPurgedBeforeFinish: the pipelined insert conflicted, then
+// a purge deleted the row before the store read it; the id is claimed afresh.
 func TestQueueClaimRowPurgedBeforeFinish(t *testing.T) {
 	t.Parallel()
 	s, pool := setup(t, processed.Config{})
 	c := claimOf("billing", "q-v", "x")
 	queueClaimCommit(t, pool, s, c)
 
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	finish := s.QueueClaim(b, c)
-	br := pool.SendBatch(ctx(t), b)
-	tx := br.Tx()
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	sendErr := br.Close()
-	if _, err := pool.Exec(ctx(t), "DELETE FROM "+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()); err != nil {
-		t.Fatal(err)
+	purge := func() {
+		if _, err := pool.Exec(ctx(t), "DELETE FROM "+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()); err != nil {
+			t.Error(err)
+		}
 	}
-	res, err := finish(ctx(t), tx, sendErr)
-	if err != nil || res.Outcome != consumer.ClaimNew {
-		t.Fatalf("finish after purge: %+v, %v; want new", res, err)
+	tx, res, err := over(t, afterBatchDB{pool, purge}, s).BeginClaim(ctx(t), []consumer.Claim{c})
+	if tx != nil {
+		defer func() { _ = tx.Rollback(context.Background()) }()
+	}
+	if err != nil || res[0].Outcome != consumer.ClaimNew {
+		t.Fatalf("claim after purge: %+v, %v; want new", res, err)
 	}
 	if err := tx.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -160,7 +194,8 @@ func TestQueueClaimRowPurgedBeforeFinish(t *testing.T) {
 }
 
 // TestQueueClaimErrors: an unmigrated table fails the batch with
-// ErrNotMigrated; empty ids and a finish before the batch ran are errors.
+// ErrNotMigrated, and its connection is released with the rollback; empty
+// ids are errors.
 func TestQueueClaimErrors(t *testing.T) {
 	t.Parallel()
 	pool := modePool(t, pgx.QueryExecModeCacheStatement)
@@ -168,11 +203,13 @@ func TestQueueClaimErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, _, err := queueClaim(t, pool, s, claimOf("a", "1", "x"))
+	tx, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("a", "1", "x")})
 	if !errors.Is(err, processed.ErrNotMigrated) {
 		t.Errorf("unmigrated: %v, want ErrNotMigrated", err)
 	}
-	_ = tx.Rollback(ctx(t))
+	if tx != nil {
+		_ = tx.Rollback(ctx(t))
+	}
 	if got := pool.Stat().AcquiredConns(); got != 0 {
 		t.Errorf("%d connections still acquired after the failed batch's rollback", got)
 	}
@@ -182,16 +219,5 @@ func TestQueueClaimErrors(t *testing.T) {
 		if _, res, err := queueClaim(t, pool, s, c); err == nil {
 			t.Errorf("queued claim of %q/%q: %+v, want an error", c.Consumer, c.MessageID, res)
 		}
-	}
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	finish := s.QueueClaim(b, claimOf("c", "early", "x"))
-	tx, err = pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := finish(ctx(t), tx, nil); err == nil {
-		t.Error("finish before the batch was sent succeeded")
 	}
 }

@@ -24,18 +24,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/pgpurge"
 )
 
-// DB is what the store needs from a database handle. *pgxpool.Pool and
-// *pgx.Conn satisfy it.
+// DB is a database handle a Store can be made from with New: a
+// *pgxpool.Pool (what Open makes), or a *pgx.Conn for one goroutine at a
+// time. A pgx.Tx satisfies the interface but New refuses it: its Begin starts
+// a savepoint, whose release is not a durable commit.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -58,60 +63,177 @@ var (
 // conflicting row disappears (is purged) between the two statements.
 const maxClaimAttempts = 3
 
-// Store is the Postgres dedup store. It implements consumer.Store and
-// consumer.Purger. It is safe for concurrent use.
+// Store is the Postgres dedup store and the runtime's database handle: it
+// implements consumer.Store, so a consumer.Config takes it as its one
+// Postgres field, and the same Store serves migrations, lookups, stats and
+// purges. It is safe for concurrent use, except when made with New over a
+// *pgx.Conn, which is one connection.
 type Store struct {
-	db  DB
-	cfg Config
-	// qTable is the quoted, schema-qualified table name.
-	qTable string
-	sql    struct {
-		insert, existing, purge, lookup, stats string
-	}
+	db DB
+	// pool is the handle Open made, which Close closes; nil for New.
+	pool *pgxpool.Pool
+	cfg  Config
+	// st holds the statements, built once the schema is known: in New
+	// when Config.Schema is set, otherwise on first use (see statements).
+	st        atomic.Pointer[statements]
+	resolveMu sync.Mutex
 }
 
-var (
-	_ consumer.Store  = (*Store)(nil)
-	_ consumer.Purger = (*Store)(nil)
-)
+// statements are the store's SQL, for one resolved schema.
+type statements struct {
+	schema string
+	// qTable is the quoted, schema-qualified table name.
+	qTable                                 string
+	insert, existing, purge, lookup, stats string
+	batchInsert, batchExisting             string
+}
 
-// New returns a store for the table cfg names. It does not touch the
-// database; call Migrate to create the table.
+var _ consumer.Store = (*Store)(nil)
+
+// New returns a store for the table cfg names, over db: a *pgxpool.Pool (the
+// caller keeps owning it: Close does not close it) or a *pgx.Conn, which is
+// one connection, so a runtime using it must have Concurrency 1 and no
+// Retention. To have the store make and own its pool, use Open. New does not
+// touch the database, except to learn the schema from db's search_path when
+// Config.Schema is empty, which it does on first use; call Migrate to create
+// the table.
 func New(db DB, cfg Config) (*Store, error) {
-	if db == nil {
+	switch db.(type) {
+	case nil:
 		return nil, &consumer.ConfigError{Field: "db", Reason: "required"}
+	case pgx.Tx:
+		return nil, &consumer.ConfigError{Field: "db", Reason: "a pgx.Tx: its commits are savepoint releases, which are not durable; pass the pool (or connection) the transaction came from"}
+	}
+	if cfg.MaxConns != 0 {
+		return nil, &consumer.ConfigError{Field: "MaxConns", Reason: "sizes the pool Open makes; with New the pool you pass decides"}
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, qTable: pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()}
-	t := s.qTable
-	s.sql.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (consumer, message_id) DO NOTHING`
-	s.sql.existing = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
-	// No FOR UPDATE: row locks need the UPDATE privilege, and the
-	// runtime's role needs only SELECT, INSERT and DELETE. A row another
-	// purge is deleting is waited for, then skipped.
-	s.sql.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + `
-	WHERE processed_at < $1
-	LIMIT $2))`
-	s.sql.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
-FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
-	s.sql.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
+	s := &Store{db: db, cfg: cfg}
+	if cfg.Schema != "" {
+		s.st.Store(newStatements(cfg.Schema, cfg.Table))
+	}
 	return s, nil
 }
 
-// Schema returns the schema holding the table.
-func (s *Store) Schema() string { return s.cfg.Schema }
+func newStatements(schema, table string) *statements {
+	t := pgx.Identifier{schema, table}.Sanitize()
+	st := &statements{schema: schema, qTable: t}
+	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (consumer, message_id) DO NOTHING`
+	st.existing = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
+	// No FOR UPDATE: row locks need the UPDATE privilege, and the
+	// runtime's role needs only SELECT, INSERT and DELETE. A row another
+	// purge is deleting is waited for, then skipped.
+	st.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + `
+	WHERE processed_at < $1
+	LIMIT $2))`
+	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
+FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
+	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
+	st.batchInsert, st.batchExisting = batchSQL(t)
+	return st
+}
+
+// statements returns the store's SQL, first learning the schema from the
+// database's current_schema() (the first existing schema of the search_path)
+// if Config.Schema was empty. A failed lookup is retried on the next call.
+func (s *Store) statements(ctx context.Context) (*statements, error) {
+	if st := s.st.Load(); st != nil {
+		return st, nil
+	}
+	s.resolveMu.Lock()
+	defer s.resolveMu.Unlock()
+	if st := s.st.Load(); st != nil {
+		return st, nil
+	}
+	schema, err := currentSchema(ctx, s.db)
+	if err != nil {
+		return nil, fmt.Errorf("processed: %s: %w", s.cfg.Table, err)
+	}
+	st := newStatements(schema, s.cfg.Table)
+	s.st.Store(st)
+	return st, nil
+}
+
+// currentSchema returns the schema unqualified names resolve to.
+func currentSchema(ctx context.Context, db DB) (string, error) {
+	var schema *string
+	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return "", fmt.Errorf("read the schema from search_path: %w", err)
+	}
+	if schema == nil {
+		return "", &consumer.ConfigError{Field: "Schema", Reason: "empty, and the connection's search_path names no existing schema: create one, fix search_path, or set Config.Schema"}
+	}
+	if err := validIdent("Schema", *schema); err != nil {
+		return "", fmt.Errorf("the search_path's schema: %w", err)
+	}
+	return *schema, nil
+}
+
+// Schema returns the schema holding the table: Config.Schema, or the one the
+// search_path names once the store has asked the database ("" until then).
+func (s *Store) Schema() string {
+	if st := s.st.Load(); st != nil {
+		return st.schema
+	}
+	return s.cfg.Schema
+}
 
 // Table returns the table's name, without its schema.
 func (s *Store) Table() string { return s.cfg.Table }
 
 // String returns "schema.table", unquoted, for messages.
-func (s *Store) String() string { return s.cfg.Schema + "." + s.cfg.Table }
+func (s *Store) String() string {
+	if schema := s.Schema(); schema != "" {
+		return schema + "." + s.cfg.Table
+	}
+	return "(search_path)." + s.cfg.Table
+}
+
+// Pool returns the pool the store uses: the one Open made, or the one New
+// was given; nil if New was given something else. Use it for the queries
+// of your own that belong beside the store's.
+func (s *Store) Pool() *pgxpool.Pool {
+	if s.pool != nil {
+		return s.pool
+	}
+	p, _ := s.db.(*pgxpool.Pool)
+	return p
+}
+
+// MaxConns implements consumer.Store: the pool's MaxConns, 1 for a
+// *pgx.Conn, 0 if unknown.
+func (s *Store) MaxConns() int {
+	switch db := s.db.(type) {
+	case *pgxpool.Pool:
+		return int(db.Config().MaxConns)
+	case *pgx.Conn:
+		return 1
+	}
+	return 0
+}
+
+// Ping implements consumer.Store: it reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if p, ok := s.db.(interface{ Ping(context.Context) error }); ok {
+		return p.Ping(ctx)
+	}
+	_, err := s.db.Exec(ctx, ";")
+	return err
+}
+
+// Close closes the pool Open made, after its connections are released. For
+// a store made with New it does nothing: the caller owns that handle.
+func (s *Store) Close() {
+	if s.pool != nil {
+		s.pool.Close()
+	}
+}
 
 // Claim records in tx that c.Consumer is applying c.MessageID. It reports
 // ClaimNew if the row was inserted (it commits or rolls back with tx),
@@ -128,16 +250,20 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 	if c.Consumer == "" || c.MessageID == "" {
 		return consumer.ClaimResult{}, fmt.Errorf("processed: claim: empty consumer (%q) or message id (%q)", c.Consumer, c.MessageID)
 	}
+	st, err := s.statements(ctx)
+	if err != nil {
+		return consumer.ClaimResult{}, err
+	}
 	args := claimArgs(c)
 	for attempt := 1; ; attempt++ {
-		tag, err := tx.Exec(ctx, s.sql.insert, args...)
+		tag, err := tx.Exec(ctx, st.insert, args...)
 		if err != nil {
 			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
 		}
 		if tag.RowsAffected() == 1 {
 			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
 		}
-		res, found, err := s.existing(ctx, tx, c)
+		res, found, err := s.existing(ctx, st, tx, c)
 		if err != nil || found {
 			return res, err
 		}
@@ -152,12 +278,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 // duplicate from a mismatch. found is false if the row is gone (purged since).
 // A separate statement takes a new snapshot under READ COMMITTED, so it sees
 // the row of the transaction the insert waited for.
-func (s *Store) existing(ctx context.Context, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
+func (s *Store) existing(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
 	var (
 		fp []byte
 		at time.Time
 	)
-	err = tx.QueryRow(ctx, s.sql.existing, c.Consumer, c.MessageID).Scan(&fp, &at)
+	err = tx.QueryRow(ctx, st.existing, c.Consumer, c.MessageID).Scan(&fp, &at)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return consumer.ClaimResult{}, false, nil
 	}
@@ -184,47 +310,127 @@ func claimArgs(c consumer.Claim) []any {
 	return []any{c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset}
 }
 
-// QueueClaim implements [consumer.ClaimQueuer]: it queues the claim's INSERT
-// on b, the batch that begins the caller's transaction, so the runtime pays
-// one round trip for BEGIN and the claim together. finish reports the outcome
-// once b has been sent and closed: a new claim at no further cost; for a
-// conflict, the existing row's answer (duplicate or mismatch), read as
-// [Store.Claim] reads it. A sendErr is wrapped like Claim's errors, with
-// [ErrNotMigrated] when the table is missing.
-func (s *Store) QueueClaim(b *pgx.Batch, c consumer.Claim) (finish func(ctx context.Context, tx pgx.Tx, sendErr error) (consumer.ClaimResult, error)) {
-	if c.Consumer == "" || c.MessageID == "" {
-		// Claim reports the error; nothing is queued.
-		return func(ctx context.Context, tx pgx.Tx, _ error) (consumer.ClaimResult, error) {
-			return s.Claim(ctx, tx, c)
+// syncBegin starts a transaction whose commit is synchronous whatever the
+// server or role default: the runtime acks once the commit returns, so the
+// commit must be durable. Sent as one simple-protocol query, it costs one
+// round trip.
+const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSyncCommit
+
+// setSyncCommit makes the current transaction's commit synchronous.
+const setSyncCommit = "SET LOCAL synchronous_commit = on"
+
+// beginTxer is implemented by *pgxpool.Pool and *pgx.Conn.
+type beginTxer interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// batchBeginner is implemented by *pgxpool.Pool and *pgx.Conn: a batch sent
+// on it can begin a transaction (pgx.Batch.BeginTx).
+type batchBeginner interface {
+	beginTxer
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// begin starts a READ COMMITTED transaction with a synchronous commit.
+func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
+	if b, ok := s.db.(beginTxer); ok {
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: syncBegin})
+		if err != nil {
+			return nil, s.wrap("begin", err)
+		}
+		return tx, nil
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return nil, s.wrap("begin", err)
+	}
+	// The first statement of the transaction, so the isolation level can
+	// still be set whatever the session's default.
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "+setSyncCommit); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, s.wrap("begin: set isolation and synchronous_commit", err)
+	}
+	return tx, nil
+}
+
+// BeginClaim implements consumer.Store: it begins a READ COMMITTED
+// transaction whose commit is synchronous (the runtime acks once it
+// returns), and claims claims in it, with Claim's semantics for one claim and
+// ClaimBatch's for several. For one claim, BEGIN and the INSERT go to the
+// server in one pipelined round trip. A non-nil tx must be rolled back by
+// the caller if it does not commit, also when err is not nil.
+func (s *Store) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+	if len(claims) == 1 {
+		if bb, ok := s.db.(batchBeginner); ok {
+			tx, res, err := s.pipelinedClaim(ctx, bb, claims[0])
+			if err != nil {
+				return tx, nil, err
+			}
+			return tx, []consumer.ClaimResult{res}, nil
 		}
 	}
-	var (
-		ran      bool
-		inserted bool
-	)
-	b.Queue(s.sql.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(claims) == 1 {
+		res, err := s.Claim(ctx, tx, claims[0])
+		if err != nil {
+			return tx, nil, err
+		}
+		return tx, []consumer.ClaimResult{res}, nil
+	}
+	res, err := s.ClaimBatch(ctx, tx, claims)
+	return tx, res, err
+}
+
+// pipelinedClaim sends BEGIN, SET LOCAL and the claim's INSERT in one batch,
+// then reads the existing row if the INSERT conflicted, as Claim does.
+func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
+	if c.Consumer == "" || c.MessageID == "" {
+		tx, err := s.begin(ctx)
+		if err != nil {
+			return nil, consumer.ClaimResult{}, err
+		}
+		res, err := s.Claim(ctx, tx, c) // reports the error
+		return tx, res, err
+	}
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, consumer.ClaimResult{}, err
+	}
+	var ran, inserted bool
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	b.Queue(setSyncCommit)
+	b.Queue(st.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
 		ran, inserted = true, tag.RowsAffected() == 1
 		return nil
 	})
-	return func(ctx context.Context, tx pgx.Tx, sendErr error) (consumer.ClaimResult, error) {
-		switch {
-		case sendErr != nil:
-			return consumer.ClaimResult{}, s.wrap("claim: begin and insert", sendErr)
-		case tx == nil:
-			return consumer.ClaimResult{}, errors.New("processed: claim: nil transaction")
-		case !ran:
-			return consumer.ClaimResult{}, errors.New("processed: claim: the queued insert did not run; was the batch sent and closed?")
-		case inserted:
-			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
+	br := db.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		if tx == nil {
+			return nil, consumer.ClaimResult{}, s.wrap("claim: begin", err)
 		}
-		// The insert conflicted with a committed row: read it, as Claim
-		// does. If it was purged meanwhile, Claim claims the id afresh.
-		res, found, err := s.existing(ctx, tx, c)
-		if err != nil || found {
-			return res, err
-		}
-		return s.Claim(ctx, tx, c)
+		return tx, consumer.ClaimResult{}, s.wrap("claim: begin and insert", err)
 	}
+	switch {
+	case tx == nil:
+		return nil, consumer.ClaimResult{}, errors.New("processed: claim: the batch began no transaction")
+	case !ran:
+		return tx, consumer.ClaimResult{}, errors.New("processed: claim: the queued insert did not run")
+	case inserted:
+		return tx, consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
+	}
+	// The insert conflicted with a committed row: read it, as Claim
+	// does. If it was purged meanwhile, Claim claims the id afresh.
+	res, found, err := s.existing(ctx, st, tx, c)
+	if err != nil || found {
+		return tx, res, err
+	}
+	res, err = s.Claim(ctx, tx, c)
+	return tx, res, err
 }
 
 // Purge deletes the rows processed more than olderThan ago (by the database's
@@ -234,7 +440,11 @@ func (s *Store) QueueClaim(b *pgx.Batch, c consumer.Claim) (finish func(ctx cont
 // privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, s.db, s.sql.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
+	st, err := s.statements(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, step, err := pgpurge.Run(ctx, s.db, st.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
 	if err != nil {
 		return n, s.wrap(string(step), err)
 	}
@@ -256,8 +466,12 @@ type Record struct {
 // Lookup returns the row for consumerName and id, or an error wrapping
 // ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Record, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return Record{}, err
+	}
 	var r Record
-	err := s.db.QueryRow(ctx, s.sql.lookup, consumerName, id).Scan(
+	err = s.db.QueryRow(ctx, st.lookup, consumerName, id).Scan(
 		&r.Consumer, &r.MessageID, &r.Fingerprint, &r.ProcessedAt, &r.Source, &r.Partition, &r.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("%w: consumer %q, message id %q in %s", ErrNotFound, consumerName, id, s)
@@ -283,7 +497,11 @@ func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 		st     Stats
 		oldest *time.Time
 	)
-	if err := s.db.QueryRow(ctx, s.sql.stats, consumerName).Scan(&st.Rows, &oldest); err != nil {
+	q, err := s.statements(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	if err := s.db.QueryRow(ctx, q.stats, consumerName).Scan(&st.Rows, &oldest); err != nil {
 		return Stats{}, s.wrap("stats", err)
 	}
 	if oldest != nil {

@@ -178,7 +178,7 @@ type claimAnswer struct {
 type claimOnConn func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error)
 
 // claimers are the two ways to claim: Claim in a begun transaction, and
-// QueueClaim on the batch that begins it.
+// BeginClaim, which pipelines BEGIN and the claim.
 var claimers = map[string]claimOnConn{
 	"claim": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
 		tx, err := conn.Begin(ctx)
@@ -193,17 +193,19 @@ var claimers = map[string]claimOnConn{
 		return res, tx.Commit(ctx)
 	},
 	"queued": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		finish := s.QueueClaim(b, c)
-		br := conn.SendBatch(ctx, b)
-		tx := br.Tx()
-		defer func() { _ = tx.Rollback(context.Background()) }()
-		res, err := finish(ctx, tx, br.Close())
+		// A store over the one connection pipelines BEGIN and the claim.
+		on, err := processed.New(conn.Conn(), processed.Config{Schema: s.Schema(), Table: s.Table()})
 		if err != nil {
-			return res, err
+			return consumer.ClaimResult{}, err
 		}
-		return res, tx.Commit(ctx)
+		tx, res, err := on.BeginClaim(ctx, []consumer.Claim{c})
+		if tx != nil {
+			defer func() { _ = tx.Rollback(context.Background()) }()
+		}
+		if err != nil {
+			return consumer.ClaimResult{}, err
+		}
+		return res[0], tx.Commit(ctx)
 	},
 }
 

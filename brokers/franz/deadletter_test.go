@@ -91,7 +91,6 @@ func TestDeadLettererE2E(t *testing.T) {
 	rt, err := consumer.New(consumer.Config{
 		Name:   "e2e",
 		Source: src,
-		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if strings.HasPrefix(string(m.Body), "poison") {

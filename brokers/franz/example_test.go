@@ -53,7 +53,6 @@ func ExampleNewSource() {
 	rt, err := consumer.New(consumer.Config{
 		Name:   "ledger",
 		Source: src,
-		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO ledger (id, body) VALUES ($1, $2)", m.ID, m.Body)

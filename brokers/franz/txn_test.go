@@ -167,7 +167,7 @@ func TestEdgeKafkaTransactionalAbortedNeverApplied(t *testing.T) {
 				seen []string
 			)
 			rt, err := consumer.New(consumer.Config{
-				Name: "txn", Source: ts.open(t, e), DB: pool, Store: store, Concurrency: 4,
+				Name: "txn", Source: ts.open(t, e), Store: store, Concurrency: 4,
 				ShutdownTimeout: 5 * time.Second,
 				Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					mu.Lock()

@@ -82,7 +82,6 @@ func (d *db) start(t *testing.T, src consumer.Source, handler consumer.Handler, 
 	cfg := consumer.Config{
 		Name:            "e2e",
 		Source:          src,
-		DB:              d.pool,
 		Store:           d.store,
 		Handler:         handler,
 		DeadLetterer:    d,

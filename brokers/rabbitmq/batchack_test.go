@@ -188,7 +188,7 @@ func TestE2EBatchModeMultipleAcks(t *testing.T) {
 	}
 	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: 400})
 	rt, err := consumer.New(consumer.Config{
-		Name: "batch", Source: src, DB: e.pool, Store: e.store,
+		Name: "batch", Source: src, Store: e.store,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", msg.ID, string(msg.Body))
 			return err

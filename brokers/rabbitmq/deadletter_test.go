@@ -29,7 +29,6 @@ func (e *e2e) runWithDeadLetterer(t *testing.T, src consumer.Source, dl consumer
 	rt, err := consumer.New(consumer.Config{
 		Name:   "e2e",
 		Source: src,
-		DB:     e.pool,
 		Store:  e.store,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if strings.HasPrefix(string(msg.Body), "poison") {

@@ -53,7 +53,6 @@ func (e *e2e) run(t *testing.T, src consumer.Source, concurrency int, before fun
 	rt, err := consumer.New(consumer.Config{
 		Name:        "e2e",
 		Source:      src,
-		DB:          e.pool,
 		Store:       e.store,
 		Concurrency: concurrency,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {

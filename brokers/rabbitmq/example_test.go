@@ -51,7 +51,6 @@ func ExampleNewSource() {
 	rt, err := consumer.New(consumer.Config{
 		Name:   "payments",
 		Source: src,
-		DB:     pool,
 		Store:  store,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + $1 WHERE id = $2",

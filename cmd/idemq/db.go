@@ -31,7 +31,7 @@ type dbFlags struct {
 
 func (d *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.url, "database-url", "", "Postgres URL or DSN (default $DATABASE_URL, then "+defaultDatabaseURL+")")
-	fs.StringVar(&d.schema, "schema", processed.DefaultSchema, "schema of the dedup table")
+	fs.StringVar(&d.schema, "schema", "", "schema of the dedup table (default: the connection's current schema, the first on its search_path)")
 	fs.StringVar(&d.table, "table", processed.DefaultTable, "name of the dedup table")
 }
 

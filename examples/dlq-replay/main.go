@@ -125,7 +125,7 @@ func (s *shop) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message) err
 
 func (s *shop) config(src consumer.Source) consumer.Config {
 	return consumer.Config{
-		Name: "shop", Source: src, DB: s.pool, Store: s.store, Handler: s.handle,
+		Name: "shop", Source: src, Store: s.store, Handler: s.handle,
 		DeadLetterer: s.dl,
 	}
 }

@@ -170,7 +170,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	}
 	var markers atomic.Int64
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: src, DB: pool, Store: store, Concurrency: 4, DeadLetterer: deadLetterer,
+		Name: "ledger", Source: src, Store: store, Concurrency: 4, DeadLetterer: deadLetterer,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if !strings.HasPrefix(string(m.Body), "payment-") {
 				markers.Add(1) // a transaction marker or an aborted record: never happens

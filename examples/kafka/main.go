@@ -200,7 +200,6 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	rt, err := consumer.New(consumer.Config{
 		Name:         "orders",
 		Source:       src,
-		DB:           pool,
 		Store:        store,
 		Handler:      handle,
 		BatchSize:    o.batch,

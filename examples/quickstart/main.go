@@ -181,7 +181,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	rt, err := consumer.New(consumer.Config{
 		Name:         "ledger",
 		Source:       sub,
-		DB:           pool,
 		Store:        store,
 		Handler:      w.handle,
 		DeadLetterer: broker.DeadLetterer(dlqQueue),

@@ -163,7 +163,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	rt, err := consumer.New(consumer.Config{
 		Name:         consumerName,
 		Source:       src,
-		DB:           pool,
 		Store:        store,
 		DeadLetterer: dl,
 		Concurrency:  2,

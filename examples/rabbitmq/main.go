@@ -188,7 +188,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	rt, err := consumer.New(consumer.Config{
 		Name:         "ledger",
 		Source:       src,
-		DB:           pool,
 		Store:        store,
 		Handler:      handle,
 		DeadLetterer: deadLetterer,

@@ -105,7 +105,6 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 			rcfg := consumer.Config{
 				Name:        name,
 				Source:      src,
-				DB:          r.pool,
 				Store:       store,
 				Concurrency: cfg.Concurrency,
 				DeadLetterer: consumer.DeadLettererFunc(func(_ context.Context, _ *consumer.Message, f consumer.Failure) error {

@@ -405,7 +405,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 	rcfg := consumer.Config{
 		Name:            cfg.Consumer,
 		Source:          src,
-		DB:              pool,
 		Store:           store,
 		Handler:         handler,
 		DeadLetterer:    &tableDeadLetterer{pool: pool, schema: cfg.Schema},

@@ -16,7 +16,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/kafkatest"
-	"github.com/idemq/idemq/internal/testdb"
 	idemqotel "github.com/idemq/idemq/observability/otel"
 )
 
@@ -118,7 +117,7 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: src, DB: testdb.Pool(t), Store: migratedStore(t), Concurrency: 4,
+		Name: "ledger", Source: src, Store: migratedStore(t), Concurrency: 4,
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    dl,
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
@@ -200,7 +199,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: source(topic), DB: testdb.Pool(t), Store: migratedStore(t), Concurrency: 4,
+		Name: "ledger", Source: source(topic), Store: migratedStore(t), Concurrency: 4,
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    dl,
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},

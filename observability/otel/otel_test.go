@@ -280,7 +280,7 @@ func TestMemoryOutcomes(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: sub, DB: testdb.Pool(t), Store: migratedStore(t),
+		Name: "ledger", Source: sub, Store: migratedStore(t),
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    broker.DeadLetterer("payments.dlq"),
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
@@ -401,7 +401,7 @@ func TestBatchLinks(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{TracerProvider: tr.tp, System: "custom"})
 	var batchSpans sync.Map
 	rt, err := consumer.New(consumer.Config{
-		Name: "bulk", Source: sub, DB: testdb.Pool(t), Store: migratedStore(t),
+		Name: "bulk", Source: sub, Store: migratedStore(t),
 		BatchHandler: tracing.WrapBatch(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 			batchSpans.Store(trace.SpanContextFromContext(ctx).SpanID(), len(msgs))
 			return nil

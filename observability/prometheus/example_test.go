@@ -35,7 +35,6 @@ func Example() {
 	rt, err := consumer.New(consumer.Config{
 		Name:         "billing",
 		Source:       sub,
-		DB:           pool,
 		Store:        store,
 		DeadLetterer: broker.DeadLetterer("payments.dlq"),
 		Handler:      func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error { return nil },

@@ -54,7 +54,6 @@ func (e *env) config(name string, hooks ...consumer.Hook) consumer.Config {
 	return consumer.Config{
 		Name:            name,
 		Source:          sub,
-		DB:              testdb.Pool(e.t),
 		Store:           e.store,
 		DeadLetterer:    e.broker.DeadLetterer(queue + ".dlq"),
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
