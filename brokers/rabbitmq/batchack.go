@@ -87,7 +87,7 @@ func (s *Source) ackSession(sess *session, group []*delivery) error {
 }
 
 // maxDeferred is how many committed deliveries may wait for a multiple ack.
-func (s *Source) maxDeferred() int { return max(1, s.cfg.Prefetch/2) }
+func (s *Source) maxDeferred() int { return max(1, s.Window()/2) }
 
 // flushLocked acks the deferred deliveries of sess that lie below every tag
 // still in flight, with one multiple ack, and then, while more than keep
@@ -98,7 +98,8 @@ func (s *Source) flushLocked(sess *session, keep int) error {
 	if sess.deferred == 0 {
 		return nil
 	}
-	if sess.dead.Load() {
+	c := sess.cons.Load() // non-nil: deferred deliveries came from it
+	if sess.dead.Load() || c == nil {
 		return s.abandonDeferredLocked(sess, "ack", nil)
 	}
 	limit := ^uint64(0)
@@ -119,7 +120,7 @@ func (s *Source) flushLocked(sess *session, keep int) error {
 	}
 	if len(below) > 0 {
 		top := slices.Max(below)
-		if err := sess.ch.Ack(top, len(below) > 1); err != nil {
+		if err := c.ch.Ack(top, len(below) > 1); err != nil {
 			return s.abandonDeferredLocked(sess, "ack", err)
 		}
 		for _, t := range below {
@@ -136,7 +137,7 @@ func (s *Source) flushLocked(sess *session, keep int) error {
 	}
 	slices.Sort(above)
 	for _, t := range above[:len(above)-keep] {
-		if err := sess.ch.Ack(t, false); err != nil {
+		if err := c.ch.Ack(t, false); err != nil {
 			return s.abandonDeferredLocked(sess, "ack", err)
 		}
 		delete(sess.unacked, t)
@@ -177,6 +178,6 @@ func (s *Source) flushDeferred(sess *session, all bool) {
 		keep = 0
 	}
 	if err := s.flushLocked(sess, keep); err != nil {
-		s.log.Warn("rabbitmq: deferred acks failed; the broker will redeliver those messages and dedup will skip them", "error", err)
+		s.logger().Warn("rabbitmq: deferred acks failed; the broker will redeliver those messages and dedup will skip them", "error", err)
 	}
 }

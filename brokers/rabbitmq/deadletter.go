@@ -8,15 +8,18 @@ import (
 	"github.com/idemq/idemq/dlq"
 )
 
-// DeadLetterConfig configures Source.DeadLetterer. The zero value dead-letters
-// to the queue DeclareTopology declared for the Source's queue, with
-// unsigned envelopes.
+// DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter,
+// see Source.DeadLetterer). The zero value dead-letters to the topology's
+// dead-letter queue, with unsigned envelopes.
 type DeadLetterConfig struct {
 	// Queue is the queue dead letters are published to, through the
-	// default exchange. It must exist (it is checked when the
-	// dead-letterer is made) and differ from the Source's queue. Defaults
-	// to DLQName(Config.Queue), the dead-letter queue DeclareTopology
-	// declares; set it if Topology.DeadLetterQueue named another.
+	// default exchange. It must exist (NewSource checks it) and differ
+	// from the Source's queue. Defaults to Config.Topology's
+	// DeadLetterQueue when Config.Topology is set, and otherwise to
+	// DLQName(Config.Queue), the dead-letter queue DeclareTopology
+	// declares by default. Set it only for a dead-letter queue that
+	// neither names: one DeclareTopology declared with another
+	// Topology.DeadLetterQueue, say.
 	Queue string
 	// Options tune the failure envelope: Host, MaxErrorBytes,
 	// MaxHistory, and SigningKey to sign it. Defaults to the zero
@@ -24,72 +27,38 @@ type DeadLetterConfig struct {
 	Options dlq.Options
 }
 
-// DeadLetterer returns a dead-letterer for the runtime's
-// consumer.Config.DeadLetterer that publishes each failed message, wrapped
-// in package dlq's envelope, to cfg.Queue (by default the topology's
-// dead-letter queue, DLQName of the Source's queue). DeadLetter returns nil
-// only once the broker confirmed the copy (publisher confirms, persistent,
-// mandatory: a dead-letter queue that is gone is an error wrapping
-// ErrUnroutable, not a silent drop), so the runtime never acks an original
-// before its dead-letter copy is durable.
+// DeadLetterer returns the Source's dead-letterer, for the runtime's
+// consumer.Config.DeadLetterer. NewSource made it from Config.DeadLetter,
+// and checked that its queue exists; every call returns the same one. It
+// publishes each failed message, wrapped in package dlq's envelope, to
+// Config.DeadLetter.Queue (by default the topology's dead-letter queue).
+// DeadLetter returns nil only once the broker confirmed the copy
+// (publisher confirms, persistent, mandatory: a dead-letter queue that is
+// gone is an error wrapping ErrUnroutable, not a silent drop), so the
+// runtime never acks an original before its dead-letter copy is durable.
 //
 // It opens no connection of its own: it publishes on confirm-mode channels
 // of the Source's connection, and after a lost connection on the one the
-// Source reconnects with. The Source owns it: Close closes it with the
-// connection, and DeadLetter after Close returns an error wrapping
+// Source reconnects with. Publishing never starts the Source's consumer:
+// before the first Receive the Source stays connected without consuming.
+//
+// The Source owns the dead-letterer: Source.Close closes its channels with
+// the connection, and DeadLetter after Close returns an error wrapping
 // consumer.ErrSourceClosed. The runtime closes its Source only after the
-// in-flight messages, dead letters included, have drained, so nothing needs
-// closing besides the Source.
+// in-flight messages, dead letters included, have drained, so there is
+// nothing to close besides the Source.
 //
 // If the connection is lost between the confirm and the original's ack,
 // RabbitMQ redelivers the original, which then fails and is dead-lettered
 // again: the dead-letter queue may hold a message twice, with the same
 // x-idemq-message-id, and a replay applies it once.
-//
-// ctx bounds the check that the queue exists, made on the Source's
-// connection; a missing queue is an error here rather than at the first
-// failure.
-func (s *Source) DeadLetterer(ctx context.Context, cfg DeadLetterConfig) (*dlq.DeadLetterer, error) {
-	queue := cfg.Queue
-	if queue == "" {
-		queue = DLQName(s.cfg.Queue)
-	}
-	if err := checkName("DeadLetterConfig.Queue", queue); err != nil {
-		return nil, err
-	}
-	if queue == s.cfg.Queue {
-		return nil, configError("DeadLetterConfig.Queue", "%q is the Source's own queue: dead letters would be consumed again", queue)
-	}
-	if err := s.checkQueue(ctx, queue); err != nil {
-		return nil, err
-	}
-	return dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-		return s.publishDeadLetter(ctx, queue, m)
-	}, cfg.Options)
-}
+func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
 
-// checkQueue fails unless queue exists, with a passive declare on a
-// throwaway channel of the Source's connection (a missing queue closes the
-// channel it was asked on).
-func (s *Source) checkQueue(ctx context.Context, queue string) error {
-	sess, err := s.session(ctx)
-	if err != nil {
-		return err
-	}
-	ch, err := sess.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("rabbitmq: dead-letter queue %q: open channel: %w", queue, err)
-	}
-	defer func() { _ = ch.Close() }()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("rabbitmq: dead-letter queue %q (declare it, e.g. with DeclareTopology): %w", queue, err)
-	}
-	return nil
-}
-
-// publishDeadLetter publishes m to queue on a confirm-mode channel of the
-// current session's connection and waits for the confirm.
-func (s *Source) publishDeadLetter(ctx context.Context, queue string, m *consumer.Message) error {
+// publishDeadLetter publishes m to the dead-letter queue on a confirm-mode
+// channel of the current session's connection and waits for the confirm.
+// It never starts the consumer (see session).
+func (s *Source) publishDeadLetter(ctx context.Context, m *consumer.Message) error {
+	queue := s.cfg.DeadLetter.Queue
 	msgs := []*consumer.Message{m}
 	if err := checkPublish("", queue, msgs); err != nil {
 		return err

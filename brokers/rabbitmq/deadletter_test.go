@@ -121,14 +121,14 @@ func TestDeadLettererE2E(t *testing.T) {
 	}
 	px := newProxy(t)
 	src := newSource(t, rabbitmq.Config{
-		URL:         px.URL(t),
-		Queue:       topo.Queue,
-		Concurrency: 2,
-		Reconnect:   rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
+		URL:        px.URL(t),
+		Queue:      topo.Queue,
+		DeadLetter: rabbitmq.DeadLetterConfig{Options: dlq.Options{SigningKey: signingKey}},
+		Reconnect:  rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
 	})
-	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{Options: dlq.Options{SigningKey: signingKey}})
-	if err != nil {
-		t.Fatal(err)
+	dl := src.DeadLetterer()
+	if dl != src.DeadLetterer() {
+		t.Fatal("DeadLetterer returned another dead-letterer on the second call")
 	}
 	// The first dead letter of a "mid-cut" message cuts the connection
 	// just before it is published.
@@ -140,7 +140,7 @@ func TestDeadLettererE2E(t *testing.T) {
 		return dl.DeadLetter(ctx, m, f)
 	}))
 	pub := newPublisher(t, rabbitmq.PublisherConfig{})
-	dlqSrc := newSource(t, rabbitmq.Config{Queue: rabbitmq.DLQName(topo.Queue)})
+	dlqSrc := dlqSource(t, rabbitmq.DLQName(topo.Queue))
 
 	good := brokertest.NewMessages("good", 5, 0)
 	bad := poison("bad", 3)
@@ -200,38 +200,42 @@ func TestDeadLettererE2E(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	err = dl.DeadLetter(ctx, bad[0], consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("late")})
+	err := dl.DeadLetter(ctx, bad[0], consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("late")})
 	if !errors.Is(err, consumer.ErrSourceClosed) {
 		t.Errorf("DeadLetter after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
 	}
 }
 
-// TestDeadLettererConfig: a missing dead-letter queue, or the Source's own
-// queue, is refused when the dead-letterer is made; DeadLetterConfig.Queue
-// names another queue; a queue deleted later makes DeadLetter fail with
-// ErrUnroutable rather than drop the copy.
+// TestDeadLettererConfig: NewSource refuses a missing dead-letter queue,
+// naming it and saying how to declare it, and refuses the Source's own
+// queue and invalid envelope options; DeadLetter.Queue names another queue;
+// a queue deleted later makes DeadLetter fail with ErrUnroutable rather than
+// drop the copy.
 func TestDeadLettererConfig(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
+	bare := newBareQueue(t)
+	_, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: bare})
+	if err == nil || !strings.Contains(err.Error(), rabbitmq.DLQName(bare)) || !strings.Contains(err.Error(), "DeclareTopology") {
+		t.Errorf("NewSource without the topology's DLQ: %v, want an error naming %q and how to declare it", err, rabbitmq.DLQName(bare))
+	}
+	t.Logf("as expected: %v", err)
+	if m, c := queueState(t, bare); m != 0 || c != 0 {
+		t.Errorf("the failed NewSource left %d messages and %d consumers", m, c)
+	}
+
 	q := newQueue(t)
-	src := newSource(t, rabbitmq.Config{Queue: q})
-
-	if _, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{}); err == nil || !strings.Contains(err.Error(), rabbitmq.DLQName(q)) {
-		t.Errorf("DeadLetterer without the topology's DLQ: %v, want an error naming %q", err, rabbitmq.DLQName(q))
-	}
 	var ce *consumer.ConfigError
-	if _, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{Queue: q}); !errors.As(err, &ce) {
-		t.Errorf("DeadLetterer to the Source's own queue: %v, want a *consumer.ConfigError", err)
+	if _, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: q, DeadLetter: rabbitmq.DeadLetterConfig{Queue: q}}); !errors.As(err, &ce) || ce.Field != "DeadLetter.Queue" {
+		t.Errorf("dead-lettering to the Source's own queue: %v, want a *consumer.ConfigError for DeadLetter.Queue", err)
 	}
-	if _, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}); err == nil {
-		t.Error("DeadLetterer with a short signing key: nil error")
+	if _, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: q, DeadLetter: rabbitmq.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}}); !errors.As(err, &ce) || ce.Field != "DeadLetter.Options.SigningKey" {
+		t.Errorf("a short signing key: %v, want a *consumer.ConfigError for DeadLetter.Options.SigningKey", err)
 	}
 
-	other := newQueue(t)
-	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{Queue: other})
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := newBareQueue(t)
+	src := newSource(t, rabbitmq.Config{Queue: q, DeadLetter: rabbitmq.DeadLetterConfig{Queue: other}})
+	dl := src.DeadLetterer()
 	msg := brokertest.NewMessages("cfg", 1, 0)[0]
 	f := consumer.Failure{Consumer: "c", MessageID: msg.ID, Class: consumer.ClassPermanent, Err: errors.New("bad")}
 	if err := dl.DeadLetter(ctx, msg, f); err != nil {

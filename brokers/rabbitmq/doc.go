@@ -1,7 +1,14 @@
 // Package rabbitmq connects idemq to RabbitMQ through amqp091-go.
 //
-// [Source] implements [consumer.Source]: it consumes one queue with manual
-// acks and a bounded prefetch, maps each AMQP delivery to a
+// [Source] implements [consumer.Source] and [consumer.ConfigurableSource]:
+// it consumes one queue with manual acks and a bounded prefetch, sized
+// from the runtime's window (Concurrency × BatchSize) unless
+// [Config].Prefetch fixes it, and logs to the runtime's logger unless
+// [Config].Logger names another. [NewSource] connects and checks the
+// queue and its dead-letter queue (declaring [Config].Topology first, if
+// set), but consumes nothing until the first Receive, so the prefetch the
+// runtime asks for is the one the broker applies. It maps each AMQP
+// delivery to a
 // [consumer.Message], acks and nacks on the channel that delivered the
 // message, and reconnects with backoff inside Receive when the connection or
 // channel is lost. Deliveries received on a channel that has since died are
@@ -27,13 +34,17 @@
 // reconnects: a lost connection ends the pass with every unacked message
 // back in the queue.
 //
-// [Source.DeadLetterer] is the runtime's dead-letterer: it publishes each
-// failed message in package dlq's envelope, with publisher confirms, to the
-// topology's dead-letter queue ([DLQName] of the Source's queue, or another
-// one), on confirm-mode channels of the Source's own connection, following
-// it across reconnections. It is owned by the Source and closed by
-// [Source.Close]; there is nothing else to close.
+// [Source.DeadLetterer] is the runtime's dead-letterer, made by NewSource
+// from [Config].DeadLetter: it publishes each failed message in package
+// dlq's envelope, with publisher confirms, to the topology's dead-letter
+// queue ([Topology].DeadLetterQueue, by default [DLQName] of the Source's
+// queue, or another one), on confirm-mode channels of the Source's own
+// connection, following it across reconnections. It is owned by the Source
+// and closed by [Source.Close]; there is nothing else to close. A consumer
+// with its dead-letter queue thus takes three constructors: the dedup
+// store, NewSource, and consumer.New with Source: src and DeadLetterer:
+// src.DeadLetterer().
 //
-// [DeclareTopology] optionally declares a durable work queue (classic or
-// quorum) with a dead-letter exchange and a dead-letter queue.
+// [DeclareTopology], or [Config].Topology, declares a durable work queue
+// (classic or quorum) with a dead-letter exchange and a dead-letter queue.
 package rabbitmq

@@ -113,7 +113,7 @@ func TestE2EDuplicates(t *testing.T) {
 	if err := newPublisher(t, rabbitmq.PublisherConfig{}).Publish(ctx, "", q, all...); err != nil {
 		t.Fatal(err)
 	}
-	src := newSource(t, rabbitmq.Config{Queue: q, Concurrency: 2})
+	src := newSource(t, rabbitmq.Config{Queue: q})
 	rt, stop := e.run(t, src, 2, nil)
 	waitFor(t, 30*time.Second, "6 messages settled", func() bool {
 		st := rt.Stats()
@@ -161,10 +161,9 @@ func TestE2EConnectionCutExactlyOnce(t *testing.T) {
 	var started, blocked atomic.Int64
 	gate := make(chan struct{})
 	src := newSource(t, rabbitmq.Config{
-		URL:         px.URL(t),
-		Queue:       q,
-		Concurrency: concurrency,
-		Reconnect:   rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
+		URL:       px.URL(t),
+		Queue:     q,
+		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
 	})
 	rt, stop := e.run(t, src, concurrency, func(*consumer.Message) {
 		if started.Add(1) > 50 {

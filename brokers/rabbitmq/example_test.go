@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
@@ -17,82 +17,76 @@ import (
 )
 
 // A payment consumer: each payment message is applied exactly once, however
-// often RabbitMQ delivers it.
+// often RabbitMQ delivers it, and a payment that fails for good goes to the
+// dead-letter queue. Three constructors: the dedup store, the Source (which
+// declares the topology and owns the dead-letterer) and the runtime, which
+// alone says the concurrency and the logger.
 func ExampleNewSource() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	if err := rabbitmq.DeclareTopology(ctx, rabbitmq.DefaultURL, rabbitmq.Topology{Queue: "payments"}); err != nil {
-		log.Fatal(err)
-	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{Queue: "payments"})
+	store, err := processed.Open(ctx, "postgres://postgres@127.0.0.1:5432/test", processed.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// Failed payments go to payments.dlq, the topology's dead-letter
-	// queue, on src's own connection; src owns the dead-letterer.
-	deadLetterer, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
+	// Declares payments, payments.dlx and payments.dlq, and checks them.
+	// Nothing is consumed until the runtime's first Receive, with a
+	// prefetch sized from its Concurrency.
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{
+		Queue:    "payments",
+		Topology: &rabbitmq.Topology{},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
 
 	rt, err := consumer.New(consumer.Config{
-		Name:   "payments",
-		Source: src,
-		Store:  store,
+		Name:        "payments",
+		Source:      src,
+		Store:       store,
+		Concurrency: 16, // the Source's prefetch becomes 32
+		Logger:      slog.Default(),
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + $1 WHERE id = $2",
 				string(msg.Body), msg.Header("account"))
 			return err
 		},
-		DeadLetterer: deadLetterer,
+		// Failed payments go to payments.dlq on src's own connection;
+		// src owns the dead-letterer.
+		DeadLetterer: src.DeadLetterer(),
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rt.Run(ctx); err != nil { // closes src, and with it deadLetterer, when it returns
+	if err := rt.Run(ctx); err != nil { // closes src, and with it its dead-letterer, when it returns
 		log.Fatal(err)
 	}
 }
 
 // A dead-letterer with signed envelopes, to a dead-letter queue the
-// topology named itself. It publishes on the Source's connection, with
-// publisher confirms, and is closed with the Source.
+// topology names itself: the Source dead-letters to it without its being
+// restated. It publishes on the Source's connection, with publisher
+// confirms, and is closed with the Source.
 func ExampleSource_DeadLetterer() {
 	ctx := context.Background()
-	topo := rabbitmq.Topology{Queue: "orders", DeadLetterQueue: "orders.failed"}
-	if err := rabbitmq.DeclareTopology(ctx, rabbitmq.DefaultURL, topo); err != nil {
-		log.Fatal(err)
-	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{Queue: "orders"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer src.Close() // the runtime closes it too: Close is idempotent
 	key, err := dlq.ReadKeyFile("/etc/idemq/dlq.key")
 	if err != nil {
 		log.Fatal(err)
 	}
-	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{
-		Queue:   topo.DeadLetterQueue, // empty: rabbitmq.DLQName("orders"), "orders.dlq"
-		Options: dlq.Options{SigningKey: key},
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{
+		Queue:      "orders",
+		Topology:   &rabbitmq.Topology{DeadLetterQueue: "orders.failed"},
+		DeadLetter: rabbitmq.DeadLetterConfig{Options: dlq.Options{SigningKey: key}},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = consumer.Config{Source: src, DeadLetterer: dl} // and the rest
+	defer src.Close()                                                  // the runtime closes it too: Close is idempotent
+	_ = consumer.Config{Source: src, DeadLetterer: src.DeadLetterer()} // and the rest
 }
 
 func ExamplePublisher_Publish() {
@@ -118,15 +112,11 @@ func ExamplePublisher_Publish() {
 // browser gives every message back. dlq.Replay takes the same Browser.
 func ExampleNewBrowser() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	store, err := processed.Open(ctx, "postgres://postgres@127.0.0.1:5432/test", processed.Config{}) // the live consumer's dedup store
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{}) // the live consumer's dedup store
-	if err != nil {
-		log.Fatal(err)
-	}
+	defer store.Close()
 	b, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{Queue: "payments.dlq"})
 	if err != nil {
 		log.Fatal(err)

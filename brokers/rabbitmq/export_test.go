@@ -1,6 +1,9 @@
 package rabbitmq
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // BreakChannel makes the broker close s's current channel with 406
 // PRECONDITION_FAILED, as it does on consumer_timeout, by acking a delivery
@@ -12,7 +15,11 @@ func BreakChannel(s *Source) error {
 	if sess == nil {
 		return errors.New("no live session")
 	}
-	return sess.ch.Ack(1<<40, false)
+	c := sess.cons.Load()
+	if c == nil {
+		return errors.New("the session does not consume yet")
+	}
+	return c.ch.Ack(1<<40, false)
 }
 
 // PublisherConnClosed reports whether p has noticed that its connection is
@@ -30,4 +37,13 @@ func SourceConnLost(s *Source) bool {
 	sess := s.sess
 	s.mu.Unlock()
 	return sess == nil || sess.conn.IsClosed()
+}
+
+// StartConsuming starts s's consumer as its first Receive would, without
+// taking a delivery: for tests that need two Sources consuming before
+// anything is published.
+func StartConsuming(ctx context.Context, s *Source) error {
+	s.start()
+	_, _, err := s.consumer(ctx)
+	return err
 }

@@ -77,10 +77,28 @@ func deleteLater(t *testing.T, queues ...string) {
 	})
 }
 
-// newQueue declares a fresh durable classic queue, deleted at cleanup.
+// newQueue declares a fresh durable classic queue and its dead-letter
+// queue, DLQName of it, which NewSource requires; both are deleted at
+// cleanup.
 func newQueue(t *testing.T) string {
 	t.Helper()
+	q := newBareQueue(t)
+	declareQueue(t, rabbitmq.DLQName(q))
+	return q
+}
+
+// newBareQueue declares a fresh durable classic queue without a dead-letter
+// queue, deleted at cleanup.
+func newBareQueue(t *testing.T) string {
+	t.Helper()
 	q := uniqueName(t)
+	declareQueue(t, q)
+	return q
+}
+
+// declareQueue declares the durable classic queue q, deleted at cleanup.
+func declareQueue(t *testing.T, q string) {
+	t.Helper()
 	if err := admin(t, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
 		return err
@@ -88,7 +106,28 @@ func newQueue(t *testing.T) string {
 		t.Fatalf("declare queue %s: %v", q, err)
 	}
 	deleteLater(t, q)
-	return q
+}
+
+// dlqSource returns a Source consuming the dead-letter queue dlqName, to
+// read what was dead-lettered. A Source needs a dead-letter queue of its
+// own: DLQName(dlqName) is declared for it, and deleted at cleanup.
+func dlqSource(t *testing.T, dlqName string) *rabbitmq.Source {
+	t.Helper()
+	declareQueue(t, rabbitmq.DLQName(dlqName))
+	return newSource(t, rabbitmq.Config{Queue: dlqName})
+}
+
+// queueState returns the ready messages and the consumers of q.
+func queueState(t *testing.T, q string) (messages, consumers int) {
+	t.Helper()
+	if err := admin(t, func(ch *amqp.Channel) error {
+		st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		messages, consumers = st.Messages, st.Consumers
+		return err
+	}); err != nil {
+		t.Fatalf("inspect queue %s: %v", q, err)
+	}
+	return messages, consumers
 }
 
 // queueDepth returns the number of ready messages in q.

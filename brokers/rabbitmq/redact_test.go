@@ -201,7 +201,15 @@ func TestHostileQueueNames(t *testing.T) {
 		if err := pub.Publish(ctx, "", name, &consumer.Message{ID: "m-1", Body: []byte("x")}); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
-		src := newSource(t, rabbitmq.Config{Queue: name})
+		// DLQName(name) would be over 255 bytes: name the dead-letter
+		// queue.
+		var ce *consumer.ConfigError
+		if _, err := rabbitmq.NewSource(ctx, rabbitmq.Config{Queue: name}); !errors.As(err, &ce) || ce.Field != "DeadLetter.Queue" {
+			t.Fatalf("NewSource with a derived dead-letter queue name over 255 bytes: %v, want a ConfigError on DeadLetter.Queue", err)
+		}
+		dlqName := uniqueName(t) + ".dlq"
+		declareQueue(t, dlqName)
+		src := newSource(t, rabbitmq.Config{Queue: name, DeadLetter: rabbitmq.DeadLetterConfig{Queue: dlqName}})
 		d, err := src.Receive(ctx)
 		if err != nil {
 			t.Fatalf("Receive: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 )
 
 // Keys of consumer.Message.Metadata set by Source.
@@ -31,7 +33,13 @@ const (
 
 // Defaults for Config.
 const (
-	DefaultConcurrency        = consumer.DefaultConcurrency
+	// DefaultConcurrency is the runtime's default Concurrency
+	// (consumer.DefaultConcurrency).
+	DefaultConcurrency = consumer.DefaultConcurrency
+	// DefaultPrefetch is the prefetch of a Source whose Config.Prefetch
+	// is 0 and that no runtime configured (Configure was never called):
+	// 2×DefaultConcurrency, what the runtime's defaults would ask for.
+	DefaultPrefetch           = 2 * DefaultConcurrency
 	DefaultReconnectInitial   = 100 * time.Millisecond
 	DefaultReconnectMax       = 30 * time.Second
 	maxPrefetch               = 65535 // basic.qos prefetch-count is a short
@@ -40,29 +48,41 @@ const (
 
 // Config configures a Source. The zero value of every optional field selects
 // a documented default.
+//
+// The runtime's Concurrency, BatchSize and Logger are not restated here:
+// consumer.New passes them to the Source through Configure.
 type Config struct {
 	// URL is the broker's AMQP URL. Defaults to DefaultURL,
 	// amqp://guest:guest@127.0.0.1:5672/.
 	URL string
-	// Queue is the queue to consume. Required. It must exist; see
-	// DeclareTopology.
+	// Queue is the queue to consume. Required. It must exist: set
+	// Topology to have NewSource declare it, or declare it beforehand
+	// (DeclareTopology, say).
 	Queue string
-	// Concurrency is the consumer runtime's Concurrency, used only to size
-	// the default Prefetch. Defaults to 8, the runtime's default.
-	Concurrency int
-	// BatchSize is the consumer runtime's BatchSize in batch mode, used
-	// only to size the default Prefetch. Defaults to 1 (per-message
-	// mode). Set it with batch mode: otherwise the prefetch lets in too
-	// few deliveries to fill the batches (the runtime then caps them and
-	// logs a warning).
-	BatchSize int
+	// Topology, if set, is declared by NewSource before anything else,
+	// exactly as DeclareTopology declares it (idempotent, but an error if
+	// a queue already exists with other arguments), on a connection of
+	// its own that NewSource closes once the topology is declared. Its
+	// Queue defaults to Config.Queue and, if set, must equal it. Defaults
+	// to nil: NewSource declares nothing, and Queue and the dead-letter
+	// queue must already exist.
+	Topology *Topology
+	// DeadLetter configures the Source's dead-letterer, see
+	// Source.DeadLetterer. Its Queue defaults to Topology.DeadLetterQueue
+	// (as DeclareTopology defaults it) when Topology is set, so that a
+	// dead-letter queue the topology names is never restated, and to
+	// DLQName(Queue) otherwise. NewSource fails unless that queue exists.
+	DeadLetter DeadLetterConfig
 	// Prefetch is the most deliveries the broker sends without an ack
-	// (basic.qos prefetch-count). Defaults to 2*Concurrency*BatchSize, at
-	// most 65535, so that a message (or a batch) is waiting whenever a
-	// worker frees up. AMQP reads a
-	// prefetch of 0 as unbounded, which idemq never asks for: here 0
-	// selects the default, and there is no way to ask for unbounded.
-	// At most 65535; negative values are rejected.
+	// (basic.qos prefetch-count). 0, the default, sizes it from the
+	// runtime: twice the window consumer.New passes to Configure
+	// (Concurrency × BatchSize), at most 65535, so that a message (or a
+	// batch) is waiting whenever a worker frees up. A Source no runtime
+	// configures uses DefaultPrefetch, 2×DefaultConcurrency. A non-zero
+	// Prefetch is used as is, whatever the runtime's window (the runtime
+	// then caps its batches to what it lets in). AMQP reads a prefetch of
+	// 0 as unbounded, which idemq never asks for: there is no way to ask
+	// for unbounded. At most 65535; negative values are rejected.
 	Prefetch int
 	// ConsumerTag names the consumer on the broker. Defaults to a
 	// generated "idemq-<queue>-<random>" tag.
@@ -87,8 +107,10 @@ type Config struct {
 	// DialTimeout bounds each connection attempt, handshake included.
 	// Defaults to 30s.
 	DialTimeout time.Duration
-	// Logger receives reconnection and error logs. Defaults to a logger
-	// that discards everything.
+	// Logger receives reconnection and error logs, with a "queue"
+	// attribute. Defaults to the runtime's logger, which consumer.New
+	// passes to Configure (consumer.SourceSettings.Logger); a Source no
+	// runtime configures discards its logs.
 	Logger *slog.Logger
 }
 
@@ -102,18 +124,26 @@ type ReconnectConfig struct {
 	MaxInterval time.Duration
 }
 
+// withDefaults fills in the defaults. Prefetch and Logger are left as they
+// are: 0 and nil mean "from Configure".
 func (c Config) withDefaults() Config {
 	if c.URL == "" {
 		c.URL = DefaultURL
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+	if c.Topology != nil {
+		t := *c.Topology // the caller's Topology is not modified
+		if t.Queue == "" {
+			t.Queue = c.Queue
+		}
+		t = t.withDefaults()
+		c.Topology = &t
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 1
-	}
-	if c.Prefetch == 0 && c.Concurrency > 0 && c.BatchSize > 0 {
-		c.Prefetch = min(2*c.Concurrency*c.BatchSize, maxPrefetch)
+	if c.DeadLetter.Queue == "" {
+		if c.Topology != nil {
+			c.DeadLetter.Queue = c.Topology.DeadLetterQueue
+		} else {
+			c.DeadLetter.Queue = DLQName(c.Queue)
+		}
 	}
 	if c.Reconnect.InitialInterval == 0 {
 		c.Reconnect.InitialInterval = DefaultReconnectInitial
@@ -124,9 +154,6 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 	return c
 }
 
@@ -134,20 +161,39 @@ func configError(field, format string, args ...any) error {
 	return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// prefixField qualifies the field of a *consumer.ConfigError with the
+// struct it is in, "Topology." say.
+func prefixField(prefix string, err error) error {
+	var ce *consumer.ConfigError
+	if errors.As(err, &ce) {
+		return &consumer.ConfigError{Field: prefix + ce.Field, Reason: ce.Reason}
+	}
+	return err
+}
+
 // validate checks a config that has had its defaults applied.
 func (c Config) validate() error {
 	if err := checkName("Queue", c.Queue); err != nil {
 		return err
 	}
+	if c.Topology != nil {
+		if c.Topology.Queue != c.Queue {
+			return configError("Topology.Queue", "%q differs from Queue %q; leave it empty", c.Topology.Queue, c.Queue)
+		}
+		if err := c.Topology.validate(); err != nil {
+			return prefixField("Topology.", err)
+		}
+	}
+	if err := checkName("DeadLetter.Queue", c.DeadLetter.Queue); err != nil {
+		return err
+	}
 	switch {
+	case c.DeadLetter.Queue == c.Queue:
+		return configError("DeadLetter.Queue", "%q is the Source's own queue: dead letters would be consumed again", c.DeadLetter.Queue)
 	case len(c.ConsumerTag) > maxShortstr:
 		return configError("ConsumerTag", "%d bytes, more than AMQP's %d-byte limit", len(c.ConsumerTag), maxShortstr)
-	case c.Concurrency < 1:
-		return configError("Concurrency", "%d, must be at least 1", c.Concurrency)
-	case c.BatchSize < 0:
-		return configError("BatchSize", "%d is negative", c.BatchSize)
 	case c.Prefetch < 0:
-		return configError("Prefetch", "%d is negative; 0 selects the default of 2*Concurrency*BatchSize", c.Prefetch)
+		return configError("Prefetch", "%d is negative; 0 sizes it from the runtime's window", c.Prefetch)
 	case c.Prefetch > maxPrefetch:
 		return configError("Prefetch", "%d, at most %d", c.Prefetch, maxPrefetch)
 	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
@@ -179,27 +225,36 @@ type Stats struct {
 	MultipleAcks int64
 }
 
-// Source consumes one RabbitMQ queue. It implements consumer.Source; create
-// it with NewSource. It is safe for concurrent use.
+// Source consumes one RabbitMQ queue. It implements consumer.Source and
+// consumer.ConfigurableSource; create it with NewSource. It is safe for
+// concurrent use.
 type Source struct {
 	cfg Config
-	log *slog.Logger
+	log atomic.Pointer[slog.Logger] // set by NewSource, or by Configure before the first Receive
+	dl  *dlq.DeadLetterer
 
 	life     context.Context // done once Close starts
 	stop     context.CancelFunc
 	stopOnce sync.Once
 	closeErr error
 
-	// connecting is a one-slot semaphore held by whoever opens a session,
-	// and by Close while it tears the last one down.
+	// connecting is a one-slot semaphore held by whoever opens a session
+	// or starts a session's consumer, and by Close while it tears the
+	// last session down.
 	connecting chan struct{}
 	bo         backoff.BackOff // guarded by connecting
 	opened     int64           // sessions opened; guarded by connecting
 
 	mu   sync.Mutex
 	sess *session // nil when there is no live session
+	// started is set, under mu, by the first Receive: from then on every
+	// session consumes, and Configure changes nothing.
+	started atomic.Bool
+	// prefetch is the prefetch in force. Configure may change it, under
+	// mu, until started is set; it is constant afterwards.
+	prefetch atomic.Int32
 
-	// dlIdle are confirm-mode channels for DeadLetterer, on the
+	// dlIdle are confirm-mode channels for the dead-letterer, on the
 	// connection of the session they were opened on.
 	dlMu   sync.Mutex
 	dlIdle []*pubChannel
@@ -207,24 +262,41 @@ type Source struct {
 	received, acked, nacked, abandoned, reconnects, multiAcks atomic.Int64
 }
 
-// session is one connection, channel and consumer. Deliveries belong to the
-// session that received them.
+// session is one connection and, once the Source consumes, its consumer.
+// Deliveries belong to the session that received them.
 type session struct {
-	conn       *amqp.Connection
-	ch         *amqp.Channel
-	tag        string
-	deliveries <-chan amqp.Delivery
-	closes     chan *amqp.Error // the channel's NotifyClose, buffered
-	dead       atomic.Bool      // set once the session is known lost or closed
+	conn *amqp.Connection
+	cons atomic.Pointer[consuming] // nil until the session consumes
+	dead atomic.Bool               // set once the session is known lost or closed
 
 	mu       sync.Mutex
 	unacked  map[uint64]bool // tags received and not yet acked; true: committed, ack deferred (see AckBatch)
 	deferred int             // the true entries of unacked
 }
 
-// NewSource validates cfg and opens a connection, channel and consumer on
-// cfg.Queue. It fails if the broker cannot be reached or the queue cannot be
-// consumed; later losses are recovered by Receive.
+// consuming is a session's consumer: a channel with the prefetch set, and
+// the deliveries basic.consume streams on it.
+type consuming struct {
+	ch         *amqp.Channel
+	tag        string
+	deliveries <-chan amqp.Delivery
+	closes     chan *amqp.Error // the channel's NotifyClose, buffered
+}
+
+// NewSource validates cfg, declares cfg.Topology if set, and connects: it
+// fails fast if the config is invalid, the broker cannot be reached, or
+// cfg.Queue or the dead-letter queue (cfg.DeadLetter.Queue) does not exist.
+// Later losses are recovered by Receive.
+//
+// NewSource does not consume yet: basic.qos does not change the prefetch
+// of a consumer already started, so the first Receive sets the prefetch
+// (as Configure sized it) and starts the consumer. Until then the broker
+// pushes the Source nothing, and the queue's messages stay ready for other
+// consumers. The connection NewSource opened is kept for the first session
+// and for the dead-letterer.
+//
+// The caller closes the Source (the runtime closes its Source when Run
+// returns); Close also closes the dead-letterer's channels.
 func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -238,13 +310,40 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	life, stop := context.WithCancel(context.Background())
 	s := &Source{
 		cfg:        cfg,
-		log:        cfg.Logger.With(slog.String("queue", cfg.Queue)),
 		life:       life,
 		stop:       stop,
 		connecting: make(chan struct{}, 1),
 		bo:         bo,
 	}
-	sess, err := s.open(ctx)
+	prefetch := cfg.Prefetch
+	if prefetch == 0 {
+		prefetch = DefaultPrefetch
+	}
+	s.prefetch.Store(int32(prefetch))
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s.log.Store(logger.With(slog.String("queue", cfg.Queue)))
+	dl, err := dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
+	if err != nil {
+		stop()
+		return nil, prefixField("DeadLetter.Options.", err)
+	}
+	s.dl = dl
+	if cfg.Topology != nil {
+		if err := declareTopology(ctx, cfg.URL, cfg.ConnectionName, cfg.DialTimeout, *cfg.Topology); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	sess, err := s.open(ctx) // not started: it only connects
+	if err == nil {
+		err = s.checkQueues(ctx, sess.conn)
+		if err != nil {
+			_ = sess.shutdown(false)
+		}
+	}
 	if err != nil {
 		stop()
 		return nil, err
@@ -254,11 +353,42 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	return s, nil
 }
 
-// Receive returns the next delivery. If the connection or channel has been
-// lost it reconnects, with backoff, until it succeeds, ctx is done or the
-// Source is closed. After Close it returns an error wrapping
+// checkQueues fails unless the Source's queue and its dead-letter queue
+// exist, with passive declares on throwaway channels of conn (a missing
+// queue closes the channel it was asked on).
+func (s *Source) checkQueues(ctx context.Context, conn *amqp.Connection) error {
+	check := func(queue, what, hint string) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("rabbitmq: %s %q: open channel: %w", what, queue, err)
+		}
+		defer func() { _ = ch.Close() }()
+		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: %s %q (%s): %w", what, queue, hint, err)
+		}
+		return nil
+	}
+	if err := check(s.cfg.Queue, "queue", "declare it: set Config.Topology, or call DeclareTopology"); err != nil {
+		return err
+	}
+	return check(s.cfg.DeadLetter.Queue, "dead-letter queue", fmt.Sprintf(
+		"declare it: set Config.Topology, or call DeclareTopology, which declares %s; or name an existing queue in Config.DeadLetter.Queue",
+		DLQName(s.cfg.Queue)))
+}
+
+// logger returns the Source's logger, with its queue attribute.
+func (s *Source) logger() *slog.Logger { return s.log.Load() }
+
+// Receive returns the next delivery. The first call starts the consumer
+// (see NewSource). If the connection or channel has been lost it
+// reconnects, with backoff, until it succeeds, ctx is done or the Source
+// is closed. After Close it returns an error wrapping
 // consumer.ErrSourceClosed.
 func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
+	s.start()
 	for {
 		if err := s.closedErr(); err != nil {
 			return nil, err
@@ -266,12 +396,12 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		sess, err := s.session(ctx)
+		sess, cons, err := s.consumer(ctx)
 		if err != nil {
 			return nil, err
 		}
 		select {
-		case d, ok := <-sess.deliveries:
+		case d, ok := <-cons.deliveries:
 			if !ok {
 				s.lost(sess)
 				continue
@@ -290,7 +420,7 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 // broker requeues every delivery that was not acked, for the next consumer.
 // Ack and Nack on deliveries received before Close then return errors
 // wrapping consumer.ErrSourceClosed, and so does DeadLetter on the Source's
-// dead-letterers (see DeadLetterer), whose channels Close closes too. Close
+// dead-letterer (see DeadLetterer), whose channels Close closes too. Close
 // is idempotent.
 func (s *Source) Close() error {
 	s.stopOnce.Do(func() {
@@ -314,13 +444,39 @@ func (s *Source) Close() error {
 	return s.closeErr
 }
 
-// Window returns the prefetch: the most deliveries the broker sends this
-// Source unacked.
-func (s *Source) Window() int { return s.cfg.Prefetch }
+// Window returns the prefetch in force: the most deliveries the broker
+// sends this Source unacked.
+func (s *Source) Window() int { return int(s.prefetch.Load()) }
 
-// Configure implements consumer.ConfigurableSource. It returns the
-// prefetch, which Config sizes.
-func (s *Source) Configure(consumer.SourceSettings) int { return s.cfg.Prefetch }
+// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// once, before the first Receive. Unless Config.Prefetch was set, the
+// prefetch becomes 2×set.Window (at most 65535), so that a message or
+// batch is waiting whenever a worker frees up; a Window of 0 or less keeps
+// the prefetch as it was. Unless Config.Logger was set, the Source logs to
+// set.Logger, with its queue attribute. It returns the prefetch in force,
+// which is the window the runtime can count on.
+//
+// Configure is safe to call concurrently with Receive, but once the first
+// Receive has started the consumer it has no effect: it changes neither the
+// prefetch nor the logger, and returns the prefetch in force.
+func (s *Source) Configure(set consumer.SourceSettings) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started.Load() {
+		return int(s.prefetch.Load())
+	}
+	if s.cfg.Prefetch == 0 && set.Window > 0 {
+		p := maxPrefetch
+		if set.Window <= maxPrefetch/2 {
+			p = 2 * set.Window
+		}
+		s.prefetch.Store(int32(p))
+	}
+	if s.cfg.Logger == nil && set.Logger != nil {
+		s.log.Store(set.Logger.With(slog.String("queue", s.cfg.Queue)))
+	}
+	return int(s.prefetch.Load())
+}
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() Stats {
@@ -341,8 +497,76 @@ func (s *Source) closedErr() error {
 	return nil
 }
 
+// start marks the Source started: from now on every session consumes, and
+// Configure changes nothing.
+func (s *Source) start() {
+	if !s.started.Load() {
+		s.mu.Lock() // Configure checks started and sets the prefetch under mu
+		s.started.Store(true)
+		s.mu.Unlock()
+	}
+}
+
+// consumer returns a live session that consumes. A session opened before
+// the first Receive (by NewSource, or by a dead letter reconnecting) has no
+// consumer yet: consumer starts it.
+func (s *Source) consumer(ctx context.Context) (*session, *consuming, error) {
+	for {
+		sess, err := s.session(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if c := sess.cons.Load(); c != nil {
+			return sess, c, nil
+		}
+		c, err := s.startConsuming(ctx, sess)
+		if c != nil {
+			return sess, c, nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, nil, ctxErr
+		}
+		if closed := s.closedErr(); closed != nil {
+			return nil, nil, closed
+		}
+		// The session could not consume (its connection died, say):
+		// retire it, and let session open the next, with backoff.
+		s.logger().Warn("rabbitmq: could not start consuming; reconnecting", slog.Any("error", err))
+		s.lost(sess)
+	}
+}
+
+// startConsuming starts sess's consumer, unless another caller did.
+func (s *Source) startConsuming(ctx context.Context, sess *session) (*consuming, error) {
+	select {
+	case s.connecting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.life.Done():
+		return nil, s.closedErr()
+	}
+	defer func() { <-s.connecting }()
+	if err := s.closedErr(); err != nil {
+		return nil, err
+	}
+	if c := sess.cons.Load(); c != nil {
+		return c, nil
+	}
+	if sess.dead.Load() {
+		return nil, errors.New("connection lost")
+	}
+	c, err := s.consume(sess.conn)
+	if err != nil {
+		return nil, err
+	}
+	// Should sess have been retired meanwhile, its connection is closed
+	// and with it c's delivery stream, which Receive then sees end.
+	sess.cons.Store(c)
+	return c, nil
+}
+
 // session returns the live session, opening a new one (with backoff) if
-// there is none.
+// there is none. It consumes if the Source has started.
 func (s *Source) session(ctx context.Context) (*session, error) {
 	s.mu.Lock()
 	sess := s.sess
@@ -383,7 +607,11 @@ func (s *Source) session(ctx context.Context) (*session, error) {
 				s.reconnects.Add(1)
 			}
 			s.bo.Reset()
-			s.log.Info("rabbitmq: consumer reconnected", slog.String("consumer_tag", fresh.tag))
+			if c := fresh.cons.Load(); c != nil {
+				s.logger().Info("rabbitmq: consumer reconnected", slog.String("consumer_tag", c.tag))
+			} else {
+				s.logger().Info("rabbitmq: reconnected; not consuming until the first Receive")
+			}
 			return fresh, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -393,7 +621,7 @@ func (s *Source) session(ctx context.Context) (*session, error) {
 			return nil, s.closedErr()
 		}
 		wait := s.bo.NextBackOff()
-		s.log.Warn("rabbitmq: reconnect failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		s.logger().Warn("rabbitmq: reconnect failed", slog.Any("error", err), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -407,9 +635,9 @@ func (s *Source) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// open dials and starts consuming. It opens a fresh connection each time:
-// a lost channel usually means a lost connection, and a fresh one is
-// simplest to reason about.
+// open dials and, if the Source has started, starts consuming. It opens a
+// fresh connection each time: a lost channel usually means a lost
+// connection, and a fresh one is simplest to reason about.
 func (s *Source) open(ctx context.Context) (*session, error) {
 	// Dialing stops when either ctx or the Source's life ends.
 	dctx, cancel := context.WithCancel(ctx)
@@ -421,15 +649,30 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	fail := func(step string, err error) (*session, error) {
-		_ = conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow))
-		return nil, fmt.Errorf("rabbitmq: queue %q: %s: %w", s.cfg.Queue, step, err)
+	sess := &session{conn: conn}
+	if s.started.Load() {
+		c, err := s.consume(conn)
+		if err != nil {
+			_ = conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow))
+			return nil, err
+		}
+		sess.cons.Store(c)
 	}
+	return sess, nil
+}
+
+// consume opens a channel on conn, sets the prefetch in force on it and
+// starts the consumer.
+func (s *Source) consume(conn *amqp.Connection) (*consuming, error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return fail("open channel", err)
+		return nil, fmt.Errorf("rabbitmq: queue %q: open channel: %w", s.cfg.Queue, err)
 	}
-	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
+	fail := func(step string, err error) (*consuming, error) {
+		_ = ch.Close()
+		return nil, fmt.Errorf("rabbitmq: queue %q: %s: %w", s.cfg.Queue, step, err)
+	}
+	if err := ch.Qos(int(s.prefetch.Load()), 0, false); err != nil {
 		return fail("set prefetch", err)
 	}
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -447,11 +690,12 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	if err != nil {
 		return fail("consume", err)
 	}
-	return &session{conn: conn, ch: ch, tag: tag, deliveries: deliveries, closes: closes}, nil
+	return &consuming{ch: ch, tag: tag, deliveries: deliveries, closes: closes}, nil
 }
 
-// lost retires a session whose delivery stream ended: the channel or
-// connection closed, or the broker cancelled the consumer.
+// lost retires a session that is gone: its delivery stream ended (the
+// channel or connection closed, or the broker cancelled the consumer), or
+// its connection is closed.
 func (s *Source) lost(sess *session) {
 	if !sess.dead.CompareAndSwap(false, true) {
 		return
@@ -462,25 +706,29 @@ func (s *Source) lost(sess *session) {
 	}
 	s.mu.Unlock()
 	if s.life.Err() == nil {
-		reason := "consumer cancelled by the broker"
-		select {
-		case e := <-sess.closes:
-			if e != nil {
-				// consumer_timeout and other soft errors arrive as a
-				// channel close (406 PRECONDITION_FAILED): handled like
-				// any other loss.
-				reason = e.Error()
+		if c := sess.cons.Load(); c != nil {
+			reason := "consumer cancelled by the broker"
+			select {
+			case e := <-c.closes:
+				if e != nil {
+					// consumer_timeout and other soft errors arrive as a
+					// channel close (406 PRECONDITION_FAILED): handled like
+					// any other loss.
+					reason = e.Error()
+				}
+			default:
 			}
-		default:
+			s.logger().Warn("rabbitmq: consumer lost; reconnecting", slog.String("reason", reason), slog.String("consumer_tag", c.tag))
+		} else {
+			s.logger().Warn("rabbitmq: connection lost; reconnecting")
 		}
-		s.log.Warn("rabbitmq: consumer lost; reconnecting", slog.String("reason", reason), slog.String("consumer_tag", sess.tag))
 	}
 	_ = sess.shutdown(false)
 	// Committed deliveries whose ack was deferred are redelivered by the
 	// broker and skipped by dedup; count them as abandoned.
 	sess.mu.Lock()
 	if err := s.abandonDeferredLocked(sess, "ack", nil); err != nil {
-		s.log.Warn("rabbitmq: deferred acks lost with the channel; dedup will skip the redeliveries", "error", err)
+		s.logger().Warn("rabbitmq: deferred acks lost with the channel; dedup will skip the redeliveries", "error", err)
 	}
 	sess.mu.Unlock()
 }
@@ -496,11 +744,13 @@ func (sess *session) shutdown(cancel bool) error {
 			firstErr = err
 		}
 	}
-	if cancel && !sess.ch.IsClosed() {
-		keep(sess.ch.Cancel(sess.tag, false))
-	}
-	if !sess.ch.IsClosed() {
-		keep(sess.ch.Close())
+	if c := sess.cons.Load(); c != nil {
+		if cancel && !c.ch.IsClosed() {
+			keep(c.ch.Cancel(c.tag, false))
+		}
+		if !c.ch.IsClosed() {
+			keep(c.ch.Close())
+		}
 	}
 	if !sess.conn.IsClosed() {
 		keep(sess.conn.CloseDeadline(time.Now().Add(consumerCancelCloseWindow)))

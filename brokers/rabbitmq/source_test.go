@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/testlog"
 )
 
@@ -27,8 +28,12 @@ func TestConfigValidation(t *testing.T) {
 		{"empty queue", rabbitmq.Config{}, "Queue"},
 		{"negative prefetch", rabbitmq.Config{Queue: "q", Prefetch: -1}, "Prefetch"},
 		{"prefetch too large", rabbitmq.Config{Queue: "q", Prefetch: 70000}, "Prefetch"},
-		{"negative concurrency", rabbitmq.Config{Queue: "q", Concurrency: -2}, "Concurrency"},
-		{"negative batch size", rabbitmq.Config{Queue: "q", BatchSize: -1}, "BatchSize"},
+		{"topology of another queue", rabbitmq.Config{Queue: "q", Topology: &rabbitmq.Topology{Queue: "other"}}, "Topology.Queue"},
+		{"invalid topology", rabbitmq.Config{Queue: "q", Topology: &rabbitmq.Topology{DeliveryLimit: 3}}, "Topology.DeliveryLimit"},
+		{"topology dead-lettering to its queue", rabbitmq.Config{Queue: "q", Topology: &rabbitmq.Topology{DeadLetterQueue: "q"}}, "Topology.DeadLetterQueue"},
+		{"dead letters to the queue", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Queue: "q"}}, "DeadLetter.Queue"},
+		{"dead-letter queue too long", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Queue: strings.Repeat("d", 256)}}, "DeadLetter.Queue"},
+		{"invalid dead-letter options", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}}, "DeadLetter.Options.MaxHistory"},
 		{"two id sources", rabbitmq.Config{Queue: "q", MessageIDHeader: "id", MessageIDFunc: func(amqp.Delivery) string { return "" }}, "MessageIDFunc"},
 		{"negative reconnect", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: -1}}, "Reconnect"},
 		{"max below initial", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}}, "Reconnect.MaxInterval"},
@@ -149,28 +154,39 @@ func TestMessageMapping(t *testing.T) {
 }
 
 // TestPrefetchBound: with prefetch k and no acks, exactly k deliveries
-// arrive; each ack lets one more through.
+// arrive; each ack lets one more through. The prefetch is 2×DefaultConcurrency
+// without a runtime, twice the window Configure passes otherwise, and an
+// explicit Prefetch wins over both; Configure returns the one in force.
 func TestPrefetchBound(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
 	for _, tc := range []struct {
-		name string
-		cfg  rabbitmq.Config
-		k    int
+		name      string
+		cfg       rabbitmq.Config
+		configure *consumer.SourceSettings // nil: not called
+		k         int
 	}{
-		{"explicit", rabbitmq.Config{Prefetch: 3}, 3},
-		{"from concurrency", rabbitmq.Config{Concurrency: 2}, 4},
-		{"from concurrency and batch size", rabbitmq.Config{Concurrency: 2, BatchSize: 3}, 12},
+		{"default without a runtime", rabbitmq.Config{}, nil, 2 * consumer.DefaultConcurrency},
+		{"from the window", rabbitmq.Config{}, &consumer.SourceSettings{Window: 5}, 10},
+		{"window of 0 keeps the default", rabbitmq.Config{}, &consumer.SourceSettings{}, rabbitmq.DefaultPrefetch},
+		{"explicit", rabbitmq.Config{Prefetch: 3}, nil, 3},
+		{"explicit wins over the window", rabbitmq.Config{Prefetch: 3}, &consumer.SourceSettings{Window: 5}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			q := newQueue(t)
 			pub := newPublisher(t, rabbitmq.PublisherConfig{})
-			if err := pub.Publish(ctx, "", q, brokertest.NewMessages("pf", tc.k+3, 0)...); err != nil {
+			if err := pub.Publish(ctx, "", q, brokertest.NewMessages("pf", 30, 0)...); err != nil {
 				t.Fatal(err)
 			}
 			cfg := tc.cfg
 			cfg.Queue = q
 			src := newSource(t, cfg)
+			if tc.configure != nil {
+				if w := src.Configure(*tc.configure); w != tc.k {
+					t.Fatalf("Configure(%+v) = %d, want %d", *tc.configure, w, tc.k)
+				}
+			}
 			if w := src.Window(); w != tc.k {
 				t.Fatalf("Window() = %d, want %d", w, tc.k)
 			}

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -10,15 +11,17 @@ import (
 // Topology describes a durable work queue whose rejected messages go to a
 // dead-letter queue through a dead-letter exchange.
 type Topology struct {
-	// Queue is the work queue's name. Required.
+	// Queue is the work queue's name. Required, except in
+	// Config.Topology, where it defaults to Config.Queue.
 	Queue string
 	// DeadLetterExchange is the fanout exchange the work queue
 	// dead-letters to (its x-dead-letter-exchange). Defaults to
 	// Queue + ".dlx".
 	DeadLetterExchange string
 	// DeadLetterQueue is bound to DeadLetterExchange and receives the
-	// dead-lettered messages. Defaults to DLQName(Queue), Queue + ".dlq",
-	// the queue Source.DeadLetterer publishes to by default.
+	// dead-lettered messages. Defaults to DLQName(Queue), Queue + ".dlq".
+	// A Source whose Config.Topology this is dead-letters to it (see
+	// Source.DeadLetterer) without restating it.
 	DeadLetterQueue string
 	// Quorum declares both queues as quorum queues (x-queue-type:
 	// quorum) rather than classic ones.
@@ -32,7 +35,8 @@ type Topology struct {
 
 // DLQName is the dead-letter queue of queue that DeclareTopology declares
 // when Topology.DeadLetterQueue is empty, and that Source.DeadLetterer
-// publishes to by default: queue + ".dlq".
+// publishes to when neither Config.Topology nor Config.DeadLetter.Queue
+// names another: queue + ".dlq".
 func DLQName(queue string) string { return queue + ".dlq" }
 
 func (t Topology) withDefaults() Topology {
@@ -70,15 +74,22 @@ func (t Topology) validate() error {
 // dead-letter exchange (durable fanout), the dead-letter queue bound to it,
 // and the durable work queue with x-dead-letter-exchange set. Declaring is
 // idempotent, but it fails if a queue already exists with other arguments.
+//
+// NewSource declares Config.Topology the same way.
 func DeclareTopology(ctx context.Context, url string, t Topology) error {
+	if url == "" {
+		url = DefaultURL
+	}
+	return declareTopology(ctx, url, "", DefaultDialTimeout, t)
+}
+
+// declareTopology declares t on a connection of its own, which it closes.
+func declareTopology(ctx context.Context, url, connName string, dialTimeout time.Duration, t Topology) error {
 	t = t.withDefaults()
 	if err := t.validate(); err != nil {
 		return err
 	}
-	if url == "" {
-		url = DefaultURL
-	}
-	conn, err := dial(ctx, url, "", DefaultDialTimeout)
+	conn, err := dial(ctx, url, connName, dialTimeout)
 	if err != nil {
 		return err
 	}

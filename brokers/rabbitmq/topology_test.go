@@ -63,7 +63,7 @@ func TestTopologyClassic(t *testing.T) {
 	if err := brokertest.Receive(ctx, t, src).Nack(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	dlq := newSource(t, rabbitmq.Config{Queue: topo.Queue + ".dlq"})
+	dlq := dlqSource(t, topo.Queue+".dlq")
 	d := brokertest.Receive(ctx, t, dlq)
 	if d.Message().ID != msgs[0].ID || d.Message().Header("x-first-death-reason") != "rejected" {
 		t.Errorf("dead-lettered message: got id %q, headers %v", d.Message().ID, d.Message().Headers)
@@ -90,7 +90,7 @@ func TestTopologyQuorum(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := newSource(t, rabbitmq.Config{Queue: topo.Queue})
-	dlq := newSource(t, rabbitmq.Config{Queue: topo.Queue + ".dlq"})
+	dlq := dlqSource(t, topo.Queue+".dlq")
 	// Requeue until the broker gives up on the message.
 	deliveries := 0
 	for {
