@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -17,13 +18,15 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 )
 
 // maxPoll bounds the records taken by one poll.
 const maxPoll = 256
 
 // Source consumes a Kafka topic as a member of a consumer group, with
-// franz-go, and implements consumer.Source and consumer.BatchAcker.
+// franz-go, and implements consumer.ConfigurableSource and
+// consumer.BatchAcker.
 //
 // It reads with the read_committed isolation level: records of aborted
 // transactions, records past the last stable offset and transaction
@@ -35,9 +38,18 @@ const maxPoll = 256
 // A Source is safe for concurrent use. Create one with NewSource.
 type Source struct {
 	cfg Config
-	log *slog.Logger
-	mp  kafka.Mapping
-	cl  *kgo.Client
+	// log is the current logger, with topic and group attributes: from
+	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// read at each log call, so a logger given by Configure reaches the
+	// goroutines NewSource started, franz-go's included.
+	log atomic.Pointer[slog.Logger]
+	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
+	// Config.MaxInFlight was: Configure then leaves them alone.
+	ownLogger           bool
+	explicitMaxInFlight bool
+	mp                  kafka.Mapping
+	cl                  *kgo.Client
+	dl                  *dlq.DeadLetterer // DeadLetterer's, on cl
 
 	out    chan *entry   // polled records, from the poll loop to Receive
 	redo   chan struct{} // signalled when requeued is appended to
@@ -48,11 +60,12 @@ type Source struct {
 	// can be under way for a partition once its revoke or loss is noted.
 	commitMu sync.Mutex
 
-	mu       sync.Mutex
-	parts    map[topicPartition]*partition // the current assignment
-	requeued []*entry                      // nacked records to hand out again
-	inFlight int                           // entries in some partition's pending list
-	joined   bool                          // an assignment was received
+	mu          sync.Mutex
+	parts       map[topicPartition]*partition // the current assignment
+	requeued    []*entry                      // nacked records to hand out again
+	inFlight    int                           // entries in some partition's pending list
+	maxInFlight int                           // Config.MaxInFlight, or Configure's larger window
+	joined      bool                          // an assignment was received
 
 	closeOnce sync.Once
 	cancel    context.CancelFunc
@@ -98,23 +111,36 @@ type partition struct {
 	settled   chan struct{}   // signalled when handedOut drops
 }
 
-// NewSource validates cfg, creates the franz-go client and starts joining
-// the consumer group in the background. It does not wait for the brokers:
-// connection and group errors are logged and retried.
+// NewSource validates cfg, builds the dead-letterer (see DeadLetterer),
+// creates the franz-go client and starts joining the consumer group in the
+// background. It does not wait for the brokers: connection and group errors
+// are logged and retried. An invalid cfg, cfg.DeadLetter included, fails
+// with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
+	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Source{
-		cfg:    cfg,
-		log:    cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group),
-		mp:     kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
-		out:    make(chan *entry),
-		redo:   make(chan struct{}, 1),
-		room:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
-		parts:  map[topicPartition]*partition{},
+		cfg:                 cfg,
+		ownLogger:           ownLogger,
+		explicitMaxInFlight: explicitMaxInFlight,
+		mp:                  kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		out:                 make(chan *entry),
+		redo:                make(chan struct{}, 1),
+		room:                make(chan struct{}, 1),
+		closed:              make(chan struct{}),
+		parts:               map[topicPartition]*partition{},
+		maxInFlight:         cfg.MaxInFlight,
+	}
+	base := cfg.Logger
+	if base == nil {
+		base = slog.New(slog.DiscardHandler)
+	}
+	s.setLogger(base)
+	if err := s.newDeadLetterer(); err != nil {
+		return nil, err
 	}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.ResetToLatest {
@@ -136,7 +162,7 @@ func NewSource(cfg Config) (*Source, error) {
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(cfg.FetchMaxWait),
-		kgo.WithLogger(logger{cfg.Logger}),
+		kgo.WithLogger(logger{s.logger}),
 	}
 	cl, err := kgo.NewClient(append(opts, cfg.Options...)...)
 	if err != nil {
@@ -157,6 +183,35 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
+var _ consumer.ConfigurableSource = (*Source)(nil)
+
+// Configure takes the runtime's settings; consumer.New calls it once,
+// before the first Receive. Without Config.Logger, the Source and franz-go
+// log to s.Logger from then on, with "topic" and "group" attributes.
+// Without Config.MaxInFlight, a window larger than the default raises
+// MaxInFlight to it; an explicit MaxInFlight is kept. Configure returns
+// MaxInFlight: the records the Source holds at once.
+func (s *Source) Configure(st consumer.SourceSettings) (window int) {
+	if !s.ownLogger && st.Logger != nil {
+		s.setLogger(st.Logger)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.explicitMaxInFlight && st.Window > s.maxInFlight {
+		s.maxInFlight = st.Window
+		s.signalRoom()
+	}
+	return s.maxInFlight
+}
+
+// setLogger makes l, with the Source's attributes, the Source's logger.
+func (s *Source) setLogger(l *slog.Logger) {
+	s.log.Store(l.With("topic", s.cfg.Topic, "group", s.cfg.Group))
+}
+
+// logger returns the Source's current logger.
+func (s *Source) logger() *slog.Logger { return s.log.Load() }
+
 // poll polls records, registers them with their partitions, lets
 // rebalances proceed, and offers the records to Receive, until ctx is done.
 // Registering happens while rebalances are blocked (BlockRebalanceOnPoll),
@@ -174,7 +229,7 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				s.log.Warn("franz: fetch failed; retrying", "partition", p, "error", err)
+				s.logger().Warn("franz: fetch failed; retrying", "partition", p, "error", err)
 			}
 		})
 		var batch []*entry
@@ -225,10 +280,10 @@ func (p *partition) skipControlLocked(r *kgo.Record) {
 func (s *Source) waitRoom(ctx context.Context) int {
 	for {
 		s.mu.Lock()
-		n := s.inFlight
+		room := s.maxInFlight - s.inFlight
 		s.mu.Unlock()
-		if n < s.cfg.MaxInFlight {
-			return s.cfg.MaxInFlight - n
+		if room > 0 {
+			return room
 		}
 		select {
 		case <-s.room:
@@ -274,7 +329,7 @@ func (s *Source) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 			}
 		}
 	}
-	s.log.Debug("franz: partitions assigned", "assigned", fmt.Sprint(assigned))
+	s.logger().Debug("franz: partitions assigned", "assigned", fmt.Sprint(assigned))
 }
 
 // revoked runs when a rebalance takes partitions away (and when the client
@@ -290,7 +345,7 @@ func (s *Source) revoked(ctx context.Context, _ *kgo.Client, revoked map[string]
 	}
 	s.commitLocked(ctx, ps)
 	s.release(ps)
-	s.log.Debug("franz: partitions revoked", "revoked", fmt.Sprint(revoked))
+	s.logger().Debug("franz: partitions revoked", "revoked", fmt.Sprint(revoked))
 }
 
 // lost runs when the member lost its partitions without a clean revoke
@@ -302,7 +357,7 @@ func (s *Source) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 	ps := s.ending(lost)
 	s.release(ps)
 	if len(ps) > 0 {
-		s.log.Info("franz: partitions lost; their next owner re-reads the unacked records", "lost", fmt.Sprint(lost))
+		s.logger().Info("franz: partitions lost; their next owner re-reads the unacked records", "lost", fmt.Sprint(lost))
 	}
 }
 
@@ -340,7 +395,7 @@ func (s *Source) drain(ps []*partition) {
 			case <-s.closed:
 				return
 			case <-timer.C:
-				s.log.Info("franz: rebalance: abandoning unsettled messages; their next owner re-reads them", "partition", p.tp.partition, "unsettled", n)
+				s.logger().Info("franz: rebalance: abandoning unsettled messages; their next owner re-reads them", "partition", p.tp.partition, "unsettled", n)
 				return
 			}
 		}
@@ -435,7 +490,7 @@ func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
 		}
 	})
 	if len(errs) > 0 {
-		s.log.Warn("franz: offset commit failed; will retry", "error", errors.Join(errs...))
+		s.logger().Warn("franz: offset commit failed; will retry", "error", errors.Join(errs...))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -549,7 +604,7 @@ var (
 // Source. Records handed out and not acked are not committed: the group
 // reads them again. Acks after Close return an error wrapping
 // consumer.ErrSourceClosed, and so does DeadLetter on the Source's
-// dead-letterers (see DeadLetterer), which produce on the client Close
+// dead-letterer (see DeadLetterer), which produces on the client Close
 // closes. Close is idempotent and returns nil.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
@@ -699,15 +754,17 @@ func (d *delivery) settleLocked() error {
 	return nil
 }
 
-// logger adapts an slog.Logger to kgo.Logger: franz-go's own logs go out at
-// debug level, its warnings and errors at warn level.
-type logger struct{ l *slog.Logger }
+// logger adapts the slog.Logger l returns, at each call, to kgo.Logger:
+// franz-go's own logs go out at debug level, its warnings and errors at
+// warn level.
+type logger struct{ l func() *slog.Logger }
 
 func (l logger) Level() kgo.LogLevel {
-	if l.l.Enabled(context.Background(), slog.LevelDebug) {
+	sl := l.l()
+	if sl.Enabled(context.Background(), slog.LevelDebug) {
 		return kgo.LogLevelDebug
 	}
-	if l.l.Enabled(context.Background(), slog.LevelWarn) {
+	if sl.Enabled(context.Background(), slog.LevelWarn) {
 		return kgo.LogLevelWarn
 	}
 	return kgo.LogLevelNone
@@ -718,5 +775,5 @@ func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if level <= kgo.LogLevelWarn {
 		lv = slog.LevelWarn
 	}
-	l.l.Log(context.Background(), lv, "franz-go: "+msg, keyvals...)
+	l.l().Log(context.Background(), lv, "franz-go: "+msg, keyvals...)
 }
