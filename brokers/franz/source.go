@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkaoffsets"
 )
 
 // maxPoll bounds the records taken by one poll.
@@ -79,20 +80,18 @@ type topicPartition struct {
 
 // entry states.
 const (
-	stateQueued    = iota // polled or requeued, not handed out
-	stateOut              // handed out by Receive, not yet settled
-	stateAcked            // acked: committable once every earlier entry is
-	stateAbandoned        // its partition was revoked or lost first
+	stateQueued    = kafkaoffsets.Queued    // polled or requeued, not handed out
+	stateOut       = kafkaoffsets.Out       // handed out by Receive, not yet settled
+	stateAcked     = kafkaoffsets.Acked     // acked: committable once every earlier entry is
+	stateAbandoned = kafkaoffsets.Abandoned // its partition was revoked or lost first
 )
 
-// entry is one polled record. Its fields after msg are guarded by the
-// Source's mutex.
+// entry is one polled record, with its leader epoch for the commit. Its
+// State and msg are guarded by the Source's mutex.
 type entry struct {
-	p      *partition
-	offset int64
-	epoch  int32 // the record's leader epoch, for the commit
-	msg    *consumer.Message
-	state  int
+	kafkaoffsets.Entry
+	p   *partition
+	msg *consumer.Message
 }
 
 // partition is one assigned partition, from its assignment to its
@@ -100,15 +99,13 @@ type entry struct {
 type partition struct {
 	s  *Source
 	tp topicPartition
-	// pending holds the partition's polled entries in offset order, from
-	// the first one that is not yet acked.
-	pending   []*entry
-	commitTo  kgo.EpochOffset // one past the highest contiguous acked; Offset -1 if none
-	committed int64           // last offset committed, or -1
-	handedOut int             // entries in stateOut
-	ending    bool            // revoked or lost: hand nothing more out
-	over      bool            // its final commit is made: acks are stale
-	settled   chan struct{}   // signalled when handedOut drops
+	// offs holds the partition's polled entries that are not yet
+	// committable, and the commit point.
+	offs      kafkaoffsets.Partition
+	handedOut int           // entries in stateOut
+	ending    bool          // revoked or lost: hand nothing more out
+	over      bool          // its final commit is made: acks are stale
+	settled   chan struct{} // signalled when handedOut drops
 }
 
 // NewSource validates cfg, builds the dead-letterer (see DeadLetterer),
@@ -243,8 +240,8 @@ func (s *Source) poll(ctx context.Context) {
 				p.skipControlLocked(r)
 				return
 			}
-			e := &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, msg: s.message(r)}
-			p.pending = append(p.pending, e)
+			e := &entry{Entry: kafkaoffsets.Entry{Offset: r.Offset, Epoch: r.LeaderEpoch}, p: p, msg: s.message(r)}
+			p.offs.Add(&e.Entry)
 			s.inFlight++
 			batch = append(batch, e)
 		})
@@ -265,14 +262,9 @@ func (s *Source) poll(ctx context.Context) {
 // earlier record is acked, and the group's lag can reach zero. The caller
 // holds the Source's mutex.
 func (p *partition) skipControlLocked(r *kgo.Record) {
-	if len(p.pending) == 0 {
-		if r.Offset+1 > p.commitTo.Offset {
-			p.commitTo = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
-		}
-		return
+	if p.offs.Control(r.Offset, r.LeaderEpoch) {
+		p.s.inFlight++ // pending behind an unacked record
 	}
-	p.pending = append(p.pending, &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, state: stateAcked})
-	p.s.inFlight++
 }
 
 // waitRoom waits until fewer than MaxInFlight records are in flight, and
@@ -325,7 +317,7 @@ func (s *Source) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 		for _, id := range ps {
 			tp := topicPartition{topic, id}
 			if s.parts[tp] == nil {
-				s.parts[tp] = &partition{s: s, tp: tp, commitTo: kgo.EpochOffset{Epoch: -1, Offset: -1}, committed: -1, settled: make(chan struct{}, 1)}
+				s.parts[tp] = &partition{s: s, tp: tp, offs: kafkaoffsets.New(), settled: make(chan struct{}, 1)}
 			}
 		}
 	}
@@ -408,13 +400,7 @@ func (s *Source) release(ps []*partition) {
 	defer s.mu.Unlock()
 	for _, p := range ps {
 		p.over = true
-		for _, e := range p.pending {
-			if e.state == stateQueued {
-				e.state = stateAbandoned
-			}
-		}
-		s.inFlight -= len(p.pending)
-		p.pending = nil
+		s.inFlight -= p.offs.Release()
 		if s.parts[p.tp] == p {
 			delete(s.parts, p.tp)
 		}
@@ -459,13 +445,14 @@ func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
 	s.mu.Lock()
 	for _, p := range ps {
-		if p.over || p.commitTo.Offset <= p.committed {
+		to, due := p.offs.Due()
+		if p.over || !due {
 			continue
 		}
 		if offsets[p.tp.topic] == nil {
 			offsets[p.tp.topic] = map[int32]kgo.EpochOffset{}
 		}
-		offsets[p.tp.topic][p.tp.partition] = p.commitTo
+		offsets[p.tp.topic][p.tp.partition] = kgo.EpochOffset{Epoch: to.Epoch, Offset: to.Offset}
 	}
 	s.mu.Unlock()
 	if len(offsets) == 0 {
@@ -495,8 +482,8 @@ func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range ps {
-		if eo, ok := offsets[p.tp.topic][p.tp.partition]; ok && eo.Offset > p.committed {
-			p.committed = eo.Offset
+		if eo, ok := offsets[p.tp.topic][p.tp.partition]; ok {
+			p.offs.Committed(eo.Offset)
 		}
 	}
 }
@@ -564,13 +551,13 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 // handOutLocked marks e handed out and returns its delivery, or abandons it
 // and returns nil if its partition is ending.
 func (s *Source) handOutLocked(e *entry) *delivery {
-	if e.p.ending || e.state != stateQueued {
-		if e.state == stateQueued {
-			e.state = stateAbandoned
+	if e.p.ending || e.State != stateQueued {
+		if e.State == stateQueued {
+			e.State = stateAbandoned
 		}
 		return nil
 	}
-	e.state = stateOut
+	e.State = stateOut
 	e.p.handedOut++
 	return &delivery{e: e, msg: e.msg}
 }
@@ -677,16 +664,7 @@ func (d *delivery) Ack(context.Context) error {
 	if err := d.settleLocked(); err != nil {
 		return err
 	}
-	e, p := d.e, d.e.p
-	e.state = stateAcked
-	n := 0
-	for n < len(p.pending) && p.pending[n].state == stateAcked {
-		p.commitTo = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}
-		p.pending[n] = nil
-		n++
-	}
-	if n > 0 {
-		p.pending = p.pending[n:]
+	if n := d.e.p.offs.Ack(&d.e.Entry); n > 0 {
 		s.inFlight -= n
 		s.signalRoom()
 	}
@@ -714,11 +692,11 @@ func (d *delivery) Nack(_ context.Context, _ bool) error {
 	}
 	e := d.e
 	if e.p.ending {
-		e.state = stateAbandoned
+		e.State = stateAbandoned
 		s.mu.Unlock()
 		return nil
 	}
-	e.state = stateQueued
+	e.State = stateQueued
 	e.msg = e.msg.Clone()
 	e.msg.Redelivered = true
 	e.msg.Attempt = 0
@@ -745,7 +723,7 @@ func (d *delivery) settleLocked() error {
 	default:
 	}
 	if p.over {
-		d.e.state = stateAbandoned
+		d.e.State = stateAbandoned
 		if p.s.isClosed() {
 			return fmt.Errorf("franz: %w", consumer.ErrSourceClosed)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkaoffsets"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -75,19 +76,18 @@ type Source struct {
 
 // entry states.
 const (
-	stateQueued    = iota // fetched or requeued, not handed out
-	stateOut              // handed out by Receive, not yet settled
-	stateAcked            // acked: committable once every earlier entry is
-	stateAbandoned        // the generation ended before it was acked
+	stateQueued    = kafkaoffsets.Queued    // fetched or requeued, not handed out
+	stateOut       = kafkaoffsets.Out       // handed out by Receive, not yet settled
+	stateAcked     = kafkaoffsets.Acked     // acked: committable once every earlier entry is
+	stateAbandoned = kafkaoffsets.Abandoned // the generation ended before it was acked
 )
 
-// entry is one fetched record of a partition. Its state is guarded by the
+// entry is one fetched record of a partition. Its State is guarded by the
 // generation's mutex.
 type entry struct {
-	p      *partition
-	offset int64
-	msg    *consumer.Message
-	state  int
+	kafkaoffsets.Entry
+	p   *partition
+	msg *consumer.Message
 }
 
 // partition is one assigned partition within one generation. Its fields are
@@ -97,11 +97,9 @@ type partition struct {
 	topic string
 	id    int
 	start int64 // offset to start reading at
-	// pending holds the partition's handed-out entries in offset order,
-	// from the first one that is not yet acked.
-	pending   []*entry
-	commitTo  int64 // offset to commit: one past the highest contiguous acked, or -1
-	committed int64 // last offset committed, or -1
+	// offs holds the partition's fetched entries that are not yet
+	// committable, and the commit point.
+	offs kafkaoffsets.Partition
 	// held counts the entries that hold one of the partition's
 	// MaxInFlight slots: from before their fetch until they are
 	// committable. room is signalled when held drops, or the limit rises.
@@ -255,13 +253,12 @@ func (s *Source) startGeneration(gen *kafkago.Generation) {
 	for topic, assigned := range gen.Assignments {
 		for _, a := range assigned {
 			g.parts = append(g.parts, &partition{
-				g:         g,
-				topic:     topic,
-				id:        a.ID,
-				start:     a.Offset,
-				commitTo:  -1,
-				committed: -1,
-				room:      make(chan struct{}, 1),
+				g:     g,
+				topic: topic,
+				id:    a.ID,
+				start: a.Offset,
+				offs:  kafkaoffsets.New(),
+				room:  make(chan struct{}, 1),
 			})
 		}
 	}
@@ -371,15 +368,15 @@ func (p *partition) fetch(ctx context.Context) {
 			p.skipControl(f.msg.Offset)
 			continue
 		}
-		e := &entry{p: p, offset: f.msg.Offset, msg: s.message(f.msg, g.gen)}
+		e := &entry{Entry: kafkaoffsets.Entry{Offset: f.msg.Offset, Epoch: -1}, p: p, msg: s.message(f.msg, g.gen)}
 		g.mu.Lock()
-		p.pending = append(p.pending, e)
+		p.offs.Add(&e.Entry)
 		g.mu.Unlock()
 		select {
 		case s.out <- e:
 		case <-ctx.Done():
 			g.mu.Lock()
-			e.state = stateAbandoned
+			e.State = stateAbandoned
 			g.mu.Unlock()
 			return
 		}
@@ -393,12 +390,9 @@ func (p *partition) skipControl(offset int64) {
 	g := p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(p.pending) == 0 {
-		p.commitTo = max(p.commitTo, offset+1)
-		p.releaseLocked(1)
-		return
+	if !p.offs.Control(offset, -1) {
+		p.releaseLocked(1) // committable already
 	}
-	p.pending = append(p.pending, &entry{p: p, offset: offset, state: stateAcked})
 }
 
 // acquire takes one of the partition's slots, waiting while MaxInFlight of
@@ -513,13 +507,13 @@ func (e *entry) handOut() *delivery {
 	g := e.p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.ending || e.state != stateQueued {
-		if e.state == stateQueued {
-			e.state = stateAbandoned
+	if g.ending || e.State != stateQueued {
+		if e.State == stateQueued {
+			e.State = stateAbandoned
 		}
 		return nil
 	}
-	e.state = stateOut
+	e.State = stateOut
 	g.handedOut++
 	return &delivery{e: e, msg: e.msg}
 }
@@ -650,11 +644,11 @@ func (g *generation) commit() {
 	offsets := map[string]map[int]int64{}
 	g.mu.Lock()
 	for _, p := range g.parts {
-		if p.commitTo > p.committed {
+		if to, due := p.offs.Due(); due {
 			if offsets[p.topic] == nil {
 				offsets[p.topic] = map[int]int64{}
 			}
-			offsets[p.topic][p.id] = p.commitTo
+			offsets[p.topic][p.id] = to.Offset
 		}
 	}
 	g.mu.Unlock()
@@ -667,8 +661,8 @@ func (g *generation) commit() {
 	}
 	g.mu.Lock()
 	for _, p := range g.parts {
-		if off, ok := offsets[p.topic][p.id]; ok && off > p.committed {
-			p.committed = off
+		if off, ok := offsets[p.topic][p.id]; ok {
+			p.offs.Committed(off)
 		}
 	}
 	g.mu.Unlock()
@@ -708,17 +702,8 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.settleLocked(); err != nil {
 		return err
 	}
-	e.state = stateAcked
-	p := e.p
-	n := 0
-	for n < len(p.pending) && p.pending[n].state == stateAcked {
-		p.commitTo = p.pending[n].offset + 1
-		p.pending[n] = nil
-		n++
-	}
-	if n > 0 {
-		p.pending = p.pending[n:]
-		p.releaseLocked(n)
+	if n := e.p.offs.Ack(&e.Entry); n > 0 {
+		e.p.releaseLocked(n)
 	}
 	return nil
 }
@@ -746,11 +731,11 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 		return err
 	}
 	if g.ending {
-		e.state = stateAbandoned
+		e.State = stateAbandoned
 		g.mu.Unlock()
 		return nil
 	}
-	e.state = stateQueued
+	e.State = stateQueued
 	e.msg = e.msg.Clone()
 	e.msg.Redelivered = true
 	e.msg.Attempt = 0
@@ -774,7 +759,7 @@ func (d *delivery) settleLocked() error {
 	g.handedOut--
 	g.signal()
 	if g.over {
-		d.e.state = stateAbandoned
+		d.e.State = stateAbandoned
 		if g.s.isClosed() {
 			return fmt.Errorf("kafka: %w", consumer.ErrSourceClosed)
 		}
