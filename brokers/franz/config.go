@@ -60,8 +60,11 @@ type Config struct {
 	// CommitTimeout bounds each offset commit. Defaults to 10s.
 	CommitTimeout time.Duration
 	// MaxInFlight bounds the records fetched and not yet committable
-	// (queued, handed out, or acked behind an unacked one): no more are
-	// polled until some are. Defaults to 1024.
+	// (queued, handed out, or acked behind an unacked one), over every
+	// partition: no more are polled until some are. Defaults to 1024, or
+	// to the runtime's window (Concurrency×BatchSize, which consumer.New
+	// passes to Configure) if that is larger. An explicit value is kept
+	// whatever the window.
 	MaxInFlight int
 	// DrainTimeout is how long a rebalance that revokes partitions waits
 	// for their handed-out messages to be settled before committing and
@@ -88,8 +91,17 @@ type Config struct {
 	// kgo.BlockRebalanceOnPoll, the partition callbacks, and the
 	// read_committed isolation level. Defaults to none.
 	Options []kgo.Opt
+	// DeadLetter configures the Source's dead-letterer (see
+	// Source.DeadLetterer): its topic, by default kafka.DLQName(Topic),
+	// and its envelope options. NewSource validates it. The zero value
+	// dead-letters to "<Topic>.dlq" with unsigned envelopes.
+	// A Topic longer than 245 bytes needs DeadLetter.Topic set: the
+	// default name would be too long for Kafka, and NewSource rejects it.
+	DeadLetter kafka.DeadLetterConfig
 	// Logger receives the Source's logs and, at debug level, franz-go's.
-	// Defaults to a logger that discards everything.
+	// Defaults to the runtime's logger, which consumer.New passes to
+	// Configure, with "topic" and "group" attributes; until then, and for
+	// a Source used without a runtime, logs are discarded.
 	Logger *slog.Logger
 }
 
@@ -120,9 +132,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FetchMaxWait == 0 {
 		c.FetchMaxWait = DefaultFetchMaxWait
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }

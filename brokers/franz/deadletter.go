@@ -12,17 +12,19 @@ import (
 	"github.com/idemq/idemq/dlq"
 )
 
-// DeadLetterer returns a dead-letterer for the runtime's
-// consumer.Config.DeadLetterer that produces each failed message, wrapped in
-// package dlq's envelope, to the dead-letter topic: cfg.Topic, by default
-// kafka.DLQName(Config.Topic), "<topic>.dlq". The record is the one
-// brokers/kafka's Publisher would write (kafka.Mapping.Record): the record
-// key is Message.RecordKey, so the copy lands in the partition that key
-// hashes to (murmur2, as the Java client and kafka.Publisher do), and the
-// id goes to Config.IDHeader. DeadLetter returns nil only once the write is
-// acknowledged by every in-sync replica (franz-go's default acks=all, unless
-// Config.Options change it), so the runtime never commits an original's
-// offset before its dead-letter copy is durable.
+// DeadLetterer returns the Source's dead-letterer, for the runtime's
+// consumer.Config.DeadLetterer. NewSource builds it from Config.DeadLetter,
+// so this never fails and always returns the same one. It produces each
+// failed message, wrapped in package dlq's envelope, to the dead-letter
+// topic: Config.DeadLetter.Topic, by default kafka.DLQName(Config.Topic),
+// "<topic>.dlq". The record is the one brokers/kafka's Publisher would
+// write (kafka.Mapping.Record): the record key is Message.RecordKey, so the
+// copy lands in the partition that key hashes to (murmur2, as the Java
+// client and kafka.Publisher do), and the id goes to Config.IDHeader.
+// DeadLetter returns nil only once the write is acknowledged by every
+// in-sync replica (franz-go's default acks=all, unless Config.Options
+// change it), so the runtime never commits an original's offset before its
+// dead-letter copy is durable.
 //
 // It produces on the Source's own franz-go client (with its TLS, SASL and
 // other Options), which keeps its produce connections next to its fetch
@@ -30,16 +32,19 @@ import (
 // Close returns an error wrapping consumer.ErrSourceClosed. The runtime
 // closes its Source only after the in-flight messages, dead letters
 // included, have drained, so nothing needs closing besides the Source.
-func (s *Source) DeadLetterer(cfg kafka.DeadLetterConfig) (*dlq.DeadLetterer, error) {
-	topic, err := cfg.DeadLetterTopic(s.cfg.Topic)
+func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+
+// newDeadLetterer validates cfg.DeadLetter and builds the Source's
+// dead-letterer, which produces on s.cl. NewSource calls it before making
+// the client, so an invalid config leaves nothing to close.
+func (s *Source) newDeadLetterer() error {
+	cfg := s.cfg
+	topic, err := cfg.DeadLetter.DeadLetterTopic(cfg.Topic)
 	if err != nil {
-		return nil, err
+		return bad("DeadLetter.Topic", "%s", configReason(err))
 	}
-	if s.isClosed() {
-		return nil, fmt.Errorf("franz: dead-letterer: %w", consumer.ErrSourceClosed)
-	}
-	mp := kafka.Mapping{IDHeader: s.cfg.IDHeader}
-	return dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+	mp := kafka.Mapping{IDHeader: cfg.IDHeader}
+	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 		if s.isClosed() {
 			return fmt.Errorf("franz: dead-letter to %q: %w", topic, consumer.ErrSourceClosed)
 		}
@@ -58,5 +63,23 @@ func (s *Source) DeadLetterer(cfg kafka.DeadLetterConfig) (*dlq.DeadLetterer, er
 			return fmt.Errorf("franz: dead-letter to %q: %w", topic, err)
 		}
 		return nil
-	}, cfg.Options)
+	}, cfg.DeadLetter.Options)
+	if err != nil {
+		var ce *consumer.ConfigError
+		if errors.As(err, &ce) {
+			return bad("DeadLetter.Options."+ce.Field, "%s", ce.Reason)
+		}
+		return bad("DeadLetter.Options", "%v", err)
+	}
+	s.dl = dl
+	return nil
+}
+
+// configReason is the reason of a *consumer.ConfigError, or err's text.
+func configReason(err error) string {
+	var ce *consumer.ConfigError
+	if errors.As(err, &ce) {
+		return ce.Reason
+	}
+	return err.Error()
 }

@@ -83,10 +83,10 @@ func TestDeadLettererE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	src := e.source(t)
-	dl, err := src.DeadLetterer(kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: bytes.Repeat([]byte{7}, 32)}})
-	if err != nil {
-		t.Fatal(err)
+	src := e.source(t, func(c *franz.Config) { c.DeadLetter.Options.SigningKey = bytes.Repeat([]byte{7}, 32) })
+	dl := src.DeadLetterer()
+	if dl == nil || src.DeadLetterer() != dl {
+		t.Fatalf("DeadLetterer: %p, then %p; want one non-nil dead-letterer", dl, src.DeadLetterer())
 	}
 	rt, err := consumer.New(consumer.Config{
 		Name:   "e2e",
@@ -129,8 +129,8 @@ func TestDeadLettererE2E(t *testing.T) {
 	if !errors.Is(err, consumer.ErrSourceClosed) {
 		t.Errorf("DeadLetter after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
 	}
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{}); !errors.Is(err, consumer.ErrSourceClosed) {
-		t.Errorf("DeadLetterer after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
+	if src.DeadLetterer() != dl {
+		t.Error("DeadLetterer after Close returned another dead-letterer")
 	}
 
 	reader := e.source(t, func(c *franz.Config) { c.Topic = dlqTopic; c.Group = kafkatest.Name(t, "dlq") })
@@ -167,22 +167,84 @@ func TestDeadLettererE2E(t *testing.T) {
 	}
 }
 
-// TestDeadLettererConfig: the dead-letter topic must differ from the
-// Source's; the envelope options are validated.
+// TestDeadLettererTopic: the accessor's dead-letterer produces to
+// <topic>.dlq by default and to Config.DeadLetter.Topic when set, with the
+// configured envelope options.
+func TestDeadLettererTopic(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	e := newEnv(t, 1)
+	key := bytes.Repeat([]byte{9}, 32)
+	for _, tc := range []struct {
+		name  string
+		topic string // Config.DeadLetter.Topic
+		want  string // where the dead letter lands
+	}{
+		{name: "default", want: kafka.DLQName(e.topic)},
+		{name: "configured", topic: e.topic + "-failed", want: e.topic + "-failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e.c.CreateTopic(t, tc.want, 1)
+			src := e.source(t, func(c *franz.Config) {
+				c.DeadLetter = kafka.DeadLetterConfig{Topic: tc.topic, Options: dlq.Options{SigningKey: key, Host: "host-" + tc.name}}
+			})
+			m := &consumer.Message{ID: "dl-" + tc.name, RecordKey: []byte("k"), Body: []byte("body-" + tc.name), Source: e.topic}
+			if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{MessageID: m.ID, Class: consumer.ClassPermanent, Err: errors.New("boom")}); err != nil {
+				t.Fatal(err)
+			}
+			reader := e.source(t, func(c *franz.Config) { c.Topic = tc.want; c.Group = kafkatest.Name(t, "dlq") })
+			d := receiveOne(ctx, t, reader)
+			got := d.Message()
+			rec, err := dlq.Parse(got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dlq.Verify(got, key); err != nil {
+				t.Errorf("signature: %v", err)
+			}
+			if got.ID != m.ID || rec.MessageID != m.ID || rec.Host != "host-"+tc.name || string(got.Body) != string(m.Body) {
+				t.Errorf("dead letter in %s: id %q, %+v, body %q", tc.want, got.ID, rec.Entry, got.Body)
+			}
+			if err := src.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{MessageID: m.ID, Class: consumer.ClassPermanent, Err: errors.New("late")}); !errors.Is(err, consumer.ErrSourceClosed) {
+				t.Errorf("DeadLetter after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
+			}
+		})
+	}
+}
+
+// TestDeadLettererConfig: NewSource rejects a dead-letter topic that is
+// illegal or the Source's own, and invalid envelope options, with a
+// *consumer.ConfigError naming the field.
 func TestDeadLettererConfig(t *testing.T) {
-	src, err := franz.NewSource(franz.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", Group: "g"})
+	ok := franz.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", Group: "g"}
+	for name, tc := range map[string]struct {
+		dl    kafka.DeadLetterConfig
+		field string
+	}{
+		"own topic":         {kafka.DeadLetterConfig{Topic: "orders"}, "franz.DeadLetter.Topic"},
+		"illegal topic":     {kafka.DeadLetterConfig{Topic: "no spaces"}, "franz.DeadLetter.Topic"},
+		"short signing key": {kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}, "franz.DeadLetter.Options.SigningKey"},
+		"max history":       {kafka.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}, "franz.DeadLetter.Options.MaxHistory"},
+	} {
+		cfg := ok
+		cfg.DeadLetter = tc.dl
+		src, err := franz.NewSource(cfg)
+		var ce *consumer.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: NewSource = %v, %v; want a *consumer.ConfigError on %s", name, src, err, tc.field)
+		}
+		if src != nil {
+			_ = src.Close()
+		}
+	}
+	src, err := franz.NewSource(ok)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = src.Close() }()
-	var ce *consumer.ConfigError
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{Topic: "orders"}); !errors.As(err, &ce) {
-		t.Errorf("DeadLetterer to the Source's own topic: %v, want a *consumer.ConfigError", err)
-	}
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}); err == nil {
-		t.Error("DeadLetterer with a short signing key: nil error")
-	}
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{}); err != nil {
-		t.Errorf("DeadLetterer: %v", err)
+	if src.DeadLetterer() == nil {
+		t.Error("DeadLetterer of the zero DeadLetterConfig: nil")
 	}
 }

@@ -39,7 +39,19 @@
 // Source.DeadLetterer is the runtime's dead-letterer: it produces each
 // failed message in package dlq's envelope, acknowledged by every in-sync
 // replica and with its record key, to a dead-letter topic
-// (kafka.DLQName of the Source's topic, or another one), on the Source's
-// own franz-go client. It is owned by the Source and closed by
-// Source.Close; there is nothing else to close.
+// (kafka.DLQName of the Source's topic, or Config.DeadLetter.Topic), on
+// the Source's own franz-go client. NewSource builds and validates it from
+// Config.DeadLetter, so the accessor cannot fail. It is owned by the Source
+// and closed by Source.Close; there is nothing else to close.
+//
+// The Source is a consumer.ConfigurableSource: consumer.New tells it the
+// runtime's logger and window. Without Config.Logger the Source and
+// franz-go log to the runtime's logger, with "topic" and "group"
+// attributes; without Config.MaxInFlight, a window (Concurrency×BatchSize)
+// larger than the default raises it. A consumer with its dead-letter topic
+// takes three constructor calls:
+//
+//	store, err := processed.New(pool, processed.Config{})
+//	src, err := franz.NewSource(franz.Config{Brokers: brokers, Topic: "payments", Group: "ledger"})
+//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
 package franz

@@ -3,6 +3,7 @@ package franz_test
 import (
 	"context"
 	"log"
+	"log/slog"
 	"os/signal"
 	"syscall"
 
@@ -36,17 +37,14 @@ func ExampleNewSource() {
 		log.Fatal(err)
 	}
 
+	// Failed payments go to payments.dlq, produced on src's own client;
+	// src owns the dead-letterer. The logger and the in-flight window come
+	// from the runtime's Config.
 	src, err := franz.NewSource(franz.Config{
 		Brokers: []string{"127.0.0.1:9092"},
 		Topic:   "payments",
 		Group:   "ledger",
 	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	// Failed payments go to payments.dlq, produced on src's own client;
-	// src owns the dead-letterer.
-	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -58,12 +56,13 @@ func ExampleNewSource() {
 			_, err := tx.Exec(ctx, "INSERT INTO ledger (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
-		DeadLetterer: deadLetterer,
+		DeadLetterer: src.DeadLetterer(),
+		Logger:       slog.Default(), // src logs here too, with its topic and group
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rt.Run(ctx); err != nil { // closes src, and with it deadLetterer, when it returns
+	if err := rt.Run(ctx); err != nil { // closes src, and with it its dead-letterer, when it returns
 		log.Fatal(err)
 	}
 }
@@ -72,25 +71,22 @@ func ExampleNewSource() {
 // name than the default <topic>.dlq. It produces with acks=all on the
 // Source's franz-go client and is closed with the Source.
 func ExampleSource_DeadLetterer() {
-	src, err := franz.NewSource(franz.Config{
-		Brokers: []string{"127.0.0.1:9092"},
-		Topic:   "payments",
-		Group:   "ledger",
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer src.Close() // the runtime closes it too: Close is idempotent
 	key, err := dlq.ReadKeyFile("/etc/idemq/dlq.key")
 	if err != nil {
 		log.Fatal(err)
 	}
-	dl, err := src.DeadLetterer(kafka.DeadLetterConfig{
-		Topic:   "payments.failed", // empty: kafka.DLQName("payments"), "payments.dlq"
-		Options: dlq.Options{SigningKey: key},
+	src, err := franz.NewSource(franz.Config{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topic:   "payments",
+		Group:   "ledger",
+		DeadLetter: kafka.DeadLetterConfig{
+			Topic:   "payments.failed", // empty: kafka.DLQName("payments"), "payments.dlq"
+			Options: dlq.Options{SigningKey: key},
+		},
 	})
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // a *consumer.ConfigError for an illegal DeadLetter too
 	}
-	_ = consumer.Config{Source: src, DeadLetterer: dl} // and the rest
+	defer src.Close()                                                  // the runtime closes it too: Close is idempotent
+	_ = consumer.Config{Source: src, DeadLetterer: src.DeadLetterer()} // and the rest
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -17,13 +18,16 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkaoffsets"
 )
 
 // maxPoll bounds the records taken by one poll.
 const maxPoll = 256
 
 // Source consumes a Kafka topic as a member of a consumer group, with
-// franz-go, and implements consumer.Source and consumer.BatchAcker.
+// franz-go, and implements consumer.ConfigurableSource and
+// consumer.BatchAcker.
 //
 // It reads with the read_committed isolation level: records of aborted
 // transactions, records past the last stable offset and transaction
@@ -35,9 +39,18 @@ const maxPoll = 256
 // A Source is safe for concurrent use. Create one with NewSource.
 type Source struct {
 	cfg Config
-	log *slog.Logger
-	mp  kafka.Mapping
-	cl  *kgo.Client
+	// log is the current logger, with topic and group attributes: from
+	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// read at each log call, so a logger given by Configure reaches the
+	// goroutines NewSource started, franz-go's included.
+	log atomic.Pointer[slog.Logger]
+	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
+	// Config.MaxInFlight was: Configure then leaves them alone.
+	ownLogger           bool
+	explicitMaxInFlight bool
+	mp                  kafka.Mapping
+	cl                  *kgo.Client
+	dl                  *dlq.DeadLetterer // DeadLetterer's, on cl
 
 	out    chan *entry   // polled records, from the poll loop to Receive
 	redo   chan struct{} // signalled when requeued is appended to
@@ -48,11 +61,12 @@ type Source struct {
 	// can be under way for a partition once its revoke or loss is noted.
 	commitMu sync.Mutex
 
-	mu       sync.Mutex
-	parts    map[topicPartition]*partition // the current assignment
-	requeued []*entry                      // nacked records to hand out again
-	inFlight int                           // entries in some partition's pending list
-	joined   bool                          // an assignment was received
+	mu          sync.Mutex
+	parts       map[topicPartition]*partition // the current assignment
+	requeued    []*entry                      // nacked records to hand out again
+	inFlight    int                           // entries in some partition's pending list
+	maxInFlight int                           // Config.MaxInFlight, or Configure's larger window
+	joined      bool                          // an assignment was received
 
 	closeOnce sync.Once
 	cancel    context.CancelFunc
@@ -66,20 +80,18 @@ type topicPartition struct {
 
 // entry states.
 const (
-	stateQueued    = iota // polled or requeued, not handed out
-	stateOut              // handed out by Receive, not yet settled
-	stateAcked            // acked: committable once every earlier entry is
-	stateAbandoned        // its partition was revoked or lost first
+	stateQueued    = kafkaoffsets.Queued    // polled or requeued, not handed out
+	stateOut       = kafkaoffsets.Out       // handed out by Receive, not yet settled
+	stateAcked     = kafkaoffsets.Acked     // acked: committable once every earlier entry is
+	stateAbandoned = kafkaoffsets.Abandoned // its partition was revoked or lost first
 )
 
-// entry is one polled record. Its fields after msg are guarded by the
-// Source's mutex.
+// entry is one polled record, with its leader epoch for the commit. Its
+// State and msg are guarded by the Source's mutex.
 type entry struct {
-	p      *partition
-	offset int64
-	epoch  int32 // the record's leader epoch, for the commit
-	msg    *consumer.Message
-	state  int
+	kafkaoffsets.Entry
+	p   *partition
+	msg *consumer.Message
 }
 
 // partition is one assigned partition, from its assignment to its
@@ -87,34 +99,45 @@ type entry struct {
 type partition struct {
 	s  *Source
 	tp topicPartition
-	// pending holds the partition's polled entries in offset order, from
-	// the first one that is not yet acked.
-	pending   []*entry
-	commitTo  kgo.EpochOffset // one past the highest contiguous acked; Offset -1 if none
-	committed int64           // last offset committed, or -1
-	handedOut int             // entries in stateOut
-	ending    bool            // revoked or lost: hand nothing more out
-	over      bool            // its final commit is made: acks are stale
-	settled   chan struct{}   // signalled when handedOut drops
+	// offs holds the partition's polled entries that are not yet
+	// committable, and the commit point.
+	offs      kafkaoffsets.Partition
+	handedOut int           // entries in stateOut
+	ending    bool          // revoked or lost: hand nothing more out
+	over      bool          // its final commit is made: acks are stale
+	settled   chan struct{} // signalled when handedOut drops
 }
 
-// NewSource validates cfg, creates the franz-go client and starts joining
-// the consumer group in the background. It does not wait for the brokers:
-// connection and group errors are logged and retried.
+// NewSource validates cfg, builds the dead-letterer (see DeadLetterer),
+// creates the franz-go client and starts joining the consumer group in the
+// background. It does not wait for the brokers: connection and group errors
+// are logged and retried. An invalid cfg, cfg.DeadLetter included, fails
+// with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
+	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Source{
-		cfg:    cfg,
-		log:    cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group),
-		mp:     kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
-		out:    make(chan *entry),
-		redo:   make(chan struct{}, 1),
-		room:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
-		parts:  map[topicPartition]*partition{},
+		cfg:                 cfg,
+		ownLogger:           ownLogger,
+		explicitMaxInFlight: explicitMaxInFlight,
+		mp:                  kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		out:                 make(chan *entry),
+		redo:                make(chan struct{}, 1),
+		room:                make(chan struct{}, 1),
+		closed:              make(chan struct{}),
+		parts:               map[topicPartition]*partition{},
+		maxInFlight:         cfg.MaxInFlight,
+	}
+	base := cfg.Logger
+	if base == nil {
+		base = slog.New(slog.DiscardHandler)
+	}
+	s.setLogger(base)
+	if err := s.newDeadLetterer(); err != nil {
+		return nil, err
 	}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.ResetToLatest {
@@ -136,7 +159,7 @@ func NewSource(cfg Config) (*Source, error) {
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(cfg.FetchMaxWait),
-		kgo.WithLogger(logger{cfg.Logger}),
+		kgo.WithLogger(logger{s.logger}),
 	}
 	cl, err := kgo.NewClient(append(opts, cfg.Options...)...)
 	if err != nil {
@@ -157,6 +180,35 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
+var _ consumer.ConfigurableSource = (*Source)(nil)
+
+// Configure takes the runtime's settings; consumer.New calls it once,
+// before the first Receive. Without Config.Logger, the Source and franz-go
+// log to s.Logger from then on, with "topic" and "group" attributes.
+// Without Config.MaxInFlight, a window larger than the default raises
+// MaxInFlight to it; an explicit MaxInFlight is kept. Configure returns
+// MaxInFlight: the records the Source holds at once.
+func (s *Source) Configure(st consumer.SourceSettings) (window int) {
+	if !s.ownLogger && st.Logger != nil {
+		s.setLogger(st.Logger)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.explicitMaxInFlight && st.Window > s.maxInFlight {
+		s.maxInFlight = st.Window
+		s.signalRoom()
+	}
+	return s.maxInFlight
+}
+
+// setLogger makes l, with the Source's attributes, the Source's logger.
+func (s *Source) setLogger(l *slog.Logger) {
+	s.log.Store(l.With("topic", s.cfg.Topic, "group", s.cfg.Group))
+}
+
+// logger returns the Source's current logger.
+func (s *Source) logger() *slog.Logger { return s.log.Load() }
+
 // poll polls records, registers them with their partitions, lets
 // rebalances proceed, and offers the records to Receive, until ctx is done.
 // Registering happens while rebalances are blocked (BlockRebalanceOnPoll),
@@ -174,7 +226,7 @@ func (s *Source) poll(ctx context.Context) {
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				s.log.Warn("franz: fetch failed; retrying", "partition", p, "error", err)
+				s.logger().Warn("franz: fetch failed; retrying", "partition", p, "error", err)
 			}
 		})
 		var batch []*entry
@@ -188,8 +240,8 @@ func (s *Source) poll(ctx context.Context) {
 				p.skipControlLocked(r)
 				return
 			}
-			e := &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, msg: s.message(r)}
-			p.pending = append(p.pending, e)
+			e := &entry{Entry: kafkaoffsets.Entry{Offset: r.Offset, Epoch: r.LeaderEpoch}, p: p, msg: s.message(r)}
+			p.offs.Add(&e.Entry)
 			s.inFlight++
 			batch = append(batch, e)
 		})
@@ -210,14 +262,9 @@ func (s *Source) poll(ctx context.Context) {
 // earlier record is acked, and the group's lag can reach zero. The caller
 // holds the Source's mutex.
 func (p *partition) skipControlLocked(r *kgo.Record) {
-	if len(p.pending) == 0 {
-		if r.Offset+1 > p.commitTo.Offset {
-			p.commitTo = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
-		}
-		return
+	if p.offs.Control(r.Offset, r.LeaderEpoch) {
+		p.s.inFlight++ // pending behind an unacked record
 	}
-	p.pending = append(p.pending, &entry{p: p, offset: r.Offset, epoch: r.LeaderEpoch, state: stateAcked})
-	p.s.inFlight++
 }
 
 // waitRoom waits until fewer than MaxInFlight records are in flight, and
@@ -225,10 +272,10 @@ func (p *partition) skipControlLocked(r *kgo.Record) {
 func (s *Source) waitRoom(ctx context.Context) int {
 	for {
 		s.mu.Lock()
-		n := s.inFlight
+		room := s.maxInFlight - s.inFlight
 		s.mu.Unlock()
-		if n < s.cfg.MaxInFlight {
-			return s.cfg.MaxInFlight - n
+		if room > 0 {
+			return room
 		}
 		select {
 		case <-s.room:
@@ -270,11 +317,11 @@ func (s *Source) assigned(_ context.Context, _ *kgo.Client, assigned map[string]
 		for _, id := range ps {
 			tp := topicPartition{topic, id}
 			if s.parts[tp] == nil {
-				s.parts[tp] = &partition{s: s, tp: tp, commitTo: kgo.EpochOffset{Epoch: -1, Offset: -1}, committed: -1, settled: make(chan struct{}, 1)}
+				s.parts[tp] = &partition{s: s, tp: tp, offs: kafkaoffsets.New(), settled: make(chan struct{}, 1)}
 			}
 		}
 	}
-	s.log.Debug("franz: partitions assigned", "assigned", fmt.Sprint(assigned))
+	s.logger().Debug("franz: partitions assigned", "assigned", fmt.Sprint(assigned))
 }
 
 // revoked runs when a rebalance takes partitions away (and when the client
@@ -290,7 +337,7 @@ func (s *Source) revoked(ctx context.Context, _ *kgo.Client, revoked map[string]
 	}
 	s.commitLocked(ctx, ps)
 	s.release(ps)
-	s.log.Debug("franz: partitions revoked", "revoked", fmt.Sprint(revoked))
+	s.logger().Debug("franz: partitions revoked", "revoked", fmt.Sprint(revoked))
 }
 
 // lost runs when the member lost its partitions without a clean revoke
@@ -302,7 +349,7 @@ func (s *Source) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32)
 	ps := s.ending(lost)
 	s.release(ps)
 	if len(ps) > 0 {
-		s.log.Info("franz: partitions lost; their next owner re-reads the unacked records", "lost", fmt.Sprint(lost))
+		s.logger().Info("franz: partitions lost; their next owner re-reads the unacked records", "lost", fmt.Sprint(lost))
 	}
 }
 
@@ -340,7 +387,7 @@ func (s *Source) drain(ps []*partition) {
 			case <-s.closed:
 				return
 			case <-timer.C:
-				s.log.Info("franz: rebalance: abandoning unsettled messages; their next owner re-reads them", "partition", p.tp.partition, "unsettled", n)
+				s.logger().Info("franz: rebalance: abandoning unsettled messages; their next owner re-reads them", "partition", p.tp.partition, "unsettled", n)
 				return
 			}
 		}
@@ -353,13 +400,7 @@ func (s *Source) release(ps []*partition) {
 	defer s.mu.Unlock()
 	for _, p := range ps {
 		p.over = true
-		for _, e := range p.pending {
-			if e.state == stateQueued {
-				e.state = stateAbandoned
-			}
-		}
-		s.inFlight -= len(p.pending)
-		p.pending = nil
+		s.inFlight -= p.offs.Release()
 		if s.parts[p.tp] == p {
 			delete(s.parts, p.tp)
 		}
@@ -404,13 +445,14 @@ func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
 	s.mu.Lock()
 	for _, p := range ps {
-		if p.over || p.commitTo.Offset <= p.committed {
+		to, due := p.offs.Due()
+		if p.over || !due {
 			continue
 		}
 		if offsets[p.tp.topic] == nil {
 			offsets[p.tp.topic] = map[int32]kgo.EpochOffset{}
 		}
-		offsets[p.tp.topic][p.tp.partition] = p.commitTo
+		offsets[p.tp.topic][p.tp.partition] = kgo.EpochOffset{Epoch: to.Epoch, Offset: to.Offset}
 	}
 	s.mu.Unlock()
 	if len(offsets) == 0 {
@@ -435,13 +477,13 @@ func (s *Source) commitLocked(ctx context.Context, ps []*partition) {
 		}
 	})
 	if len(errs) > 0 {
-		s.log.Warn("franz: offset commit failed; will retry", "error", errors.Join(errs...))
+		s.logger().Warn("franz: offset commit failed; will retry", "error", errors.Join(errs...))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range ps {
-		if eo, ok := offsets[p.tp.topic][p.tp.partition]; ok && eo.Offset > p.committed {
-			p.committed = eo.Offset
+		if eo, ok := offsets[p.tp.topic][p.tp.partition]; ok {
+			p.offs.Committed(eo.Offset)
 		}
 	}
 }
@@ -509,13 +551,13 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 // handOutLocked marks e handed out and returns its delivery, or abandons it
 // and returns nil if its partition is ending.
 func (s *Source) handOutLocked(e *entry) *delivery {
-	if e.p.ending || e.state != stateQueued {
-		if e.state == stateQueued {
-			e.state = stateAbandoned
+	if e.p.ending || e.State != stateQueued {
+		if e.State == stateQueued {
+			e.State = stateAbandoned
 		}
 		return nil
 	}
-	e.state = stateOut
+	e.State = stateOut
 	e.p.handedOut++
 	return &delivery{e: e, msg: e.msg}
 }
@@ -549,7 +591,7 @@ var (
 // Source. Records handed out and not acked are not committed: the group
 // reads them again. Acks after Close return an error wrapping
 // consumer.ErrSourceClosed, and so does DeadLetter on the Source's
-// dead-letterers (see DeadLetterer), which produce on the client Close
+// dead-letterer (see DeadLetterer), which produces on the client Close
 // closes. Close is idempotent and returns nil.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
@@ -622,16 +664,7 @@ func (d *delivery) Ack(context.Context) error {
 	if err := d.settleLocked(); err != nil {
 		return err
 	}
-	e, p := d.e, d.e.p
-	e.state = stateAcked
-	n := 0
-	for n < len(p.pending) && p.pending[n].state == stateAcked {
-		p.commitTo = kgo.EpochOffset{Epoch: p.pending[n].epoch, Offset: p.pending[n].offset + 1}
-		p.pending[n] = nil
-		n++
-	}
-	if n > 0 {
-		p.pending = p.pending[n:]
+	if n := d.e.p.offs.Ack(&d.e.Entry); n > 0 {
 		s.inFlight -= n
 		s.signalRoom()
 	}
@@ -659,11 +692,11 @@ func (d *delivery) Nack(_ context.Context, _ bool) error {
 	}
 	e := d.e
 	if e.p.ending {
-		e.state = stateAbandoned
+		e.State = stateAbandoned
 		s.mu.Unlock()
 		return nil
 	}
-	e.state = stateQueued
+	e.State = stateQueued
 	e.msg = e.msg.Clone()
 	e.msg.Redelivered = true
 	e.msg.Attempt = 0
@@ -690,7 +723,7 @@ func (d *delivery) settleLocked() error {
 	default:
 	}
 	if p.over {
-		d.e.state = stateAbandoned
+		d.e.State = stateAbandoned
 		if p.s.isClosed() {
 			return fmt.Errorf("franz: %w", consumer.ErrSourceClosed)
 		}
@@ -699,15 +732,17 @@ func (d *delivery) settleLocked() error {
 	return nil
 }
 
-// logger adapts an slog.Logger to kgo.Logger: franz-go's own logs go out at
-// debug level, its warnings and errors at warn level.
-type logger struct{ l *slog.Logger }
+// logger adapts the slog.Logger l returns, at each call, to kgo.Logger:
+// franz-go's own logs go out at debug level, its warnings and errors at
+// warn level.
+type logger struct{ l func() *slog.Logger }
 
 func (l logger) Level() kgo.LogLevel {
-	if l.l.Enabled(context.Background(), slog.LevelDebug) {
+	sl := l.l()
+	if sl.Enabled(context.Background(), slog.LevelDebug) {
 		return kgo.LogLevelDebug
 	}
-	if l.l.Enabled(context.Background(), slog.LevelWarn) {
+	if sl.Enabled(context.Background(), slog.LevelWarn) {
 		return kgo.LogLevelWarn
 	}
 	return kgo.LogLevelNone
@@ -718,5 +753,5 @@ func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if level <= kgo.LogLevelWarn {
 		lv = slog.LevelWarn
 	}
-	l.l.Log(context.Background(), lv, "franz-go: "+msg, keyvals...)
+	l.l().Log(context.Background(), lv, "franz-go: "+msg, keyvals...)
 }

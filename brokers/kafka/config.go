@@ -94,7 +94,10 @@ type Config struct {
 	// MaxInFlight is the number of records of one partition that may be
 	// handed out and not yet committable (acked, with every earlier record
 	// acked too). Fetching from the partition pauses at the limit.
-	// Defaults to 256.
+	// Defaults to 256, or to the runtime's window (Concurrency×BatchSize,
+	// which consumer.New passes to Configure) if that is larger, so that
+	// one partition can keep every worker busy. An explicit value is kept
+	// whatever the window.
 	MaxInFlight int
 	// DrainTimeout is how long, when a rebalance ends this member's
 	// generation, the Source waits for messages already handed out to be
@@ -127,11 +130,22 @@ type Config struct {
 	// 10 MiB.
 	FetchMaxBytes int
 
+	// DeadLetter configures the Source's dead-letterer (see
+	// Source.DeadLetterer): its topic, by default DLQName(Topic), and its
+	// envelope options. NewSource validates it. The zero value
+	// dead-letters to "<Topic>.dlq" with unsigned envelopes.
+	// A Topic longer than 245 bytes needs DeadLetter.Topic set: the
+	// default name would be too long for Kafka, and NewSource rejects it.
+	DeadLetter DeadLetterConfig
+
 	// Dialer opens broker connections, for TLS or SASL. Defaults to
 	// kafka-go's DefaultDialer.
 	Dialer *kafkago.Dialer
-	// Logger receives the Source's logs and, at debug level, kafka-go's.
-	// Defaults to a logger that discards everything.
+	// Logger receives the Source's logs and, at debug level, kafka-go's
+	// (those of the dead-letterer's writer included). Defaults to the
+	// runtime's logger, which consumer.New passes to Configure, with
+	// "topic" and "group" attributes; until then, and for a Source used
+	// without a runtime, logs are discarded.
 	Logger *slog.Logger
 }
 
@@ -171,9 +185,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafkago.DefaultDialer
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }

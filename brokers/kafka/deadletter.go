@@ -13,9 +13,10 @@ import (
 // brokers/franz's) publishes to by default: topic + ".dlq".
 func DLQName(topic string) string { return topic + ".dlq" }
 
-// DeadLetterConfig configures Source.DeadLetterer, and brokers/franz's. The
-// zero value dead-letters to DLQName of the Source's topic, with unsigned
-// envelopes.
+// DeadLetterConfig configures the dead-letterer of a Source (Source.DeadLetterer),
+// as Config.DeadLetter, and of brokers/franz's, as its Config.DeadLetter.
+// The zero value dead-letters to DLQName of the Source's topic, with
+// unsigned envelopes.
 type DeadLetterConfig struct {
 	// Topic is the dead-letter topic. It must exist, unless the brokers
 	// create topics on first write: a write to a missing topic fails, and
@@ -45,33 +46,43 @@ func (c DeadLetterConfig) DeadLetterTopic(topic string) (string, error) {
 	return t, nil
 }
 
-// DeadLetterer returns a dead-letterer for the runtime's
-// consumer.Config.DeadLetterer that writes each failed message, wrapped in
-// package dlq's envelope, to the dead-letter topic (by default
-// DLQName(Config.Topic)). DeadLetter returns nil only once every in-sync
-// replica acknowledged the write (acks=all), so the runtime never commits
-// an original's offset before its dead-letter copy is durable. The copy keeps
-// the record key (Message.RecordKey), so it lands in the partition that key
-// hashes to.
+// DeadLetterer returns the Source's dead-letterer, for the runtime's
+// consumer.Config.DeadLetterer. NewSource builds it from Config.DeadLetter,
+// so this never fails and always returns the same one. It writes each
+// failed message, wrapped in package dlq's envelope, to the dead-letter
+// topic (by default DLQName(Config.Topic)). DeadLetter returns nil only once
+// every in-sync replica acknowledged the write (acks=all), so the runtime
+// never commits an original's offset before its dead-letter copy is
+// durable. The copy keeps the record key (Message.RecordKey), so it lands in
+// the partition that key hashes to.
 //
 // It writes through a Publisher on the Source's own transport (the
-// Dialer's TLS and SASL included), made once per Source and shared by its
-// dead-letterers. The Source owns it: Close closes it after the group is
-// left, and DeadLetter after Close returns an error wrapping
-// consumer.ErrSourceClosed. The runtime closes its Source only after the
-// in-flight messages, dead letters included, have drained, so nothing needs
-// closing besides the Source. Like NewSource, it does not contact the
-// brokers.
-func (s *Source) DeadLetterer(cfg DeadLetterConfig) (*dlq.DeadLetterer, error) {
-	topic, err := cfg.DeadLetterTopic(s.cfg.Topic)
+// Dialer's TLS and SASL included), which connects on the first dead letter.
+// The Source owns it: Close closes it after the group is left, and
+// DeadLetter after Close returns an error wrapping consumer.ErrSourceClosed.
+// The runtime closes its Source only after the in-flight messages, dead
+// letters included, have drained, so nothing needs closing besides the
+// Source.
+func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+
+// newDeadLetterer validates cfg.DeadLetter and builds the Source's
+// dead-letterer and its Publisher, which logs where the Source does. It
+// does not contact the brokers. NewSource calls it.
+func (s *Source) newDeadLetterer() error {
+	cfg := s.cfg
+	topic, err := cfg.DeadLetter.DeadLetterTopic(cfg.Topic)
 	if err != nil {
-		return nil, err
+		return bad("DeadLetter.Topic", "%v", configReason(err))
 	}
-	pub, err := s.deadLetterPublisher()
+	pub, err := newPublisher(PublisherConfig{
+		Brokers:   cfg.Brokers,
+		IDHeader:  cfg.IDHeader,
+		Transport: s.transport,
+	}, s.logger)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 		if s.isClosed() {
 			return fmt.Errorf("kafka: dead-letter to %q: %w", topic, consumer.ErrSourceClosed)
 		}
@@ -80,40 +91,24 @@ func (s *Source) DeadLetterer(cfg DeadLetterConfig) (*dlq.DeadLetterer, error) {
 			return fmt.Errorf("kafka: dead-letter to %q: %w", topic, consumer.ErrSourceClosed)
 		}
 		return err
-	}, cfg.Options)
-}
-
-// deadLetterPublisher returns the Source's dead-letter Publisher, making it
-// on first use.
-func (s *Source) deadLetterPublisher() (*Publisher, error) {
-	s.dlMu.Lock()
-	defer s.dlMu.Unlock()
-	if s.isClosed() {
-		return nil, fmt.Errorf("kafka: dead-letterer: %w", consumer.ErrSourceClosed)
-	}
-	if s.dlPub == nil {
-		pub, err := NewPublisher(PublisherConfig{
-			Brokers:   s.cfg.Brokers,
-			IDHeader:  s.cfg.IDHeader,
-			Transport: s.transport,
-			Logger:    s.cfg.Logger,
-		})
-		if err != nil {
-			return nil, err
+	}, cfg.DeadLetter.Options)
+	if err != nil {
+		_ = pub.Close()
+		var ce *consumer.ConfigError
+		if errors.As(err, &ce) {
+			return bad("DeadLetter.Options."+ce.Field, "%s", ce.Reason)
 		}
-		s.dlPub = pub
+		return bad("DeadLetter.Options", "%v", err)
 	}
-	return s.dlPub, nil
+	s.dlPub, s.dl = pub, dl
+	return nil
 }
 
-// closeDeadLetterPublisher closes the dead-letter Publisher, if any, once
-// its writes in flight are done. Close calls it.
-func (s *Source) closeDeadLetterPublisher() error {
-	s.dlMu.Lock()
-	pub := s.dlPub
-	s.dlMu.Unlock()
-	if pub == nil {
-		return nil
+// configReason is the reason of a *consumer.ConfigError, or err's text.
+func configReason(err error) string {
+	var ce *consumer.ConfigError
+	if errors.As(err, &ce) {
+		return ce.Reason
 	}
-	return pub.Close()
+	return err.Error()
 }

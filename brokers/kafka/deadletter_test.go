@@ -88,10 +88,10 @@ func TestDeadLettererE2E(t *testing.T) {
 		return nil, errors.New("connection dropped by the test"), true // handled: dropped after this
 	})
 
-	src := e.source(t)
-	dl, err := src.DeadLetterer(kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: signingKey}})
-	if err != nil {
-		t.Fatal(err)
+	src := e.source(t, func(c *kafka.Config) { c.DeadLetter.Options.SigningKey = signingKey })
+	dl := src.DeadLetterer()
+	if dl == nil || src.DeadLetterer() != dl {
+		t.Fatalf("DeadLetterer: %p, then %p; want one non-nil dead-letterer", dl, src.DeadLetterer())
 	}
 	var msgs, bad []*consumer.Message
 	for i := range 10 {
@@ -141,16 +141,64 @@ func TestDeadLettererE2E(t *testing.T) {
 		}
 	}
 
-	made, shares, closed := kafka.DeadLetterPublisher(src)
-	if !made || !shares || !closed {
-		t.Errorf("dead-letter publisher: made %v, on the Source's transport %v, closed %v; want all true", made, shares, closed)
+	shares, closed := kafka.DeadLetterPublisher(src)
+	if !shares || !closed {
+		t.Errorf("dead-letter publisher: on the Source's transport %v, closed %v; want both true", shares, closed)
 	}
-	err = dl.DeadLetter(ctx, bad[0], consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("late")})
+	err := dl.DeadLetter(ctx, bad[0], consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("late")})
 	if !errors.Is(err, consumer.ErrSourceClosed) {
 		t.Errorf("DeadLetter after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
 	}
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{}); !errors.Is(err, consumer.ErrSourceClosed) {
-		t.Errorf("DeadLetterer after Close: %v, want an error wrapping consumer.ErrSourceClosed", err)
+	if src.DeadLetterer() != dl {
+		t.Error("DeadLetterer after Close returned another dead-letterer")
+	}
+}
+
+// TestDeadLettererTopic: the accessor's dead-letterer writes to
+// <topic>.dlq by default and to Config.DeadLetter.Topic when set, with the
+// configured envelope options, and is closed by the Source's Close even if
+// it never wrote.
+func TestDeadLettererTopic(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	e := newEnv(t, 1)
+	for _, tc := range []struct {
+		name  string
+		topic string // Config.DeadLetter.Topic
+		want  string // where the dead letter lands
+	}{
+		{name: "default", want: kafka.DLQName(e.topic)},
+		{name: "configured", topic: e.topic + "-failed", want: e.topic + "-failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e.c.CreateTopic(t, tc.want, 1)
+			src := e.source(t, func(c *kafka.Config) {
+				c.DeadLetter = kafka.DeadLetterConfig{Topic: tc.topic, Options: dlq.Options{SigningKey: signingKey, Host: "host-" + tc.name}}
+			})
+			m := &consumer.Message{ID: "dl-" + tc.name, RecordKey: []byte("k"), Body: []byte("body-" + tc.name), Source: e.topic}
+			if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{MessageID: m.ID, Class: consumer.ClassPermanent, Err: errors.New("boom")}); err != nil {
+				t.Fatal(err)
+			}
+			got := readDeadLetters(ctx, t, e, tc.want, 1)[m.ID]
+			if got == nil {
+				t.Fatalf("no dead letter %q in %s", m.ID, tc.want)
+			}
+			rec, err := dlq.Parse(got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dlq.Verify(got, signingKey); err != nil {
+				t.Errorf("signature: %v", err)
+			}
+			if rec.MessageID != m.ID || rec.Host != "host-"+tc.name || string(got.Body) != string(m.Body) {
+				t.Errorf("dead letter in %s: %+v, body %q", tc.want, rec.Entry, got.Body)
+			}
+			if err := src.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, closed := kafka.DeadLetterPublisher(src); !closed {
+				t.Error("the dead-letter publisher is open after the Source's Close")
+			}
+		})
 	}
 }
 
@@ -179,15 +227,38 @@ func TestDeadLettererConfig(t *testing.T) {
 			t.Errorf("%+v: %q, %v; want %q", tc.cfg, got, err, tc.want)
 		}
 	}
-	src, err := kafka.NewSource(kafka.Config{Brokers: []string{"127.0.0.1:1"}, Topic: topic, GroupID: "g"})
+	ok := kafka.Config{Brokers: []string{"127.0.0.1:1"}, Topic: topic, GroupID: "g"}
+	for name, tc := range map[string]struct {
+		dl    kafka.DeadLetterConfig
+		field string
+	}{
+		"own topic":         {kafka.DeadLetterConfig{Topic: topic}, "kafka.DeadLetter.Topic"},
+		"illegal topic":     {kafka.DeadLetterConfig{Topic: "no spaces"}, "kafka.DeadLetter.Topic"},
+		"short signing key": {kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}, "kafka.DeadLetter.Options.SigningKey"},
+		"max history":       {kafka.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}, "kafka.DeadLetter.Options.MaxHistory"},
+	} {
+		cfg := ok
+		cfg.DeadLetter = tc.dl
+		src, err := kafka.NewSource(cfg)
+		var ce *consumer.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: NewSource = %v, %v; want a *consumer.ConfigError on %s", name, src, err, tc.field)
+		}
+		if src != nil {
+			_ = src.Close()
+		}
+	}
+	// The default topic of a topic too long for ".dlq" must be named.
+	long := strings.Repeat("x", 247)
+	cfg := ok
+	cfg.Topic = long
+	if _, err := kafka.NewSource(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("NewSource of a %d-byte topic with the default dead-letter topic: %v, want ErrInvalidConfig", len(long), err)
+	}
+	cfg.DeadLetter.Topic = "short.dlq"
+	src, err := kafka.NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = src.Close() }()
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}); err == nil {
-		t.Error("DeadLetterer with a short signing key: nil error")
-	}
-	if _, err := src.DeadLetterer(kafka.DeadLetterConfig{Topic: topic}); err == nil {
-		t.Error("DeadLetterer to the Source's own topic: nil error")
-	}
+	_ = src.Close()
 }

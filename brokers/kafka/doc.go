@@ -64,9 +64,24 @@
 // Source.DeadLetterer is the runtime's dead-letterer: it writes each failed
 // message in package dlq's envelope, with acks=all and its record key, to
 // a dead-letter topic (DLQName of the Source's topic, "<topic>.dlq", or
-// another one), through a Publisher on the Source's own transport. It is
-// owned by the Source and closed by Source.Close; there is nothing else to
-// close.
+// Config.DeadLetter.Topic), through a Publisher on the Source's own
+// transport. NewSource builds and validates it from Config.DeadLetter, so
+// the accessor cannot fail. It is owned by the Source and closed by
+// Source.Close; there is nothing else to close.
+//
+// # Settings from the runtime
+//
+// The Source is a consumer.ConfigurableSource: consumer.New tells it the
+// runtime's logger and window, so neither is said twice. Without
+// Config.Logger the Source, kafka-go and the dead-letterer log to the
+// runtime's logger, with "topic" and "group" attributes; without
+// Config.MaxInFlight, a window (Concurrency×BatchSize) larger than the
+// default raises it. A consumer with its dead-letter topic takes three
+// constructor calls:
+//
+//	store, err := processed.New(pool, processed.Config{})
+//	src, err := kafka.NewSource(kafka.Config{Brokers: brokers, Topic: "orders", GroupID: "order-service"})
+//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
 //
 // # Browsing a dead-letter topic
 //

@@ -33,6 +33,15 @@ type Publisher struct {
 // until the first Publish.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	cfg = cfg.withDefaults()
+	l := cfg.Logger
+	return newPublisher(cfg, func() *slog.Logger { return l })
+}
+
+// newPublisher is NewPublisher with kafka-go's logs going to whatever
+// logger log returns at the time, not to cfg.Logger: a Source's
+// dead-letter Publisher logs where the Source does.
+func newPublisher(cfg PublisherConfig, log func() *slog.Logger) (*Publisher, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -50,8 +59,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		WriteTimeout:           cfg.WriteTimeout,
 		AllowAutoTopicCreation: cfg.AllowAutoTopicCreation,
 		Transport:              p.transport,
-		Logger:                 kafkaLogger(cfg.Logger, slog.LevelDebug),
-		ErrorLogger:            kafkaLogger(cfg.Logger, slog.LevelWarn),
+		Logger:                 kafkaLogger(log, slog.LevelDebug),
+		ErrorLogger:            kafkaLogger(log, slog.LevelWarn),
 	}
 	return p, nil
 }

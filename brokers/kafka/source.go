@@ -8,9 +8,12 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkaoffsets"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -23,7 +26,7 @@ func FallbackID(topic string, partition int, offset int64) string {
 }
 
 // Source consumes a Kafka topic as a member of a consumer group and
-// implements consumer.Source.
+// implements consumer.ConfigurableSource and consumer.BatchAcker.
 //
 // It uses kafka-go's ConsumerGroup directly rather than its group Reader, so
 // that it knows each generation's partition assignment: it reads each
@@ -36,8 +39,20 @@ func FallbackID(topic string, partition int, offset int64) string {
 //
 // A Source is safe for concurrent use. Create one with NewSource.
 type Source struct {
-	cfg       Config
-	log       *slog.Logger
+	cfg Config
+	// log is the current logger, with topic and group attributes: from
+	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// read at each log call, so a logger given by Configure reaches the
+	// goroutines NewSource started.
+	log atomic.Pointer[slog.Logger]
+	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
+	// Config.MaxInFlight was: Configure then leaves them alone.
+	ownLogger           bool
+	explicitMaxInFlight bool
+	// maxInFlight is Config.MaxInFlight, or Configure's window if that is
+	// larger; read at each fetch.
+	maxInFlight atomic.Int64
+
 	cg        *kafkago.ConsumerGroup
 	transport *kafkago.Transport // for the partition fetches
 	client    *kafkago.Client    // for offset look-ups, on transport
@@ -50,8 +65,8 @@ type Source struct {
 	requeued []*entry    // nacked records to hand out again, oldest first
 	current  *generation // the generation in progress, or nil
 
-	dlMu  sync.Mutex
-	dlPub *Publisher // DeadLetterer's, made on first use; on transport
+	dl    *dlq.DeadLetterer // DeadLetterer's, made by NewSource
+	dlPub *Publisher        // dl's, on transport; closed by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -61,19 +76,18 @@ type Source struct {
 
 // entry states.
 const (
-	stateQueued    = iota // fetched or requeued, not handed out
-	stateOut              // handed out by Receive, not yet settled
-	stateAcked            // acked: committable once every earlier entry is
-	stateAbandoned        // the generation ended before it was acked
+	stateQueued    = kafkaoffsets.Queued    // fetched or requeued, not handed out
+	stateOut       = kafkaoffsets.Out       // handed out by Receive, not yet settled
+	stateAcked     = kafkaoffsets.Acked     // acked: committable once every earlier entry is
+	stateAbandoned = kafkaoffsets.Abandoned // the generation ended before it was acked
 )
 
-// entry is one fetched record of a partition. Its state is guarded by the
+// entry is one fetched record of a partition. Its State is guarded by the
 // generation's mutex.
 type entry struct {
-	p      *partition
-	offset int64
-	msg    *consumer.Message
-	state  int
+	kafkaoffsets.Entry
+	p   *partition
+	msg *consumer.Message
 }
 
 // partition is one assigned partition within one generation. Its fields are
@@ -83,12 +97,14 @@ type partition struct {
 	topic string
 	id    int
 	start int64 // offset to start reading at
-	// pending holds the partition's handed-out entries in offset order,
-	// from the first one that is not yet acked.
-	pending   []*entry
-	commitTo  int64 // offset to commit: one past the highest contiguous acked, or -1
-	committed int64 // last offset committed, or -1
-	slots     chan struct{}
+	// offs holds the partition's fetched entries that are not yet
+	// committable, and the commit point.
+	offs kafkaoffsets.Partition
+	// held counts the entries that hold one of the partition's
+	// MaxInFlight slots: from before their fetch until they are
+	// committable. room is signalled when held drops, or the limit rises.
+	held int
+	room chan struct{}
 }
 
 // generation is one consumer group generation: this member's assignment
@@ -105,12 +121,34 @@ type generation struct {
 	settled   chan struct{}
 }
 
-// NewSource validates cfg and starts joining the consumer group in the
-// background. It does not wait for the brokers: connection and group errors
-// are logged and retried.
+// NewSource validates cfg, builds the dead-letterer (see DeadLetterer) and
+// starts joining the consumer group in the background. It does not wait for
+// the brokers: connection and group errors are logged and retried. An
+// invalid cfg, cfg.DeadLetter included, fails with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
+	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	transport := dialerTransport(cfg.Dialer)
+	s := &Source{
+		cfg:                 cfg,
+		ownLogger:           ownLogger,
+		explicitMaxInFlight: explicitMaxInFlight,
+		transport:           transport,
+		client:              &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
+		out:                 make(chan *entry),
+		redo:                make(chan struct{}, 1),
+		closed:              make(chan struct{}),
+	}
+	base := cfg.Logger
+	if base == nil {
+		base = slog.New(slog.DiscardHandler)
+	}
+	s.setLogger(base)
+	s.maxInFlight.Store(int64(cfg.MaxInFlight))
+	if err := s.newDeadLetterer(); err != nil {
 		return nil, err
 	}
 	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
@@ -123,31 +161,72 @@ func NewSource(cfg Config) (*Source, error) {
 		RebalanceTimeout:  cfg.RebalanceTimeout,
 		JoinGroupBackoff:  cfg.JoinGroupBackoff,
 		StartOffset:       cfg.StartOffset,
-		Logger:            kafkaLogger(cfg.Logger, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(cfg.Logger, slog.LevelWarn),
+		Logger:            kafkaLogger(s.logger, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(s.logger, slog.LevelWarn),
 	})
 	if err != nil {
+		_ = s.dlPub.Close()
 		return nil, &consumer.ConfigError{Field: "kafka.Config", Reason: err.Error()}
 	}
-	transport := dialerTransport(cfg.Dialer)
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Source{
-		cfg:       cfg,
-		log:       cfg.Logger.With("topic", cfg.Topic, "group", cfg.GroupID),
-		cg:        cg,
-		transport: transport,
-		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
-		out:       make(chan *entry),
-		redo:      make(chan struct{}, 1),
-		closed:    make(chan struct{}),
-		cancel:    cancel,
-	}
+	s.cg, s.cancel = cg, cancel
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.run(ctx)
 	}()
 	return s, nil
+}
+
+var _ consumer.ConfigurableSource = (*Source)(nil)
+
+// Configure takes the runtime's settings; consumer.New calls it once,
+// before the first Receive. Without Config.Logger, the Source, kafka-go and
+// the dead-letterer log to s.Logger from then on, with "topic" and "group"
+// attributes. Without Config.MaxInFlight, a window larger than the default
+// raises MaxInFlight to it, for the partitions already being read too; an
+// explicit MaxInFlight is kept. Configure returns MaxInFlight: the records
+// the Source holds unsettled, per partition, so at least that many even
+// with a single partition assigned.
+func (s *Source) Configure(st consumer.SourceSettings) (window int) {
+	if !s.ownLogger && st.Logger != nil {
+		s.setLogger(st.Logger)
+	}
+	for w := int64(st.Window); !s.explicitMaxInFlight; {
+		cur := s.maxInFlight.Load()
+		if w <= cur {
+			break
+		}
+		if s.maxInFlight.CompareAndSwap(cur, w) {
+			s.wakeFetchers()
+			break
+		}
+	}
+	return int(s.maxInFlight.Load())
+}
+
+// setLogger makes l, with the Source's attributes, the Source's logger.
+func (s *Source) setLogger(l *slog.Logger) {
+	s.log.Store(l.With("topic", s.cfg.Topic, "group", s.cfg.GroupID))
+}
+
+// logger returns the Source's current logger.
+func (s *Source) logger() *slog.Logger { return s.log.Load() }
+
+// wakeFetchers wakes the current generation's partition readers that wait
+// for room, after MaxInFlight rose.
+func (s *Source) wakeFetchers() {
+	s.mu.Lock()
+	g := s.current
+	s.mu.Unlock()
+	if g == nil {
+		return // a later generation reads the new limit
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range g.parts {
+		p.signalRoom()
+	}
 }
 
 // run takes the group's generations one after another until the group is
@@ -159,7 +238,7 @@ func (s *Source) run(ctx context.Context) {
 		case ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed):
 			return
 		case err != nil:
-			s.log.Warn("kafka: joining consumer group failed; retrying", "error", err)
+			s.logger().Warn("kafka: joining consumer group failed; retrying", "error", err)
 			continue
 		}
 		s.startGeneration(gen)
@@ -174,21 +253,20 @@ func (s *Source) startGeneration(gen *kafkago.Generation) {
 	for topic, assigned := range gen.Assignments {
 		for _, a := range assigned {
 			g.parts = append(g.parts, &partition{
-				g:         g,
-				topic:     topic,
-				id:        a.ID,
-				start:     a.Offset,
-				commitTo:  -1,
-				committed: -1,
-				slots:     make(chan struct{}, s.cfg.MaxInFlight),
+				g:     g,
+				topic: topic,
+				id:    a.ID,
+				start: a.Offset,
+				offs:  kafkaoffsets.New(),
+				room:  make(chan struct{}, 1),
 			})
 		}
 	}
 	s.mu.Lock()
 	s.current = g
 	s.mu.Unlock()
-	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		s.log.Debug("kafka: generation started", "generation", gen.ID, "member", gen.MemberID, "assignments", assignmentString(gen))
+	if log := s.logger(); log.Enabled(context.Background(), slog.LevelDebug) {
+		log.Debug("kafka: generation started", "generation", gen.ID, "member", gen.MemberID, "assignments", assignmentString(gen))
 	}
 	s.start(gen, g.commitLoop)
 	for _, p := range g.parts {
@@ -216,7 +294,8 @@ func (p *partition) fetch(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	log := s.log.With("partition", p.id, "generation", g.gen.ID)
+	// log returns the Source's current logger, for this partition.
+	log := func() *slog.Logger { return s.logger().With("partition", p.id, "generation", g.gen.ID) }
 	r := &partReader{
 		transport: s.transport,
 		addr:      kafkago.TCP(s.cfg.Brokers...),
@@ -231,7 +310,7 @@ func (p *partition) fetch(ctx context.Context) {
 	backoff := func(what string, err error) bool {
 		failures++
 		wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
-		log.Warn("kafka: "+what+" failed; retrying", "error", err, "wait", wait)
+		log().Warn("kafka: "+what+" failed; retrying", "error", err, "wait", wait)
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
@@ -260,19 +339,19 @@ func (p *partition) fetch(ctx context.Context) {
 	}
 	failures = 0
 	for {
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
+		if !p.acquire(ctx) {
 			return
 		}
 		f, err := r.next(ctx)
 		if err != nil {
-			<-p.slots
+			g.mu.Lock()
+			p.releaseLocked(1)
+			g.mu.Unlock()
 			if ctx.Err() != nil {
 				return
 			}
 			if errors.Is(err, errOffsetOutOfRange) {
-				log.Warn("kafka: offset out of range; restarting from the configured StartOffset", "offset", r.offset, "start_offset", s.cfg.StartOffset)
+				log().Warn("kafka: offset out of range; restarting from the configured StartOffset", "offset", r.offset, "start_offset", s.cfg.StartOffset)
 				r.offset, r.buf, r.pending, r.aborted = s.cfg.StartOffset, nil, nil, nil
 				if !resolve() {
 					return
@@ -289,15 +368,15 @@ func (p *partition) fetch(ctx context.Context) {
 			p.skipControl(f.msg.Offset)
 			continue
 		}
-		e := &entry{p: p, offset: f.msg.Offset, msg: s.message(f.msg, g.gen)}
+		e := &entry{Entry: kafkaoffsets.Entry{Offset: f.msg.Offset, Epoch: -1}, p: p, msg: s.message(f.msg, g.gen)}
 		g.mu.Lock()
-		p.pending = append(p.pending, e)
+		p.offs.Add(&e.Entry)
 		g.mu.Unlock()
 		select {
 		case s.out <- e:
 		case <-ctx.Done():
 			g.mu.Lock()
-			e.state = stateAbandoned
+			e.State = stateAbandoned
 			g.mu.Unlock()
 			return
 		}
@@ -311,12 +390,44 @@ func (p *partition) skipControl(offset int64) {
 	g := p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(p.pending) == 0 {
-		p.commitTo = max(p.commitTo, offset+1)
-		<-p.slots
-		return
+	if !p.offs.Control(offset, -1) {
+		p.releaseLocked(1) // committable already
 	}
-	p.pending = append(p.pending, &entry{p: p, offset: offset, state: stateAcked})
+}
+
+// acquire takes one of the partition's slots, waiting while MaxInFlight of
+// them are held. It returns false if ctx is done first.
+func (p *partition) acquire(ctx context.Context) bool {
+	g := p.g
+	for {
+		g.mu.Lock()
+		if int64(p.held) < g.s.maxInFlight.Load() {
+			p.held++
+			g.mu.Unlock()
+			return true
+		}
+		g.mu.Unlock()
+		select {
+		case <-p.room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// releaseLocked gives n slots back. The caller holds the generation's
+// mutex.
+func (p *partition) releaseLocked(n int) {
+	p.held -= n
+	p.signalRoom()
+}
+
+// signalRoom wakes acquire.
+func (p *partition) signalRoom() {
+	select {
+	case p.room <- struct{}{}:
+	default:
+	}
 }
 
 // message converts a kafka-go message, noting the generation that read it.
@@ -396,13 +507,13 @@ func (e *entry) handOut() *delivery {
 	g := e.p.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.ending || e.state != stateQueued {
-		if e.state == stateQueued {
-			e.state = stateAbandoned
+	if g.ending || e.State != stateQueued {
+		if e.State == stateQueued {
+			e.State = stateAbandoned
 		}
 		return nil
 	}
-	e.state = stateOut
+	e.State = stateOut
 	g.handedOut++
 	return &delivery{e: e, msg: e.msg}
 }
@@ -444,9 +555,9 @@ func (s *Source) requeue(e *entry) {
 // Source. Records handed out and not acked are not committed: the group
 // reads them again. Acks after Close return an error wrapping
 // consumer.ErrSourceClosed, and so does DeadLetter on the Source's
-// dead-letterers (see DeadLetterer), whose Publisher Close closes after
-// its writes in flight. Close is idempotent; it returns an error only if
-// that Publisher's close failed.
+// dead-letterer (see DeadLetterer), whose Publisher Close closes after its
+// writes in flight. Close is idempotent; it returns an error only if that
+// Publisher's close failed.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -455,7 +566,7 @@ func (s *Source) Close() error {
 		_ = s.cg.Close()
 		s.cancel()
 		s.wg.Wait()
-		s.closeErr = s.closeDeadLetterPublisher()
+		s.closeErr = s.dlPub.Close()
 		s.transport.CloseIdleConnections()
 	})
 	return s.closeErr
@@ -501,7 +612,7 @@ loop:
 	g.over = true
 	g.mu.Unlock()
 	g.commit()
-	s.log.Debug("kafka: generation ended", "generation", g.gen.ID)
+	s.logger().Debug("kafka: generation ended", "generation", g.gen.ID)
 }
 
 // drain waits up to timeout for every handed-out entry to be settled.
@@ -520,7 +631,7 @@ func (g *generation) drain(timeout time.Duration) {
 		case <-g.s.closed:
 			return
 		case <-timer.C:
-			g.s.log.Info("kafka: rebalance: abandoning unsettled messages; their next owner re-reads them", "generation", g.gen.ID, "unsettled", n)
+			g.s.logger().Info("kafka: rebalance: abandoning unsettled messages; their next owner re-reads them", "generation", g.gen.ID, "unsettled", n)
 			return
 		}
 	}
@@ -533,11 +644,11 @@ func (g *generation) commit() {
 	offsets := map[string]map[int]int64{}
 	g.mu.Lock()
 	for _, p := range g.parts {
-		if p.commitTo > p.committed {
+		if to, due := p.offs.Due(); due {
 			if offsets[p.topic] == nil {
 				offsets[p.topic] = map[int]int64{}
 			}
-			offsets[p.topic][p.id] = p.commitTo
+			offsets[p.topic][p.id] = to.Offset
 		}
 	}
 	g.mu.Unlock()
@@ -545,13 +656,13 @@ func (g *generation) commit() {
 		return
 	}
 	if err := g.gen.CommitOffsets(offsets); err != nil {
-		g.s.log.Warn("kafka: offset commit failed; will retry", "generation", g.gen.ID, "error", err)
+		g.s.logger().Warn("kafka: offset commit failed; will retry", "generation", g.gen.ID, "error", err)
 		return
 	}
 	g.mu.Lock()
 	for _, p := range g.parts {
-		if off, ok := offsets[p.topic][p.id]; ok && off > p.committed {
-			p.committed = off
+		if off, ok := offsets[p.topic][p.id]; ok {
+			p.offs.Committed(off)
 		}
 	}
 	g.mu.Unlock()
@@ -591,19 +702,8 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.settleLocked(); err != nil {
 		return err
 	}
-	e.state = stateAcked
-	p := e.p
-	n := 0
-	for n < len(p.pending) && p.pending[n].state == stateAcked {
-		p.commitTo = p.pending[n].offset + 1
-		p.pending[n] = nil
-		n++
-	}
-	if n > 0 {
-		p.pending = p.pending[n:]
-		for range n {
-			<-p.slots
-		}
+	if n := e.p.offs.Ack(&e.Entry); n > 0 {
+		e.p.releaseLocked(n)
 	}
 	return nil
 }
@@ -631,11 +731,11 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 		return err
 	}
 	if g.ending {
-		e.state = stateAbandoned
+		e.State = stateAbandoned
 		g.mu.Unlock()
 		return nil
 	}
-	e.state = stateQueued
+	e.State = stateQueued
 	e.msg = e.msg.Clone()
 	e.msg.Redelivered = true
 	e.msg.Attempt = 0
@@ -659,7 +759,7 @@ func (d *delivery) settleLocked() error {
 	g.handedOut--
 	g.signal()
 	if g.over {
-		d.e.state = stateAbandoned
+		d.e.State = stateAbandoned
 		if g.s.isClosed() {
 			return fmt.Errorf("kafka: %w", consumer.ErrSourceClosed)
 		}
@@ -682,10 +782,11 @@ func assignmentString(gen *kafkago.Generation) string {
 	return string(b)
 }
 
-// kafkaLogger adapts l to kafka-go's Logger at the given level.
-func kafkaLogger(l *slog.Logger, level slog.Level) kafkago.Logger {
+// kafkaLogger adapts the logger log returns, at each call, to kafka-go's
+// Logger at the given level.
+func kafkaLogger(log func() *slog.Logger, level slog.Level) kafkago.Logger {
 	return kafkago.LoggerFunc(func(format string, args ...any) {
-		if l.Enabled(context.Background(), level) {
+		if l := log(); l.Enabled(context.Background(), level) {
 			l.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...))
 		}
 	})

@@ -1,0 +1,121 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/kafka"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkatest"
+	"github.com/idemq/idemq/internal/testlog"
+)
+
+// logLines returns the lines of b holding every one of parts.
+func logLines(b *testlog.Buffer, parts ...string) []string {
+	var out []string
+	for _, line := range strings.Split(b.String(), "\n") {
+		ok := line != ""
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestConfigureLogger: without Config.Logger, the Source and kafka-go log
+// to the runtime's logger given by Configure, with the topic and group;
+// with Config.Logger, the runtime's logger gets nothing.
+func TestConfigureLogger(t *testing.T) {
+	e := newEnv(t, 1)
+	for _, own := range []bool{false, true} {
+		name := map[bool]string{false: "runtime logger", true: "own logger"}[own]
+		t.Run(name, func(t *testing.T) {
+			group := kafkatest.Name(t, "g")
+			rtLog, rtBuf := testlog.New(slog.LevelDebug)
+			ownLog, ownBuf := testlog.New(slog.LevelDebug)
+			src := e.source(t, func(c *kafka.Config) {
+				c.GroupID = group
+				c.Logger = nil
+				if own {
+					c.Logger = ownLog
+				}
+			})
+			src.Configure(consumer.SourceSettings{Window: 4, Logger: rtLog})
+			waitFor(t, 20*time.Second, "an assignment", func() bool { _, ok := src.Assigned(); return ok })
+			if err := src.Close(); err != nil { // logs "generation ended"
+				t.Fatal(err)
+			}
+			want, other := rtBuf, ownBuf
+			if own {
+				want, other = ownBuf, rtBuf
+			}
+			if got := logLines(want, `msg="kafka: generation ended"`, "topic="+e.topic, "group="+group); len(got) == 0 {
+				t.Errorf("no generation-ended line with the topic and group in the logger used:\n%s", want.String())
+			}
+			if got := logLines(want, `msg="kafka-go: `); len(got) == 0 {
+				t.Errorf("no kafka-go line in the logger used:\n%s", want.String())
+			}
+			if s := other.String(); s != "" {
+				t.Errorf("the other logger got:\n%s", s)
+			}
+		})
+	}
+}
+
+// TestConfigureMaxInFlight: the runtime's window raises the default
+// MaxInFlight, of a generation already reading too, and an explicit
+// MaxInFlight is kept; Configure returns the bound in force.
+func TestConfigureMaxInFlight(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	e := newEnv(t, 1)
+	const n = kafka.DefaultMaxInFlight + 44
+	e.publish(t, "m", n, 1)
+	// blocked asserts that no further record is handed out while the
+	// held ones are unacked.
+	blocked := func(t *testing.T, src *kafka.Source, held int) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+		defer cancel()
+		if d, err := src.Receive(rctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("receive with %d unacked records held: %v, %v; want it to block", held, d, err)
+		}
+	}
+
+	t.Run("default raised", func(t *testing.T) {
+		src := e.source(t, func(c *kafka.Config) { c.GroupID = kafkatest.Name(t, "g") })
+		if w := src.Configure(consumer.SourceSettings{Window: 4}); w != kafka.DefaultMaxInFlight {
+			t.Errorf("Configure with a small window = %d, want the default %d", w, kafka.DefaultMaxInFlight)
+		}
+		for range kafka.DefaultMaxInFlight {
+			receive(ctx, t, src)
+		}
+		blocked(t, src, kafka.DefaultMaxInFlight)
+		if w := src.Configure(consumer.SourceSettings{Window: n}); w != n {
+			t.Errorf("Configure with window %d = %d", n, w)
+		}
+		for range n - kafka.DefaultMaxInFlight {
+			receive(ctx, t, src)
+		}
+	})
+	t.Run("explicit kept", func(t *testing.T) {
+		src := e.source(t, func(c *kafka.Config) { c.GroupID = kafkatest.Name(t, "g"); c.MaxInFlight = 3 })
+		if w := src.Configure(consumer.SourceSettings{Window: n}); w != 3 {
+			t.Errorf("Configure with window %d and MaxInFlight 3 = %d, want 3", n, w)
+		}
+		first := receive(ctx, t, src)
+		receive(ctx, t, src)
+		receive(ctx, t, src)
+		blocked(t, src, 3)
+		if err := first.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		receive(ctx, t, src)
+	})
+}
