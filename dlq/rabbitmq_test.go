@@ -250,7 +250,7 @@ func (e *rmqEnv) run(cfg consumer.Config, done func(consumer.Stats) bool) consum
 
 func (e *rmqEnv) source(queue string) *rabbitmq.Source {
 	e.t.Helper()
-	src, err := rabbitmq.NewSource(e.ctx, rabbitmq.Config{URL: rmqURL(), Queue: queue, Concurrency: 4})
+	src, err := rabbitmq.NewSource(e.ctx, rabbitmq.Config{URL: rmqURL(), Queue: queue})
 	if err != nil {
 		e.t.Fatal(err)
 	}

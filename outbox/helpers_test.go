@@ -150,21 +150,21 @@ func admin(t testing.TB, f func(ch *amqp.Channel) error) error {
 	return f(ch)
 }
 
-// newQueue declares a fresh durable queue, deleted at cleanup.
+// newQueue declares a fresh durable queue with its dead-letter queue (the
+// topology a rabbitmq.Source checks for), deleted at cleanup.
 func newQueue(t *testing.T) string {
 	t.Helper()
 	var b [5]byte
 	_, _ = rand.Read(b[:])
 	q := "idemq-test.outbox." + strings.ReplaceAll(t.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
-	if err := admin(t, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
-		return err
-	}); err != nil {
+	if err := rabbitmq.DeclareTopology(context.Background(), amqpURL(), rabbitmq.Topology{Queue: q}); err != nil {
 		t.Fatalf("declare %s: %v", q, err)
 	}
 	t.Cleanup(func() {
 		_ = admin(t, func(ch *amqp.Channel) error {
 			_, err := ch.QueueDelete(q, false, false, false)
+			_, _ = ch.QueueDelete(rabbitmq.DLQName(q), false, false, false)
+			_ = ch.ExchangeDelete(q+".dlx", false, false)
 			return err
 		})
 	})

@@ -243,7 +243,7 @@ func TestRelayCrashAfterPublishIsAbsorbedDownstream(t *testing.T) {
 	if _, err := f.pool.Exec(ctx, "CREATE TABLE "+effects+" (message_id text NOT NULL, body text NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: q, Concurrency: 2})
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: q})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,7 +182,8 @@ func (e *rabbitEnv) target(ctx context.Context, m Mode) (target, error) {
 	}
 	defer ch.Close()
 	q := targetName(m)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+	// The work queue and its dead-letter queue, as a user declares them.
+	if err := rabbitmq.DeclareTopology(ctx, e.cfg.AMQPURL, rabbitmq.Topology{Queue: q}); err != nil {
 		return nil, fmt.Errorf("declare queue %s: %w", q, err)
 	}
 	return &rabbitTarget{e: e, queue: q}, nil
@@ -205,19 +206,13 @@ func (t *rabbitTarget) publish(ctx context.Context, msgs []*consumer.Message) er
 	return t.e.pub.Publish(ctx, "", t.queue, msgs...)
 }
 
-// source is the runtime's Source. Its prefetch is the Source's default, sized
-// from Concurrency and, in the batch modes, BatchSize: the bench measures
-// what a user gets without tuning it.
+// source is the runtime's Source. Its prefetch is the Source's default,
+// which the runtime sizes from its Concurrency and BatchSize: the bench
+// measures what a user gets without tuning it.
 func (t *rabbitTarget) source(ctx context.Context, m Mode) (consumer.Source, error) {
-	batch := 1
-	if m == ModeBatch || m == ModeBatchSet {
-		batch = t.e.cfg.BatchSize
-	}
 	return rabbitmq.NewSource(ctx, rabbitmq.Config{
 		URL:            t.e.cfg.AMQPURL,
 		Queue:          t.queue,
-		Concurrency:    t.e.cfg.Concurrency,
-		BatchSize:      batch,
 		ConnectionName: "idemq-bench-" + string(m),
 	})
 }
@@ -280,6 +275,8 @@ func (t *rabbitTarget) cleanup() {
 	}
 	defer ch.Close()
 	_, _ = ch.QueueDelete(t.queue, false, false, false)
+	_, _ = ch.QueueDelete(rabbitmq.DLQName(t.queue), false, false, false)
+	_ = ch.ExchangeDelete(t.queue+".dlx", false, false)
 }
 
 // --- Kafka ---

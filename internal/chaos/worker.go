@@ -319,7 +319,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 			s, err = rabbitmq.NewSource(ctx, rabbitmq.Config{
 				URL:            "amqp://guest:guest@" + amqpProxy.Addr() + "/",
 				Queue:          cfg.Queue,
-				Concurrency:    cfg.Concurrency,
 				Prefetch:       cfg.Prefetch,
 				ConnectionName: fmt.Sprintf("idemq-chaos-%d.%d", cfg.Slot, cfg.Incarnation),
 				Reconnect:      rabbitmq.ReconnectConfig{InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second},

@@ -66,12 +66,6 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-// Payment is the README's message body.
-type Payment struct {
-	Account string
-	Amount  int64
-}
-
 var (
 	ctx             = context.Background()
 	pool            *pgxpool.Pool

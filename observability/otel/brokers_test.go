@@ -101,7 +101,7 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: queue, Concurrency: 4})
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL(), Queue: queue})
 	if err != nil {
 		t.Fatal(err)
 	}
