@@ -40,7 +40,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
@@ -107,7 +106,6 @@ func cli(args []string, stdout, stderr io.Writer) int {
 // shop is the consumer: it records orders in a table, and has a bug that
 // can be switched off.
 type shop struct {
-	pool   *pgxpool.Pool
 	store  *processed.Store
 	broker *memory.Broker
 	buggy  atomic.Bool
@@ -141,7 +139,7 @@ func (s *shop) browser() (dlq.Browser, error) {
 }
 
 func (s *shop) effects(ctx context.Context) (rows, distinct int, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM idemq_example_dlq.orders`).Scan(&rows, &distinct)
+	err = s.store.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM idemq_example_dlq.orders`).Scan(&rows, &distinct)
 	return rows, distinct, err
 }
 
@@ -151,20 +149,14 @@ func run(ctx context.Context, out io.Writer) error {
 		url = defaultURL
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	pool, err := pgxpool.New(cctx, url)
-	if err == nil {
-		err = pool.Ping(cctx)
-	}
+	store, err := processed.Open(cctx, url, processed.Config{Schema: schema})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("cannot reach Postgres (set DATABASE_URL): %w", err)
 	}
-	defer pool.Close()
+	defer store.Close()
+	pool := store.Pool()
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example_dlq CASCADE`); err != nil {
-		return err
-	}
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
 		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
@@ -173,7 +165,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE idemq_example_dlq.orders (order_id text NOT NULL, body text NOT NULL)`); err != nil {
 		return err
 	}
-	s := &shop{pool: pool, store: store, broker: memory.NewBroker(), key: make([]byte, 32)}
+	s := &shop{store: store, broker: memory.NewBroker(), key: make([]byte, 32)}
 	// In production the key comes from a secret store (dlq.ReadKeyFile).
 	if _, err := rand.Read(s.key); err != nil {
 		return err

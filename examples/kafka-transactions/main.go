@@ -36,7 +36,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -90,12 +90,14 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		defer cluster.Close()
 		brokers, where = cluster.ListenAddrs(), "in-process kfake"
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
+	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: schema})
+	if errors.As(err, new(*pgconn.ParseConfigError)) {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	defer pool.Close()
-	store, err := setupSchema(ctx, pool)
+	if err == nil {
+		defer store.Close()
+		err = setupSchema(ctx, store)
+	}
 	if err != nil {
 		return fmt.Errorf("cannot set up Postgres (start it, or set DATABASE_URL): %w", err)
 	}
@@ -161,16 +163,12 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	// Failed payments go to the dead-letter topic, topic+".dlq", on the
-	// Source's own client, before their offsets may be committed.
-	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
-	if err != nil {
-		_ = src.Close()
-		return err
-	}
 	var markers atomic.Int64
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: src, Store: store, Concurrency: 4, DeadLetterer: deadLetterer,
+		Name: "ledger", Source: src, Store: store, Concurrency: 4,
+		// Failed payments go to the dead-letter topic, topic+".dlq", on
+		// the Source's own client, before their offsets may be committed.
+		DeadLetterer: src.DeadLetterer(),
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if !strings.HasPrefix(string(m.Body), "payment-") {
 				markers.Add(1) // a transaction marker or an aborted record: never happens
@@ -206,7 +204,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	}
 
 	var booked, distinct, aborted int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id), count(*) FILTER (WHERE payment_id >= $1)
+	if err := store.Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id), count(*) FILTER (WHERE payment_id >= $1)
 		FROM `+schema+`.ledger`, fmt.Sprintf("payment-%03d", 2*batch)).Scan(&booked, &distinct, &aborted); err != nil {
 		return err
 	}
@@ -230,19 +228,15 @@ func run(ctx context.Context, out io.Writer) (err error) {
 
 // setupSchema recreates the example's schema: the dedup table and the
 // ledger.
-func setupSchema(ctx context.Context, pool *pgxpool.Pool) (*processed.Store, error) {
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-		return nil, err
-	}
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
-		return nil, err
+func setupSchema(ctx context.Context, store *processed.Store) error {
+	if _, err := store.Pool().Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	_, err = pool.Exec(ctx, "CREATE TABLE "+schema+".ledger (payment_id text NOT NULL)")
-	return store, err
+	_, err := store.Pool().Exec(ctx, "CREATE TABLE "+schema+".ledger (payment_id text NOT NULL)")
+	return err
 }
 
 func createTopic(ctx context.Context, cl *kgo.Client, topics ...string) error {

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -131,13 +132,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		where = "in-process kfake"
 	}
 
-	pool, err := connect(ctx, dbURL, o.concurrency)
+	store, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store, err := setupSchema(ctx, pool)
-	if err != nil {
+	defer store.Close()
+	if err := setupSchema(ctx, store); err != nil {
 		return err
 	}
 
@@ -183,27 +183,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		HeartbeatInterval: 500 * time.Millisecond,
 		JoinGroupBackoff:  200 * time.Millisecond,
 		FetchMaxWait:      100 * time.Millisecond,
-		Logger:            logger,
 	})
 	if err != nil {
 		return err
 	}
 	// Dead letters are written, acknowledged by every in-sync replica, to
 	// the dead-letter topic (<topic>.dlq) before the original's offset
-	// may be committed. The Source owns the dead-letterer: the runtime
-	// closes both.
-	deadLetterer, err := src.DeadLetterer(kafka.DeadLetterConfig{})
-	if err != nil {
-		_ = src.Close()
-		return err
-	}
+	// may be committed.
 	rt, err := consumer.New(consumer.Config{
 		Name:         "orders",
 		Source:       src,
 		Store:        store,
 		Handler:      handle,
 		BatchSize:    o.batch,
-		DeadLetterer: deadLetterer,
+		DeadLetterer: src.DeadLetterer(), // the Source owns it: the runtime closes both
 		Concurrency:  o.concurrency,
 		Retry:        consumer.RetryConfig{MaxAttempts: 3, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger:       logger,
@@ -257,7 +250,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return report(ctx, out, pool, rt.Stats(), dlqTopic, uncommitted, inspection, w, o, elapsed)
+	return report(ctx, out, store.Pool(), rt.Stats(), dlqTopic, uncommitted, inspection, w, o, elapsed)
 }
 
 func createTopics(ctx context.Context, admin *kafkago.Client, topics ...string) error {
@@ -279,49 +272,40 @@ func createTopics(ctx context.Context, admin *kafkago.Client, topics ...string) 
 	return nil
 }
 
-func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
-	}
-	cfg.MaxConns = int32(concurrency + 2)
+// connect opens the store on url, in the example's schema, and checks that
+// the database answers. Its errors show url without its password.
+func connect(ctx context.Context, url string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, cfg)
-	if err == nil {
-		err = pool.Ping(cctx)
+	store, err := processed.Open(cctx, url, processed.Config{Schema: schema})
+	switch {
+	case err == nil:
+		return store, nil
+	case errors.As(err, new(*pgconn.ParseConfigError)):
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
 	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
-	}
-	return pool, nil
+	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
 }
 
 // setupSchema recreates the example's schema: the dedup table (migrated by
 // the processed store) and the business tables.
-func setupSchema(ctx context.Context, pool *pgxpool.Pool) (*processed.Store, error) {
+func setupSchema(ctx context.Context, store *processed.Store) error {
+	pool := store.Pool()
 	s := pgx.Identifier{schema}.Sanitize()
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("reset schema: %w", err)
-	}
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
-		return nil, err
+		return fmt.Errorf("reset schema: %w", err)
 	}
 	if err := store.Migrate(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 CREATE TABLE `+s+`.customers (id text PRIMARY KEY, total_cents bigint NOT NULL DEFAULT 0, orders int NOT NULL DEFAULT 0);
 CREATE TABLE `+s+`.bookings (order_id text NOT NULL, customer text NOT NULL, amount_cents bigint NOT NULL);
 INSERT INTO `+s+`.customers (id) SELECT 'cust-' || i FROM generate_series(1, `+fmt.Sprint(customers)+`) i;`)
 	if err != nil {
-		return nil, fmt.Errorf("create business tables: %w", err)
+		return fmt.Errorf("create business tables: %w", err)
 	}
-	return store, nil
+	return nil
 }
 
 // workload is the published records and what they should add up to.

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -140,14 +141,12 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return usageError{errors.New("-concurrency must be at least 1")}
 	}
 
-	pool, err := connect(ctx, dbURL, o.concurrency)
+	store, err := connect(ctx, dbURL, o.schema)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	store, err := setupSchema(ctx, pool, o.schema)
-	if err != nil {
+	defer store.Close()
+	if err := setupSchema(ctx, store); err != nil {
 		return err
 	}
 
@@ -163,7 +162,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if o.verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	sub, err := broker.Subscribe(queue, memory.SubscribeOptions{Prefetch: 4 * o.concurrency})
+	sub, err := broker.Subscribe(queue, memory.SubscribeOptions{})
 	if err != nil {
 		return err
 	}
@@ -233,7 +232,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if err := <-done; err != nil {
 		return err
 	}
-	if err := report(ctx, out, pool, rt.Stats(), classes, broker.Ready(dlqQueue), w, elapsed); err != nil {
+	if err := report(ctx, out, store.Pool(), rt.Stats(), classes, broker.Ready(dlqQueue), w, elapsed); err != nil {
 		return err
 	}
 	if metrics != nil {
@@ -273,51 +272,42 @@ func (m *metricsServer) close() {
 	_ = m.srv.Shutdown(ctx)
 }
 
-// connect opens a pool on url and checks it answers. Its errors show url
-// without its password.
-func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
-	}
-	cfg.MaxConns = int32(concurrency + 2)
+// connect opens the store on url, in schema, and checks that the database
+// answers. Its errors show url without its password.
+func connect(ctx context.Context, url, schema string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, cfg)
-	if err == nil {
-		err = pool.Ping(cctx)
+	store, err := processed.Open(cctx, url, processed.Config{Schema: schema})
+	switch {
+	case err == nil:
+		return store, nil
+	case errors.As(err, new(*pgconn.ParseConfigError)):
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+	case errors.As(err, new(*consumer.ConfigError)): // -schema
+		return nil, err
 	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s: %w\n(start Postgres, or set DATABASE_URL to a server you can use)", redact.DSN(url), err), url)
-	}
-	return pool, nil
+	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s: %w\n(start Postgres, or set DATABASE_URL to a server you can use)", redact.DSN(url), err), url)
 }
 
 // setupSchema recreates the quickstart's schema: the dedup table and the
 // business tables.
-func setupSchema(ctx context.Context, pool *pgxpool.Pool, schema string) (*processed.Store, error) {
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
-	s := pgx.Identifier{schema}.Sanitize()
+func setupSchema(ctx context.Context, store *processed.Store) error {
+	pool := store.Pool()
+	s := pgx.Identifier{store.Schema()}.Sanitize()
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("reset schema: %w", err)
+		return fmt.Errorf("reset schema: %w", err)
 	}
 	if err := store.Migrate(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 CREATE TABLE `+s+`.accounts (id text PRIMARY KEY, balance_cents bigint NOT NULL DEFAULT 0);
 CREATE TABLE `+s+`.ledger (payment_id text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
 INSERT INTO `+s+`.accounts (id) SELECT 'acct-' || lpad(i::text, 2, '0') FROM generate_series(1, 50) i;`)
 	if err != nil {
-		return nil, fmt.Errorf("create business tables: %w", err)
+		return fmt.Errorf("create business tables: %w", err)
 	}
-	return store, nil
+	return nil
 }
 
 // workload is the published messages and what they should add up to.

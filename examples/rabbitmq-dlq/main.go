@@ -32,7 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
@@ -99,29 +99,30 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return nil
 	}
 
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
+	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: *schema})
+	switch {
+	case errors.As(err, new(*pgconn.ParseConfigError)):
 		return fmt.Errorf("invalid DATABASE_URL: %w", err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
+	case errors.As(err, new(*consumer.ConfigError)): // -schema
 		return err
+	case err != nil:
+		return fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 	}
-	defer pool.Close()
+	defer store.Close()
 	accounts := pgx.Identifier{*schema, "accounts"}.Sanitize()
 	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+accounts).Scan(&n); err != nil {
+	if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM `+accounts).Scan(&n); err != nil {
 		return fmt.Errorf("cannot read %s (run go run ./examples/quickstart first): %w", accounts, err)
 	}
-	store, err := processed.New(pool, processed.Config{Schema: *schema})
-	if err != nil {
-		return err
-	}
 
-	if err := rabbitmq.DeclareTopology(ctx, amqpURL, rabbitmq.Topology{Queue: queue}); err != nil {
+	// The Source declares the queue, its dead-letter exchange and its DLQ,
+	// and consumes nothing before the runtime's first Receive: the
+	// messages are published to the queue it declared.
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Topology: &rabbitmq.Topology{}})
+	if err != nil {
 		return fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err)
 	}
+	defer func() { _ = src.Close() }() // the runtime closes it too; Close is idempotent
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: amqpURL})
 	if err != nil {
 		return err
@@ -151,20 +152,11 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return fmt.Errorf("publish: %w", err)
 	}
 
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Concurrency: 2})
-	if err != nil {
-		return err
-	}
-	dl, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
-	if err != nil {
-		_ = src.Close()
-		return err
-	}
 	rt, err := consumer.New(consumer.Config{
 		Name:         consumerName,
 		Source:       src,
 		Store:        store,
-		DeadLetterer: dl,
+		DeadLetterer: src.DeadLetterer(),
 		Concurrency:  2,
 		Handler: consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p Payment) error {
 			tag, err := tx.Exec(ctx, `UPDATE `+accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
@@ -178,7 +170,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		}),
 	})
 	if err != nil {
-		_ = src.Close()
 		return err
 	}
 	runCtx, cancel := context.WithTimeout(ctx, time.Minute)

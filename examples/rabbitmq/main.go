@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -137,20 +138,22 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if err := deleteTopology(amqpURL); err != nil {
 		return err
 	}
-	pool, err := connect(ctx, dbURL, o.concurrency)
+	store, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store, err := setupSchema(ctx, pool)
-	if err != nil {
+	defer store.Close()
+	if err := setupSchema(ctx, store); err != nil {
 		return err
 	}
 
-	// The topology: the work queue dead-letters to queue.dlx, bound to
-	// queue.dlq.
-	topo := rabbitmq.Topology{Queue: queue}
-	if err := rabbitmq.DeclareTopology(ctx, amqpURL, topo); err != nil {
+	// The Source declares the topology (the work queue dead-letters to
+	// queue.dlx, bound to queue.dlq) but consumes nothing before the
+	// runtime's first Receive, so the payments are published to it next.
+	// Dead letters are published, confirmed, to the topology's DLQ before
+	// the original is acked, on the Source's connection.
+	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Topology: &rabbitmq.Topology{}})
+	if err != nil {
 		return redact.Error(fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err), amqpURL)
 	}
 	defer func() {
@@ -158,6 +161,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 			fmt.Fprintln(out, "cleanup:", err)
 		}
 	}()
+	defer func() { _ = src.Close() }() // the runtime closes it too; Close is idempotent
 	dlqName := rabbitmq.DLQName(queue)
 
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: amqpURL, Logger: logger})
@@ -173,30 +177,17 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "published %d messages to %s: %d distinct payments, %d duplicates, %d poison\n",
 		len(w.msgs), queue, o.payments, w.duplicates, w.poison)
 
-	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Concurrency: o.concurrency, Logger: logger})
-	if err != nil {
-		return err
-	}
-	// Dead letters are published, confirmed, to the topology's DLQ
-	// before the original is acked, on the Source's connection. The
-	// Source owns the dead-letterer: the runtime closes both.
-	deadLetterer, err := src.DeadLetterer(ctx, rabbitmq.DeadLetterConfig{})
-	if err != nil {
-		_ = src.Close()
-		return err
-	}
 	rt, err := consumer.New(consumer.Config{
 		Name:         "ledger",
 		Source:       src,
 		Store:        store,
 		Handler:      handle,
-		DeadLetterer: deadLetterer,
+		DeadLetterer: src.DeadLetterer(), // the Source owns it: the runtime closes both
 		Concurrency:  o.concurrency,
 		Retry:        consumer.RetryConfig{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger:       logger,
 	})
 	if err != nil {
-		_ = src.Close()
 		return err
 	}
 
@@ -233,54 +224,43 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	return report(ctx, out, pool, rt.Stats(), dlqDepth, inspection, w, elapsed)
+	return report(ctx, out, store.Pool(), rt.Stats(), dlqDepth, inspection, w, elapsed)
 }
 
-// connect opens a pool on url and checks it answers. Its errors show url
-// without its password.
-func connect(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
-	}
-	cfg.MaxConns = int32(concurrency + 2)
+// connect opens the store on url, in the example's schema, and checks that
+// the database answers. Its errors show url without its password.
+func connect(ctx context.Context, url string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, cfg)
-	if err == nil {
-		err = pool.Ping(cctx)
+	store, err := processed.Open(cctx, url, processed.Config{Schema: schema})
+	switch {
+	case err == nil:
+		return store, nil
+	case errors.As(err, new(*pgconn.ParseConfigError)):
+		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
 	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
-	}
-	return pool, nil
+	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
 }
 
 // setupSchema recreates the example's schema: the dedup table (migrated by
 // the processed store) and the business tables.
-func setupSchema(ctx context.Context, pool *pgxpool.Pool) (*processed.Store, error) {
+func setupSchema(ctx context.Context, store *processed.Store) error {
+	pool := store.Pool()
 	s := pgx.Identifier{schema}.Sanitize()
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
-		return nil, fmt.Errorf("reset schema: %w", err)
-	}
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
-		return nil, err
+		return fmt.Errorf("reset schema: %w", err)
 	}
 	if err := store.Migrate(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 CREATE TABLE `+s+`.accounts (id text PRIMARY KEY, balance_cents bigint NOT NULL DEFAULT 0);
 CREATE TABLE `+s+`.ledger (payment_id text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL);
 INSERT INTO `+s+`.accounts (id) SELECT 'acct-' || i FROM generate_series(1, `+fmt.Sprint(accounts)+`) i;`)
 	if err != nil {
-		return nil, fmt.Errorf("create business tables: %w", err)
+		return fmt.Errorf("create business tables: %w", err)
 	}
-	return store, nil
+	return nil
 }
 
 // deleteTopology deletes the example's queues and exchange, if they exist.
