@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
@@ -24,20 +23,15 @@ func Example() {
 	if url == "" {
 		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	}
-	pool, err := pgxpool.New(ctx, url)
+	store, err := processed.Open(ctx, url, processed.Config{Schema: "idemq_example"})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer pool.Close()
+	defer store.Close()
+	pool := store.Pool() // for the program's own tables
 	_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example CASCADE`)
 	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example CASCADE`)
-
-	store, err := processed.New(pool, processed.Config{Schema: "idemq_example"})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
 	if err := store.Migrate(ctx); err != nil {
 		fmt.Println(err)
 		return

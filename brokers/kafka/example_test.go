@@ -8,7 +8,6 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
@@ -22,15 +21,12 @@ func ExampleNewSource() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/app")
+	// The store is the consumer's one Postgres handle; it owns its pool.
+	store, err := processed.Open(ctx, "postgres://postgres@127.0.0.1:5432/app", processed.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -19,11 +18,11 @@ import (
 // Export a consumer's metrics on /metrics.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	store, err := processed.Open(ctx, "postgres://postgres@127.0.0.1:5432/test", processed.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, _ := processed.New(pool, processed.Config{})
+	defer store.Close()
 	broker := memory.NewBroker()
 	sub, _ := broker.Subscribe("payments", memory.SubscribeOptions{})
 
