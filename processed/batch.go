@@ -45,53 +45,93 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 	if tx == nil {
 		return nil, errors.New("processed: claim batch: nil transaction")
 	}
-	results := make([]consumer.ClaimResult, len(claims))
-	if len(claims) == 0 {
-		return results, nil
+	b, err := s.newBatchClaim(ctx, claims)
+	if err != nil || len(claims) == 0 {
+		return b.results, err
 	}
-	name := claims[0].Consumer
-	index := make(map[string]int, len(claims))
-	for i, c := range claims {
-		if c.Consumer != name || c.Consumer == "" || c.MessageID == "" {
-			return nil, fmt.Errorf("processed: claim batch: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
-		}
-		if _, dup := index[c.MessageID]; dup {
-			return nil, fmt.Errorf("processed: claim batch: message id %q appears twice", c.MessageID)
-		}
-		index[c.MessageID] = i
-	}
-	st, err := s.statements(ctx)
+	inserted, err := b.insert(ctx, tx, claims)
 	if err != nil {
 		return nil, err
 	}
-	insertSQL, existingSQL := st.batchInsert, st.batchExisting
+	return b.finish(ctx, tx, inserted)
+}
 
-	pending := claims
+// batchClaim is one ClaimBatch in progress.
+type batchClaim struct {
+	s       *Store
+	st      *statements
+	name    string
+	claims  []consumer.Claim
+	index   map[string]int
+	results []consumer.ClaimResult
+}
+
+// newBatchClaim checks claims and prepares their claim.
+func (s *Store) newBatchClaim(ctx context.Context, claims []consumer.Claim) (*batchClaim, error) {
+	b := &batchClaim{s: s, claims: claims, results: make([]consumer.ClaimResult, len(claims))}
+	if len(claims) == 0 {
+		return b, nil
+	}
+	b.name = claims[0].Consumer
+	b.index = make(map[string]int, len(claims))
+	for i, c := range claims {
+		if c.Consumer != b.name || c.Consumer == "" || c.MessageID == "" {
+			return b, fmt.Errorf("processed: claim batch: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
+		}
+		if _, dup := b.index[c.MessageID]; dup {
+			return b, fmt.Errorf("processed: claim batch: message id %q appears twice", c.MessageID)
+		}
+		b.index[c.MessageID] = i
+	}
+	st, err := s.statements(ctx)
+	if err != nil {
+		return b, err
+	}
+	b.st = st
+	return b, nil
+}
+
+// insertArgs are the arguments of the batch INSERT of pending.
+func (b *batchClaim) insertArgs(pending []consumer.Claim) []any {
+	ids := make([]string, len(pending))
+	fps := make([][]byte, len(pending))
+	srcs := make([]string, len(pending))
+	parts := make([]int32, len(pending))
+	offs := make([]int64, len(pending))
+	for i, c := range pending {
+		ids[i], fps[i], srcs[i] = c.MessageID, c.Fingerprint[:], c.Source
+		parts[i], offs[i] = max(c.Partition, -1), max(c.Offset, -1)
+	}
+	return []any{b.name, ids, fps, srcs, parts, offs}
+}
+
+// insert runs the batch INSERT of pending in tx and returns the ids it
+// inserted.
+func (b *batchClaim) insert(ctx context.Context, tx pgx.Tx, pending []consumer.Claim) ([]string, error) {
+	rows, err := tx.Query(ctx, b.st.batchInsert, b.insertArgs(pending)...)
+	if err != nil {
+		return nil, b.s.wrap("claim batch: insert", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, b.s.wrap("claim batch: insert", err)
+	}
+	return inserted, nil
+}
+
+// finish records the first INSERT's inserted ids, reads the rows the others
+// conflicted with, and claims afresh the ids whose rows were purged in
+// between, until every claim has its answer.
+func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+	pending := b.claims
 	for attempt := 1; ; attempt++ {
-		ids := make([]string, len(pending))
-		fps := make([][]byte, len(pending))
-		srcs := make([]string, len(pending))
-		parts := make([]int32, len(pending))
-		offs := make([]int64, len(pending))
-		for i, c := range pending {
-			ids[i], fps[i], srcs[i] = c.MessageID, c.Fingerprint[:], c.Source
-			parts[i], offs[i] = max(c.Partition, -1), max(c.Offset, -1)
-		}
-		rows, err := tx.Query(ctx, insertSQL, name, ids, fps, srcs, parts, offs)
-		if err != nil {
-			return nil, s.wrap("claim batch: insert", err)
-		}
-		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, s.wrap("claim batch: insert", err)
-		}
 		claimed := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
 			claimed[id] = true
-			results[index[id]] = consumer.ClaimResult{Outcome: consumer.ClaimNew}
+			b.results[b.index[id]] = consumer.ClaimResult{Outcome: consumer.ClaimNew}
 		}
 		if len(inserted) == len(pending) {
-			return results, nil
+			return b.results, nil
 		}
 		var conflicted []string
 		for _, c := range pending {
@@ -102,9 +142,9 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 		// A new statement, so a new snapshot: it sees the rows of the
 		// transactions the insert waited for. Its shape fixes the plan, so
 		// it can be a cached prepared statement (see batchSQL).
-		rows, err = tx.Query(ctx, existingSQL, name, conflicted)
+		rows, err := tx.Query(ctx, b.st.batchExisting, b.name, conflicted)
 		if err != nil {
-			return nil, s.wrap("claim batch: select existing", err)
+			return nil, b.s.wrap("claim batch: select existing", err)
 		}
 		found := map[string]bool{}
 		var (
@@ -113,30 +153,33 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 			at time.Time
 		)
 		_, err = pgx.ForEachRow(rows, []any{&id, &fp, &at}, func() error {
-			i := index[id]
+			i := b.index[id]
 			out := consumer.ClaimDuplicate
-			if !bytes.Equal(fp, claims[i].Fingerprint[:]) {
+			if !bytes.Equal(fp, b.claims[i].Fingerprint[:]) {
 				out = consumer.ClaimMismatch
 			}
-			results[i] = consumer.ClaimResult{Outcome: out, ProcessedAt: at}
+			b.results[i] = consumer.ClaimResult{Outcome: out, ProcessedAt: at}
 			found[id] = true
 			return nil
 		})
 		if err != nil {
-			return nil, s.wrap("claim batch: select existing", err)
+			return nil, b.s.wrap("claim batch: select existing", err)
 		}
 		// Rows purged between the two statements are claimed afresh.
 		pending = pending[:0:0]
 		for _, id := range conflicted {
 			if !found[id] {
-				pending = append(pending, claims[index[id]])
+				pending = append(pending, b.claims[b.index[id]])
 			}
 		}
 		if len(pending) == 0 {
-			return results, nil
+			return b.results, nil
 		}
 		if attempt >= maxClaimAttempts {
 			return nil, fmt.Errorf("processed: claim batch: %d rows conflicted but vanished %d times", len(pending), attempt)
+		}
+		if inserted, err = b.insert(ctx, tx, pending); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -221,3 +221,46 @@ func TestQueueClaimErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBeginClaimBatchPipelined: several claims begun in one pipelined round
+// trip give ClaimBatch's answers (new, duplicate, mismatch) whatever the
+// pool's query exec mode, and roll back with their transaction.
+func TestBeginClaimBatchPipelined(t *testing.T) {
+	t.Parallel()
+	modes := map[string]pgx.QueryExecMode{
+		"cache_statement": pgx.QueryExecModeCacheStatement,
+		"exec":            pgx.QueryExecModeExec,
+		"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+	}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base, _ := setup(t, processed.Config{})
+			s := over(t, modePool(t, mode), base)
+			queueClaimCommit(t, modePool(t, mode), base, claimOf("billing", "b-dup", "x"))
+			queueClaimCommit(t, modePool(t, mode), base, claimOf("billing", "b-mis", "x"))
+			claims := []consumer.Claim{claimOf("billing", "b-dup", "x"), claimOf("billing", "b-mis", "other"), claimOf("billing", "b-new", "x")}
+			tx, res, err := s.BeginClaim(ctx(t), claims)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []consumer.ClaimOutcome{consumer.ClaimDuplicate, consumer.ClaimMismatch, consumer.ClaimNew}
+			for i, r := range res {
+				if r.Outcome != want[i] || (want[i] != consumer.ClaimNew && r.ProcessedAt.IsZero()) {
+					t.Errorf("claim %s: %+v, want %v", claims[i].MessageID, r, want[i])
+				}
+			}
+			if err := tx.Rollback(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Lookup(ctx(t), "billing", "b-new"); !errors.Is(err, processed.ErrNotFound) {
+				t.Fatalf("after rollback: %v, want ErrNotFound", err)
+			}
+			tx, res, err = s.BeginClaim(ctx(t), claims[2:])
+			if err != nil || res[0].Outcome != consumer.ClaimNew {
+				t.Fatalf("claim after rollback: %+v, %v", res, err)
+			}
+			_ = tx.Rollback(ctx(t))
+		})
+	}
+}

@@ -360,13 +360,16 @@ func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
 // server in one pipelined round trip. A non-nil tx must be rolled back by
 // the caller if it does not commit, also when err is not nil.
 func (s *Store) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
-	if len(claims) == 1 {
-		if bb, ok := s.db.(batchBeginner); ok {
+	if bb, ok := s.db.(batchBeginner); ok {
+		if len(claims) == 1 {
 			tx, res, err := s.pipelinedClaim(ctx, bb, claims[0])
 			if err != nil {
 				return tx, nil, err
 			}
 			return tx, []consumer.ClaimResult{res}, nil
+		}
+		if len(claims) > 1 {
+			return s.pipelinedClaimBatch(ctx, bb, claims)
 		}
 	}
 	tx, err := s.begin(ctx)
@@ -381,6 +384,44 @@ func (s *Store) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx
 		return tx, []consumer.ClaimResult{res}, nil
 	}
 	res, err := s.ClaimBatch(ctx, tx, claims)
+	return tx, res, err
+}
+
+// pipelinedClaimBatch sends BEGIN, SET LOCAL and the batch INSERT of
+// ClaimBatch in one round trip, then finishes as ClaimBatch does.
+func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+	bc, err := s.newBatchClaim(ctx, claims)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		inserted []string
+		ran      bool
+	)
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	b.Queue(setSyncCommit)
+	b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(func(rows pgx.Rows) error {
+		ran = true
+		var err error
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	br := db.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		if tx == nil {
+			return nil, nil, s.wrap("claim batch: begin", err)
+		}
+		return tx, nil, s.wrap("claim batch: begin and insert", err)
+	}
+	switch {
+	case tx == nil:
+		return nil, nil, errors.New("processed: claim batch: the batch began no transaction")
+	case !ran:
+		return tx, nil, errors.New("processed: claim batch: the queued insert did not run")
+	}
+	res, err := bc.finish(ctx, tx, inserted)
 	return tx, res, err
 }
 
