@@ -43,15 +43,31 @@ type Config struct {
 	// mode the number of batches. Defaults to 8. Messages with the same Key
 	// are still handled one at a time, in order.
 	Concurrency int
-	// BatchSize, above 1, turns on batch mode: up to BatchSize deliveries
-	// are claimed with one statement and applied in one transaction, then
-	// acked together. A failing message is isolated by splitting the
-	// batch, so it never sinks the others and nothing is applied twice.
-	// Defaults to 1 (one transaction per message), or to 100 with
-	// BatchHandler. At most 10,000.
+	// BatchSize is the most deliveries one transaction holds. Above 1,
+	// deliveries are grouped: claimed with one statement and applied in
+	// one transaction, the Handler called for each new one in turn (or
+	// the BatchHandler once for all), then acked together. A failing
+	// message is isolated by splitting the group, so it never sinks the
+	// others and nothing is applied twice; a deadlock or serialization
+	// failure is retried whole first.
+	//
+	// Defaults to DefaultGroupSize (32) with Handler, and BatchWait to 0:
+	// a lane groups only the deliveries already waiting when it starts a
+	// transaction, so under load many messages share one commit, and a
+	// delivery that arrives alone is applied alone, at once. Defaults to
+	// DefaultBatchSize (100) with BatchHandler. At most 10,000.
+	//
+	// 1 gives strict one transaction per message. Choose it for handlers
+	// that hold locks for long or call out of process: in a group, a
+	// handler's transaction stays open while the handlers after it run,
+	// and when a later message fails, the earlier ones run again (in a
+	// fresh transaction, so only effects outside it, such as HTTP calls,
+	// repeat).
 	BatchSize int
-	// BatchWait is the longest a partly filled batch waits for more
-	// deliveries. Defaults to 5ms.
+	// BatchWait is the longest a partly filled group waits for more
+	// deliveries. Defaults to 0 with Handler (only deliveries already
+	// waiting are grouped) and to DefaultBatchWait (5ms) with
+	// BatchHandler; -1 asks for no wait with a BatchHandler too.
 	BatchWait time.Duration
 	// MaxBodyBytes is the largest body handled; larger ones are
 	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
@@ -131,6 +147,7 @@ const (
 	DefaultMaxInterval     = 10 * time.Second
 	DefaultMaxElapsed      = time.Minute
 	DefaultMaxConnLosses   = 5
+	DefaultGroupSize       = 32
 	DefaultBatchSize       = 100
 	DefaultBatchWait       = 5 * time.Millisecond
 	maxBatchSize           = 10_000
@@ -146,12 +163,12 @@ func (c Config) withDefaults() Config {
 		c.Concurrency = DefaultConcurrency
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 1
+		c.BatchSize = DefaultGroupSize
 		if c.BatchHandler != nil {
 			c.BatchSize = DefaultBatchSize
 		}
 	}
-	if c.BatchWait == 0 {
+	if c.BatchWait == 0 && c.BatchHandler != nil {
 		c.BatchWait = DefaultBatchWait
 	}
 	if c.MaxIDBytes == 0 {
@@ -220,8 +237,8 @@ func (c Config) validate() error {
 		return bad("Middleware", "wraps Handler; it cannot wrap a BatchHandler")
 	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
 		return bad("BatchSize", "%d, must be between 1 and %d", c.BatchSize, maxBatchSize)
-	case c.BatchWait < 0:
-		return bad("BatchWait", "negative")
+	case c.BatchWait < 0 && c.BatchWait != -1:
+		return bad("BatchWait", "%s: must be positive, 0 for the default, or -1 for no wait", c.BatchWait)
 	case c.DeadLetterer == nil:
 		return bad("DeadLetterer", "required: failed messages must be stored durably before they are acked")
 	case c.Concurrency < 1:

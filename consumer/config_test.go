@@ -167,7 +167,7 @@ func TestBatchConfigValidation(t *testing.T) {
 			c.Middleware = []Middleware{func(h Handler) Handler { return h }}
 		},
 		"BatchSize": func(c *Config) { c.BatchSize = 10_001 },
-		"BatchWait": func(c *Config) { c.BatchWait = -1 },
+		"BatchWait": func(c *Config) { c.BatchWait = -2 },
 	} {
 		c := validConfig()
 		mod(&c)

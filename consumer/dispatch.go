@@ -61,23 +61,33 @@ func (d *dispatcher) next(key string) Delivery {
 	return waiting[0]
 }
 
-// batchDispatcher runs batch mode: deliveries are spread over Concurrency
-// lanes by key, so that messages with the same key stay in one lane, in
-// order; each lane collects up to BatchSize deliveries, or waits at most
-// BatchWait, and applies them in one transaction.
+// batchDispatcher runs grouped and batch mode over Concurrency lanes. A
+// delivery with a Key always goes to the lane its key hashes to, so that a
+// key's messages stay in one lane, in order. Each lane takes a first
+// delivery, then collects more, up to the batch size, and applies them in
+// one transaction.
+//
+// In grouped mode (BatchWait 0) a lane collects only the deliveries already
+// waiting, so a group forms only when deliveries arrive faster than the
+// lanes commit them, and a lone delivery never waits; deliveries without a
+// key go to a queue every lane takes from, so an idle lane picks one up at
+// once. In batch mode a lane collects for up to BatchWait, and deliveries
+// without a key go to the lanes in runs of the batch size, so that a batch
+// holds consecutive deliveries, which a broker can ack in one call.
 type batchDispatcher struct {
-	r     *Runtime
-	ctx   context.Context
-	slots chan struct{}
-	lanes []chan Delivery
-	rr    atomic.Uint64
-	wg    sync.WaitGroup
+	r      *Runtime
+	ctx    context.Context
+	slots  chan struct{}
+	shared chan Delivery // grouped mode's deliveries without a key
+	lanes  []chan Delivery
+	rr     atomic.Uint64 // batch mode's count of deliveries without a key
+	wg     sync.WaitGroup
 }
 
 func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
 	// Room for two batches per lane: one filling while one commits.
 	n := 2 * r.cfg.Concurrency * r.batchSize
-	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n)}
+	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), shared: make(chan Delivery, n)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)
 		d.lanes = append(d.lanes, lane)
@@ -92,13 +102,15 @@ func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
 
 func (d *batchDispatcher) dispatch(del Delivery) {
 	var i uint64
-	if key := del.Message().Key; key != "" {
+	switch key := del.Message().Key; {
+	case key != "":
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(key))
 		i = h.Sum64()
-	} else {
-		// Runs of BatchSize go to one lane, so a batch holds
-		// consecutive deliveries, which a broker can ack in one call.
+	case d.r.cfg.BatchWait <= 0:
+		d.shared <- del
+		return
+	default:
 		i = d.rr.Add(1) / uint64(d.r.batchSize)
 	}
 	d.lanes[i%uint64(len(d.lanes))] <- del
@@ -106,32 +118,86 @@ func (d *batchDispatcher) dispatch(del Delivery) {
 
 // close ends the lanes once they have handled what they hold.
 func (d *batchDispatcher) close() {
+	close(d.shared)
 	for _, l := range d.lanes {
 		close(l)
 	}
 }
 
-func (d *batchDispatcher) runLane(lane chan Delivery) {
+// runLane applies the deliveries of its own channel and of the shared one
+// until both are closed and drained.
+func (d *batchDispatcher) runLane(own chan Delivery) {
 	size, wait := d.r.batchSize, d.r.cfg.BatchWait
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
+	shared := d.shared
+	var timer *time.Timer
+	if wait > 0 {
+		timer = time.NewTimer(wait)
+		defer timer.Stop()
+	}
 	batch := make([]Delivery, 0, size)
-	for first := range lane {
-		batch = append(batch[:0], first)
-		timer.Reset(wait)
-	collect:
-		for len(batch) < size {
-			select {
-			case del, ok := <-lane:
-				if !ok {
-					break collect
+	// take receives from own or shared; block says whether to wait for
+	// one. A closed channel is set to nil, so that it is no longer
+	// selected.
+	take := func(block bool, timeout <-chan time.Time) (Delivery, bool) {
+		for own != nil || shared != nil {
+			var (
+				del Delivery
+				ok  bool
+			)
+			if block {
+				select {
+				case del, ok = <-own:
+					if !ok {
+						own = nil
+						continue
+					}
+				case del, ok = <-shared:
+					if !ok {
+						shared = nil
+						continue
+					}
+				case <-timeout:
+					return nil, false
 				}
-				batch = append(batch, del)
-			case <-timer.C:
-				break collect
+			} else {
+				select {
+				case del, ok = <-own:
+					if !ok {
+						own = nil
+						continue
+					}
+				case del, ok = <-shared:
+					if !ok {
+						shared = nil
+						continue
+					}
+				default:
+					return nil, false
+				}
 			}
+			return del, true
 		}
-		if !timer.Stop() {
+		return nil, false
+	}
+	for {
+		first, ok := take(true, nil)
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], first)
+		var timeout <-chan time.Time
+		if timer != nil {
+			timer.Reset(wait)
+			timeout = timer.C
+		}
+		for len(batch) < size {
+			del, ok := take(timer != nil, timeout)
+			if !ok {
+				break
+			}
+			batch = append(batch, del)
+		}
+		if timer != nil && !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:

@@ -61,6 +61,7 @@ func TestConcurrentDuplicatesApplyOnce(t *testing.T) {
 			return b.insertEffect(ctx, tx, m)
 		})
 		cfg.Concurrency = 16
+		cfg.BatchSize = 1 // copies of one id in concurrent transactions, not one group
 		r := start(t, cfg)
 		waitFor(t, "all settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
 
@@ -429,6 +430,7 @@ func TestHardStopLosesNothingAcksNothingUncommitted(t *testing.T) {
 		return nil
 	})
 	cfg.Concurrency = 4
+	cfg.BatchSize = 1 // each message its own transaction (see TestGroupedHardStop)
 	cfg.ShutdownTimeout = 100 * time.Millisecond
 	r := start(t, cfg)
 	waitFor(t, "handlers stuck", func() bool { return calls.Load() >= 14 })
@@ -489,6 +491,7 @@ func TestAmbiguousCommitNotAckedThenSettledByDedup(t *testing.T) {
 	db := &lyingStore{Store: b.store}
 	db.lies.Store(3)
 	cfg.Store = db
+	cfg.BatchSize = 1 // three lies, three messages (see TestGroupedAmbiguousCommit)
 	r := start(t, cfg)
 	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
 	s := r.rt.Stats()

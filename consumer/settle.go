@@ -20,7 +20,13 @@ import (
 // so that the message is retried and dead-lettered on its own and never
 // sinks the others; a group that fails without naming one is bisected.
 // Items are settled in order, so a key's messages are never reordered.
-func (r *Runtime) apply(ctx context.Context, items []item) {
+func (r *Runtime) apply(ctx context.Context, items []item) { r.applyFrom(ctx, items, nil) }
+
+// applyFrom is apply, for a lone item whose handler already failed once in
+// a group when failed is not nil: that failure is its first attempt, so its
+// retry budget and the Attempt its handler sees carry on from it, as in
+// per-message mode.
+func (r *Runtime) applyFrom(ctx context.Context, items []item, failed *attemptResult) {
 	if len(items) == 0 {
 		return
 	}
@@ -42,7 +48,12 @@ func (r *Runtime) apply(ctx context.Context, items []item) {
 			}
 			return
 		}
-		res := r.attempt(ctx, items, attempts+1)
+		var res attemptResult
+		if failed != nil {
+			res, failed = *failed, nil
+		} else {
+			res = r.attempt(ctx, items, attempts+1)
+		}
 		switch res.out {
 		case outApplied:
 			r.settleApplied(ctx, items, res)
@@ -102,6 +113,15 @@ func (r *Runtime) apply(ctx context.Context, items []item) {
 				continue
 			}
 			r.log.Debug("idemq: batch failed; splitting it", "error", res.err, "size", len(items), "failed_index", res.failed)
+			if res.out == outHandlerErr && res.failed >= 0 && res.failed < len(items) {
+				// The message's own failure: it counts for that message.
+				i := res.failed
+				r.apply(ctx, items[:i])
+				res.failed = 0
+				r.applyFrom(ctx, items[i:i+1], &res)
+				r.apply(ctx, items[i+1:])
+				return
+			}
 			r.split(ctx, items, res.failed)
 			return
 		}

@@ -255,7 +255,7 @@ func TestRuntimeConfiguresSource(t *testing.T) {
 	log, logs := testlog.New(slog.LevelInfo)
 	applied := make(chan string, 100)
 	rt, err := consumer.New(consumer.Config{
-		Name: "cfg", Source: src, Store: e.store, Concurrency: 3, Logger: log,
+		Name: "cfg", Source: src, Store: e.store, Concurrency: 3, BatchSize: 2, Logger: log,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			applied <- msg.ID
 			return nil
@@ -265,8 +265,8 @@ func TestRuntimeConfiguresSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := src.Window(); w != 6 {
-		t.Fatalf("prefetch after consumer.New with Concurrency 3: %d, want 6", w)
+	if w := src.Window(); w != 12 {
+		t.Fatalf("prefetch after consumer.New with Concurrency 3 and BatchSize 2: %d, want 2×3×2 = 12", w)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -117,7 +117,7 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: src, Store: migratedStore(t), Concurrency: 4,
+		Name: "ledger", Source: src, Store: migratedStore(t), Concurrency: 4, BatchSize: 1, // one handler call per delivery, one process span
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    dl,
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
@@ -199,7 +199,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: source(topic), Store: migratedStore(t), Concurrency: 4,
+		Name: "ledger", Source: source(topic), Store: migratedStore(t), Concurrency: 4, BatchSize: 1, // one handler call per delivery, one process span
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    dl,
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},

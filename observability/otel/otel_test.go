@@ -280,7 +280,7 @@ func TestMemoryOutcomes(t *testing.T) {
 	tracing := idemqotel.New(idemqotel.Options{Consumer: "ledger", TracerProvider: tr.tp})
 	var s seen
 	rt, err := consumer.New(consumer.Config{
-		Name: "ledger", Source: sub, Store: migratedStore(t),
+		Name: "ledger", Source: sub, Store: migratedStore(t), BatchSize: 1, // one process span per handler call, none repeated by a group's rollback
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
 		DeadLetterer:    broker.DeadLetterer("payments.dlq"),
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},

@@ -190,6 +190,7 @@ func TestWorkloadMetrics(t *testing.T) {
 		_, err := tx.Exec(ctx, "SELECT 1")
 		return err
 	}
+	cfg.BatchSize = 1 // per-message mode: exact counts, no batch metrics
 	rt, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
