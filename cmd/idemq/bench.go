@@ -28,7 +28,10 @@ table in each of --modes, one mode after another:
   naive             the plain recipe by hand: per message BEGIN; INSERT into
                     the dedup table ON CONFLICT DO NOTHING; if new, the ledger
                     INSERT; COMMIT; then ack
-  idemq             the idemq runtime, one transaction per message
+  idemq             the idemq runtime in strict per-message mode (BatchSize 1):
+                    one transaction per message
+  idemq-default     the idemq runtime with its defaults: a lane groups the
+                    deliveries already waiting into one transaction
   idemq-batch       the runtime in batch mode, same per-message handler
   idemq-batch-set   the runtime in batch mode with a BatchHandler (one INSERT
                     per batch)
@@ -64,14 +67,15 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	)
 	fs := c.flagSet()
 	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq or kafka")
-	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive, idemq, idemq-batch, idemq-batch-set, or all")
+	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive-1, naive, idemq, idemq-default, idemq-batch, idemq-batch-set, or all")
 	fs.IntVar(&cfg.Messages, "messages", bench.DefaultMessages, "deliveries to publish, duplicates included")
 	fs.Float64Var(&cfg.DupRate, "dup-rate", bench.DefaultDupRate, "fraction of deliveries that re-send an earlier id")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the workload's duplicates")
 	fs.IntVar(&cfg.Concurrency, "concurrency", bench.DefaultConcurrency, "runtime concurrency, and naive/broker-only workers")
 	fs.IntVar(&cfg.BatchSize, "batch-size", bench.DefaultBatchSize, "batch size of the batch modes")
-	fs.DurationVar(&cfg.BatchWait, "batch-wait", 0, "batch wait of the batch modes (default the runtime's, 5ms)")
+	fs.DurationVar(&cfg.BatchWait, "batch-wait", 0, "batch wait of the batch modes (default 5ms)")
 	fs.BoolVar(&cfg.Preload, "preload", false, "publish everything before consuming (latency then includes queueing)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the publisher to this many messages a second, one per publish (an idle consumer's latency; not with --preload)")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
 	fs.DurationVar(&cfg.PurgePause, "purge-pause", processed.DefaultPurgePause, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")

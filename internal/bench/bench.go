@@ -40,11 +40,18 @@ const (
 	// ModeNaive1 is ModeNaive with a single consumer, the recipe as it is
 	// usually first written.
 	ModeNaive1 Mode = "naive-1"
-	// ModeIdemq is the idemq runtime in per-message mode.
+	// ModeIdemq is the idemq runtime in strict per-message mode
+	// (BatchSize 1): one transaction per message, like naive.
 	ModeIdemq Mode = "idemq"
+	// ModeDefault is the idemq runtime with its default configuration and
+	// the per-message Handler: deliveries already waiting when a lane
+	// begins a transaction are grouped into it (up to
+	// consumer.DefaultGroupSize), with no added wait.
+	ModeDefault Mode = "idemq-default"
 	// ModeBatch is the idemq runtime in batch mode with the same
 	// per-message Handler as ModeIdemq (one ledger INSERT per message,
-	// BatchSize messages per transaction).
+	// BatchSize messages per transaction), waiting BatchWait (5ms unless
+	// set) to fill a batch.
 	ModeBatch Mode = "idemq-batch"
 	// ModeBatchSet is the idemq runtime in batch mode with a BatchHandler
 	// that writes the whole batch's ledger rows with one INSERT.
@@ -52,7 +59,7 @@ const (
 )
 
 // AllModes lists every mode in the order Run measures them.
-var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeBatch, ModeBatchSet}
+var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeDefault, ModeBatch, ModeBatchSet}
 
 // Brokers Run supports.
 const (
@@ -103,12 +110,19 @@ type Config struct {
 	Concurrency int
 	// BatchSize is the batch modes' BatchSize. Defaults to 100.
 	BatchSize int
-	// BatchWait is the batch modes' BatchWait. Defaults to the runtime's.
+	// BatchWait is the batch modes' BatchWait. Defaults to
+	// consumer.DefaultBatchWait, 5ms.
 	BatchWait time.Duration
 	// Preload publishes the whole workload before consuming starts,
 	// instead of concurrently. Latencies then include the wait in the
 	// queue.
 	Preload bool
+	// Rate, if positive, paces the publisher to about this many messages
+	// a second, one message per publish, concurrently with the consumer:
+	// the workload of an idle consumer, for its latency. It cannot be
+	// combined with Preload. Defaults to 0: publish as fast as the broker
+	// confirms, in chunks.
+	Rate float64
 	// Prefill inserts this many rows for another consumer into the dedup
 	// table before the run (and tops them up before each mode), so the
 	// modes run against a large table. After inserting, Run vacuums and
@@ -234,6 +248,10 @@ func (c Config) validate() error {
 		return bad("BatchSize", "%d, must be between 2 and 10000", c.BatchSize)
 	case c.BatchWait < 0:
 		return bad("BatchWait", "negative")
+	case c.Rate < 0:
+		return bad("Rate", "%g, must be positive, or 0 for no pacing", c.Rate)
+	case c.Rate > 0 && c.Preload:
+		return bad("Rate", "paces a publisher that runs beside the consumer; it cannot be combined with Preload")
 	case c.Prefill < 0:
 		return bad("Prefill", "negative")
 	case c.PurgeDutyCycle < 0 || c.PurgeDutyCycle > 1:

@@ -117,6 +117,9 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 			switch m {
 			case ModeIdemq:
 				rcfg.Handler = r.handler(ledger)
+				rcfg.BatchSize = 1
+			case ModeDefault:
+				rcfg.Handler = r.handler(ledger)
 			case ModeBatch:
 				rcfg.Handler = r.handler(ledger)
 				rcfg.BatchSize, rcfg.BatchWait = cfg.BatchSize, cfg.BatchWait
@@ -150,7 +153,12 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	var pubDur atomic.Int64
 	publish := func() error {
 		start := time.Now()
-		err := r.work.publish(mctx, tgt.publish, &published)
+		var err error
+		if cfg.Rate > 0 {
+			err = r.work.publishPaced(mctx, tgt.publish, &published, cfg.Rate)
+		} else {
+			err = r.work.publish(mctx, tgt.publish, &published)
+		}
 		pubDur.Store(int64(time.Since(start)))
 		return err
 	}

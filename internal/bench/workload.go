@@ -105,6 +105,33 @@ func (w *workload) publish(ctx context.Context, pub publishFunc, published *atom
 	return <-errs
 }
 
+// publishPaced sends the workload one message per publish at about rate
+// messages a second, each stamped with the time it was sent: an idle
+// consumer's workload, for its latency. It keeps the schedule from the
+// start, so a slow publish does not lower the rate.
+func (w *workload) publishPaced(ctx context.Context, pub publishFunc, published *atomic.Int64, rate float64) error {
+	interval := time.Duration(float64(time.Second) / rate)
+	start := time.Now()
+	for i, j := range w.seq {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		m := &consumer.Message{ID: msgID(j), Body: body(j),
+			Headers: map[string]string{HeaderPublishedAt: strconv.FormatInt(time.Now().UnixNano(), 10)}}
+		if err := pub(ctx, []*consumer.Message{m}); err != nil {
+			return err
+		}
+		published.Add(1)
+	}
+	return nil
+}
+
 // tracker counts settled deliveries of one mode, records their latencies
 // and signals when the mode is done: every delivery settled and every
 // unique id applied.

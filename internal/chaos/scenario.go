@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+
+	"github.com/idemq/idemq/consumer"
 )
 
 // Scenario is one workload run against one broker under a set of faults.
@@ -17,7 +19,8 @@ type Scenario struct {
 	// Broker is BrokerRabbitMQ or BrokerKafka (a kfake cluster started
 	// for the scenario).
 	Broker string
-	// Mode is ModeMessage or ModeBatch. Defaults to ModeMessage.
+	// Mode is ModeDefault, ModeMessage or ModeBatch. Defaults to
+	// ModeDefault.
 	Mode string
 
 	// Messages is the number of distinct message ids. Defaults to 1000.
@@ -34,11 +37,13 @@ type Scenario struct {
 	Workers int
 	// Concurrency is each runtime's Concurrency. Defaults to 4.
 	Concurrency int
-	// BatchSize is the runtime's BatchSize in ModeBatch. Defaults to 16.
+	// BatchSize is the runtime's BatchSize in ModeBatch. Defaults to 16;
+	// consumer.DefaultGroupSize in ModeDefault, 1 in ModeMessage.
 	BatchSize int
 	// Prefetch is the RabbitMQ prefetch, or the Kafka source's
 	// MaxInFlight per partition. Defaults to 2*Concurrency per message,
-	// Concurrency*BatchSize in batch mode.
+	// Concurrency*BatchSize in batch mode, and in ModeDefault to what the
+	// runtime gives the Source itself, 2*Concurrency*DefaultGroupSize.
 	Prefetch int
 	// Partitions is the Kafka topic's partition count. Defaults to 4.
 	Partitions int
@@ -113,7 +118,7 @@ var scenarioName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,40}$`)
 
 func (s Scenario) withDefaults() Scenario {
 	if s.Mode == "" {
-		s.Mode = ModeMessage
+		s.Mode = ModeDefault
 	}
 	if s.Messages == 0 {
 		s.Messages = 1000
@@ -133,16 +138,22 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Concurrency == 0 {
 		s.Concurrency = 4
 	}
-	if s.BatchSize == 0 {
-		s.BatchSize = 16
-	}
-	if s.Mode != ModeBatch {
+	switch s.Mode {
+	case ModeBatch:
+		if s.BatchSize == 0 {
+			s.BatchSize = 16
+		}
+	case ModeDefault:
+		s.BatchSize = consumer.DefaultGroupSize
+	default:
 		s.BatchSize = 1
 	}
 	if s.Prefetch == 0 {
-		s.Prefetch = 2 * s.Concurrency
-		if s.Mode == ModeBatch {
+		switch s.Mode {
+		case ModeBatch:
 			s.Prefetch = s.Concurrency * s.BatchSize
+		default:
+			s.Prefetch = 2 * s.Concurrency * s.BatchSize
 		}
 	}
 	if s.Partitions == 0 {
@@ -169,8 +180,8 @@ func (s Scenario) validate() error {
 		return bad("name must match %s", scenarioName)
 	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka:
 		return bad("broker %q, want %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka)
-	case s.Mode != ModeMessage && s.Mode != ModeBatch:
-		return bad("mode %q, want %q or %q", s.Mode, ModeMessage, ModeBatch)
+	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
+		return bad("mode %q, want %q, %q or %q", s.Mode, ModeDefault, ModeMessage, ModeBatch)
 	case s.Messages < 1 || s.Messages > 10_000_000:
 		return bad("messages %d out of range", s.Messages)
 	case s.DupRate >= 1:

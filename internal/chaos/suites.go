@@ -31,10 +31,10 @@ func LongSuite() []Scenario {
 			Kills: 50, SelfKills: 25, SelfKillEvery: 40, CheckRedeliveryBound: true},
 		{Name: "long-rabbit-batch-kills", Broker: BrokerRabbitMQ, Mode: ModeBatch, BatchSize: 32, Messages: 5000,
 			PublishOver: 60 * time.Second, Workers: 4, Kills: 30, SelfKills: 20, SelfKillEvery: 60, CheckRedeliveryBound: true},
-		{Name: "long-rabbit-infra", Broker: BrokerRabbitMQ, Messages: 4000, PublishOver: 60 * time.Second,
+		{Name: "long-rabbit-infra", Broker: BrokerRabbitMQ, Mode: ModeMessage, Messages: 4000, PublishOver: 60 * time.Second,
 			Kills: 10, SelfKills: 5, PGResetRate: 0.03, PGLatency: 3 * time.Millisecond, AMQPDropEvery: 150,
 			PGRestarts: 2, RabbitRestarts: 2},
-		{Name: "long-rabbit-timeout", Broker: BrokerRabbitMQ, Messages: 2000, PublishOver: 40 * time.Second,
+		{Name: "long-rabbit-timeout", Broker: BrokerRabbitMQ, Mode: ModeMessage, Messages: 2000, PublishOver: 40 * time.Second,
 			Kills: 5, SelfKills: 5, SlowEvery: 300, SlowFor: 7 * time.Second},
 		// The bound counts what a process holds unacked; a SIGKILL also
 		// loses the offsets acked since the last commit, so this scenario

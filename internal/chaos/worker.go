@@ -41,8 +41,9 @@ const HeaderCopy = "x-chaos-copy"
 
 // Modes of a worker's runtime.
 const (
-	ModeMessage = "message" // one transaction per message
-	ModeBatch   = "batch"   // batch mode with a per-message Handler
+	ModeDefault = "default" // the runtime's defaults: a per-message Handler, deliveries already waiting grouped
+	ModeMessage = "message" // strict: one transaction per message (BatchSize 1)
+	ModeBatch   = "batch"   // batch mode with a per-message Handler, waiting to fill batches
 )
 
 // Brokers.
@@ -413,7 +414,10 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		Hooks:           []consumer.Hook{hooks},
 		Logger:          slog.New(slog.DiscardHandler),
 	}
-	if cfg.Mode == ModeBatch {
+	switch cfg.Mode {
+	case ModeMessage:
+		rcfg.BatchSize = 1
+	case ModeBatch:
 		rcfg.BatchSize = cfg.BatchSize
 		rcfg.BatchWait = 10 * time.Millisecond
 	}
