@@ -122,10 +122,13 @@ func mask(v any, paths map[string]bool) any {
 	return walk("", v)
 }
 
-// diff is a line diff of want and got, rendered as JSON: unchanged lines
-// start with two spaces, lines only in want with "- ", lines only in got
-// with "+ ". Long runs of unchanged lines are elided.
-func diff(want, got any) string {
+// wantOnce labels the reference of most cases.
+const wantOnce = "want (each sample applied once)"
+
+// diff is a line diff of want and got, rendered as JSON, under the labels:
+// unchanged lines start with two spaces, lines only in want with "- ",
+// lines only in got with "+ ". Long runs of unchanged lines are elided.
+func diff(wantLabel, gotLabel string, want, got any) string {
 	a := strings.Split(render(want), "\n")
 	b := strings.Split(render(got), "\n")
 	// LCS table; effects are small.
@@ -165,7 +168,7 @@ func diff(want, got any) string {
 	}
 	const ctx = 3
 	var sb strings.Builder
-	sb.WriteString("--- want (each distinct message applied once)\n+++ got\n")
+	sb.WriteString("--- " + wantLabel + "\n+++ " + gotLabel + "\n")
 	skipped := 0
 	for k, l := range lines {
 		near := false

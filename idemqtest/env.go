@@ -65,7 +65,7 @@ func openAdmin(ctx context.Context, url string) (*admin, error) {
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("idemqtest: cannot reach the test database %s on %s:%d (set Suite.DatabaseURL or IDEMQ_TEST_DATABASE_URL): %w",
+		return nil, fmt.Errorf("idemqtest: cannot reach the test database %q on %s:%d (set Suite.DatabaseURL or IDEMQ_TEST_DATABASE_URL): %w",
 			cfg.ConnConfig.Database, cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return &admin{url: url, pool: pool}, nil

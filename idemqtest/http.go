@@ -317,7 +317,7 @@ func (k *httpKit) clean() (any, []response, error) {
 	return st, resps, err
 }
 
-func (k *httpKit) compareTo(t tb, ref any, name, what string, got any) {
+func (k *httpKit) compareTo(t tb, ref any, label, name, what string, got any) {
 	t.Helper()
 	want := mask(ref, k.vol)
 	g := mask(got, k.vol)
@@ -328,7 +328,7 @@ func (k *httpKit) compareTo(t tb, ref any, name, what string, got any) {
 	if len(k.vol) > 0 {
 		note = "\n(values that differ between two clean runs are masked; see the determinism case)"
 	}
-	t.Errorf("%s: %s\n%s%s", name, what, diff(want, g), note)
+	t.Errorf("%s: %s\n%s%s", name, what, diff(label, "got", want, g), note)
 }
 
 // runCase runs f in a fresh run, then compares the state with the
@@ -343,14 +343,14 @@ func (k *httpKit) runCase(t tb, name, what string, twice bool, f func(ctx contex
 		if err != nil {
 			return err
 		}
-		ref := k.ref
+		ref, label := k.ref, "want (each request applied once)"
 		if twice {
-			ref, err = k.cleanTwice()
-			if err != nil {
+			label = "want (each request applied twice, under two keys)"
+			if ref, err = k.cleanTwice(); err != nil {
 				return err
 			}
 		}
-		k.compareTo(t, ref, name, what, st)
+		k.compareTo(t, ref, label, name, what, st)
 		return nil
 	})
 	var skip skipError
@@ -389,7 +389,7 @@ func (k *httpKit) determinism(t tb) {
 	t.Errorf("determinism: sending the same requests in two fresh schemas left different effects, so the effect depends on more than the requests: "+
 		"the clock (now(), time.Now), random or sequence values, or state the API keeps in memory between runs. "+
 		"Leave volatile columns out of Effect (or list them in HTTPSuite.Ignore).\n%s",
-		strings.Replace(diff(k.ref, k.ref2), "--- want (each distinct message applied once)\n+++ got", "--- first clean run\n+++ second clean run", 1))
+		diff("first clean run", "second clean run", k.ref, k.ref2))
 }
 
 func (k *httpKit) concurrentDuplicates(t tb) {

@@ -261,3 +261,34 @@ func TestInvalidSuite(t *testing.T) {
 		}
 	}
 }
+
+// A BatchHandler that applies only the first message of each batch.
+func TestBrokenBatchHandler(t *testing.T) {
+	s := suite()
+	s.BatchHandler = func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+		return credit(ctx, tx, msgs[0])
+	}
+	expectFailures(t, checkSuite(t, s), map[string][]string{
+		"batch": {"batch: the BatchHandler, given every sample twice in batches, left a different end state", `- "message_id": "credit-2",`},
+	})
+}
+
+// A sample the handler cannot apply stops the suite with a clear error.
+func TestSampleDeadLettered(t *testing.T) {
+	s := suite()
+	s.Messages[1].Body = []byte(`not json`)
+	_, err := Check(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), `every sample must be one the handler applies:
+message "credit-2" was dead-lettered (permanent): permanent: decode JSON body`) {
+		t.Errorf("got %v", err)
+	}
+}
+
+func TestUnreachableDatabase(t *testing.T) {
+	s := suite()
+	s.DatabaseURL = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	_, err := Check(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), `idemqtest: cannot reach the test database "none" on 127.0.0.1:1`) {
+		t.Errorf("got %v", err)
+	}
+}

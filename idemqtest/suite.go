@@ -293,6 +293,7 @@ func (k *kit) compare(t tb, name, what string, got any) {
 	t.Helper()
 	want := mask(k.ref, k.vol)
 	g := mask(got, k.vol)
+	label := wantOnce
 	if reflect.DeepEqual(want, g) {
 		return
 	}
@@ -300,7 +301,7 @@ func (k *kit) compare(t tb, name, what string, got any) {
 	if len(k.vol) > 0 {
 		note = "\n(values that differ between two clean runs are masked; see the determinism case)"
 	}
-	t.Errorf("%s: %s\n%s%s", name, what, diff(want, g), note)
+	t.Errorf("%s: %s\n%s%s", name, what, diff(label, "got", want, g), note)
 }
 
 // runCase runs a case's run and compares its state.
@@ -333,7 +334,7 @@ func (k *kit) determinism(t tb) {
 	t.Errorf("determinism: applying the same messages in two fresh schemas left different effects, so the effect depends on more than the messages: "+
 		"the clock (now(), time.Now), random or sequence values, or state the handler keeps in memory between runs. "+
 		"Derive such values from the message, or leave volatile columns out of Effect (or list them in Suite.Ignore).\n%s",
-		strings.Replace(diff(k.ref, k.ref2), "--- want (each distinct message applied once)\n+++ got", "--- first clean run\n+++ second clean run", 1))
+		diff("first clean run", "second clean run", k.ref, k.ref2))
 }
 
 func (k *kit) duplicatesSequential(t tb) {
