@@ -332,7 +332,8 @@ func (k *kit) determinism(t tb) {
 		return
 	}
 	t.Errorf("determinism: applying the same messages in two fresh schemas left different effects, so the effect depends on more than the messages: "+
-		"the clock (now(), time.Now), random or sequence values, or state the handler keeps in memory between runs. "+
+		"the clock (now(), time.Now, or the Timestamp of a sample that has none, which the broker stamps), random or sequence values, "+
+		"or state the handler keeps in memory between runs. "+
 		"Derive such values from the message, or leave volatile columns out of Effect (or list them in Suite.Ignore).\n%s",
 		diff("first clean run", "second clean run", k.ref, k.ref2))
 }
