@@ -30,7 +30,9 @@ func TestConsoleSecurityHeadersAndNoInlineScript(t *testing.T) {
 		if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
 			t.Errorf("%s: CSP %q allows inline script", path, csp)
 		}
-		if h.Get("X-Content-Type-Options") != "nosniff" || h.Get("X-Frame-Options") != "DENY" {
+		// same-origin, so that browsers send the Origin the CSRF check
+		// wants (no-referrer makes them send "Origin: null").
+		if h.Get("X-Content-Type-Options") != "nosniff" || h.Get("X-Frame-Options") != "DENY" || h.Get("Referrer-Policy") != "same-origin" {
 			t.Errorf("%s: headers %v", path, h)
 		}
 		// The only script is the embedded file: no inline script, no
@@ -309,6 +311,7 @@ func TestConsoleMutationsNeedCSRFOriginAndToken(t *testing.T) {
 		{"no csrf", func() url.Values { f := form(); f.Del("csrf"); return f }(), nil, http.StatusForbidden},
 		{"wrong csrf", func() url.Values { f := form(); f.Set("csrf", "x"+c.csrf); return f }(), nil, http.StatusForbidden},
 		{"foreign origin", form(), map[string]string{"Origin": "http://evil.example"}, http.StatusForbidden},
+		{"null origin", form(), map[string]string{"Origin": "null"}, http.StatusForbidden},
 		{"no origin nor referer", form(), map[string]string{"Origin": ""}, http.StatusForbidden},
 		{"foreign referer", form(), map[string]string{"Origin": "", "Referer": "http://evil.example/x"}, http.StatusForbidden},
 		{"cross-site fetch", form(), map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},

@@ -37,6 +37,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /lookup", s.handleLookup)
 	m.HandleFunc("/login", s.handleLogin)
 	m.HandleFunc("/logout", s.handleLogout)
+	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.fail(w, r, http.StatusNotFound, "no such page") })
 	s.mux = m
