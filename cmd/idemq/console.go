@@ -45,9 +45,11 @@ default). Its pages:
 
 Replays need a token: --token, $IDEMQ_CONSOLE_TOKEN or --token-file (one per
 line), each "name:secret" (the audit records the name) or a bare secret.
-Without a token, or with --read-only, the console changes nothing. It refuses
-to listen beyond loopback without a token. Prefer $IDEMQ_CONSOLE_TOKEN or
---token-file to --token, which other users of the host can see in ps.
+Prefer $IDEMQ_CONSOLE_TOKEN or --token-file to --token, which other users of
+the host can see in ps. Without a token, or with --read-only, the console
+changes nothing. It refuses to listen beyond loopback without a token, and
+serves only the Host names of --allowed-host (by default, loopback names when
+--addr is loopback), against DNS rebinding.
 
 Examples:
   idemq console --dlq-queue payments.dlq --retention 7d
@@ -85,6 +87,7 @@ type consoleFlags struct {
 	rate         float64
 	outbox       string
 	httpKeys     string
+	hosts        listFlag
 }
 
 func runConsole(ctx context.Context, e *env, c *command, args []string) error {
@@ -104,6 +107,7 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Float64Var(&f.rate, "rate", 50, "republish at most this many messages per second")
 	fs.StringVar(&f.outbox, "outbox-table", outbox.DefaultSchema+"."+outbox.DefaultTable, "the outbox `table` (schema.table) whose backlog to show, if it exists")
 	fs.StringVar(&f.httpKeys, "http-key-table", httpidem.DefaultSchema+"."+httpidem.DefaultTable, "the HTTP idempotency key `table` (schema.table) to show, if it exists")
+	fs.Var(&f.hosts, "allowed-host", "serve requests whose Host header is this `name` (repeatable; default: loopback names when --addr is loopback, any otherwise), against DNS rebinding")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -222,7 +226,7 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 	}
 	dbURL, _ := f.db.databaseURL(e)
 	cfg = console.Config{Store: store, DB: store.Pool(), Retention: f.retention.d, Tokens: tokens, ReadOnly: f.readOnly,
-		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk,
+		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk, AllowedHosts: f.hosts,
 		Secrets: []string{dbURL, amqpURL},
 		Logger:  slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	cfg.Info = append(cfg.Info, [2]string{"Postgres", redact.DSN(dbURL)}, [2]string{"dedup table", store.String()})

@@ -19,8 +19,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,6 +132,11 @@ type Config struct {
 	// ScanLimit bounds how many dead letters one page reads. Defaults to
 	// 10000.
 	ScanLimit int
+	// AllowedHosts are the Host headers served, against DNS rebinding (a
+	// web page whose name resolves to 127.0.0.1 reading the console).
+	// Defaults to loopback names (localhost, 127.0.0.1, [::1]) when the
+	// console listens on loopback, and to any host otherwise.
+	AllowedHosts []string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -145,9 +150,13 @@ type Server struct {
 	jobs     *jobs
 	audit    *audit
 	// locks serialise browsing each queue: two RabbitMQ browsers on one
-	// queue would each see only part of it.
-	locks map[string]*sync.Mutex
-	dlqs  map[string]DLQ
+	// queue would each see only part of it. A channel of one, so a page
+	// waiting on a running replay can give up.
+	locks map[string]chan struct{}
+	// anyHost accepts every Host header: set when listening beyond
+	// loopback without AllowedHosts.
+	anyHost bool
+	dlqs    map[string]DLQ
 	// ctx is the replays' context, cancelled by Close.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -181,13 +190,13 @@ func New(cfg Config) (*Server, error) {
 		names[t.Name] = true
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, sessions: newSessions(), jobs: newJobs(),
-		audit: &audit{db: cfg.DB, schema: cfg.Store.Schema()}, locks: map[string]*sync.Mutex{}, dlqs: map[string]DLQ{}}
+		audit: &audit{db: cfg.DB, schema: cfg.Store.Schema()}, locks: map[string]chan struct{}{}, dlqs: map[string]DLQ{}}
 	for _, d := range cfg.DLQs {
 		if _, dup := s.dlqs[d.ID()]; dup {
 			return nil, fmt.Errorf("console: dead-letter queue %s given twice", d.ID())
 		}
 		s.dlqs[d.ID()] = d
-		s.locks[d.ID()] = &sync.Mutex{}
+		s.locks[d.ID()] = make(chan struct{}, 1)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.routes()
@@ -209,7 +218,29 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	if !s.hostAllowed(r.Host) {
+		http.Error(w, "this console does not serve the host "+strconv.Quote(r.Host)+" (see --allowed-host)", http.StatusMisdirectedRequest)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// hostAllowed checks a request's Host header.
+func (s *Server) hostAllowed(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	host = strings.ToLower(strings.Trim(host, "[]"))
+	if len(s.cfg.AllowedHosts) > 0 {
+		for _, h := range s.cfg.AllowedHosts {
+			if strings.EqualFold(strings.Trim(h, "[]"), host) {
+				return true
+			}
+		}
+		return false
+	}
+	return s.anyHost || IsLoopback(host)
 }
 
 // Close stops running replays (what they did not settle stays in the
@@ -246,6 +277,9 @@ func IsLoopback(host string) bool {
 func ListenAndServe(ctx context.Context, addr string, s *Server, ready func(net.Addr)) error {
 	if err := CheckAddr(addr, len(s.cfg.Tokens) > 0); err != nil {
 		return err
+	}
+	if host, _, _ := net.SplitHostPort(addr); !IsLoopback(host) {
+		s.anyHost = true
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

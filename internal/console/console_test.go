@@ -485,3 +485,43 @@ func TestParseToken(t *testing.T) {
 		}
 	}
 }
+
+func TestConsoleHostHeader(t *testing.T) {
+	b := newBundle(t)
+	for host, code := range map[string]int{"127.0.0.1:1": 200, "localhost": 200, "[::1]:8080": 200, "evil.example": http.StatusMisdirectedRequest, "evil.example:8080": http.StatusMisdirectedRequest} {
+		req, _ := http.NewRequest(http.MethodGet, b.ts.URL+"/", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != code {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, code)
+		}
+	}
+	b2 := newBundle(t, func(c *Config) { c.AllowedHosts = []string{"console.internal"} })
+	for host, code := range map[string]int{"console.internal:8080": 200, "127.0.0.1": http.StatusMisdirectedRequest} {
+		req, _ := http.NewRequest(http.MethodGet, b2.ts.URL+"/healthz", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != code {
+			t.Errorf("allowed console.internal, Host %s: %d, want %d", host, resp.StatusCode, code)
+		}
+	}
+}
+
+func TestConsoleQueueBusy(t *testing.T) {
+	b := newBundle(t)
+	defer func(d time.Duration) { lockWait = d }(lockWait)
+	lockWait = 50 * time.Millisecond
+	lock := b.srv.locks["memory:payments.dlq"]
+	lock <- struct{}{}
+	body := b.client().mustGet("/dead-letters")
+	<-lock
+	must(t, body, "is busy: a replay is running on it")
+}

@@ -50,16 +50,26 @@ type selection struct {
 	IDs         []string `json:"ids,omitempty"`
 }
 
-// withBrowser opens q, holding its lock, and wraps its browser to sel's
-// group.
+// lockWait is how long a page waits for a queue another request browses.
+var lockWait = 10 * time.Second
+
+// withConn opens the queue named id and runs fn, holding the queue's lock.
 func (s *Server) withConn(ctx context.Context, id string, publish bool, fn func(*Conn) error) error {
 	q, ok := s.dlqs[id]
 	if !ok {
 		return fmt.Errorf("no dead-letter queue %q", id)
 	}
-	mu := s.locks[id]
-	mu.Lock()
-	defer mu.Unlock()
+	lock := s.locks[id]
+	wait := time.NewTimer(lockWait)
+	defer wait.Stop()
+	select {
+	case lock <- struct{}{}:
+	case <-wait.C:
+		return fmt.Errorf("%s %s is busy: a replay is running on it; try again when it ends", q.Broker, q.Name)
+	case <-ctx.Done():
+		return fmt.Errorf("%s %s is busy: %w", q.Broker, q.Name, context.Cause(ctx))
+	}
+	defer func() { <-lock }()
 	c, err := q.Open(ctx, publish)
 	if err != nil {
 		return fmt.Errorf("open %s %s: %w", q.Broker, q.Name, err)
