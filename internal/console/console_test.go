@@ -525,3 +525,27 @@ func TestConsoleQueueBusy(t *testing.T) {
 	<-lock
 	must(t, body, "is busy: a replay is running on it")
 }
+
+func TestConsoleReplayFailureRecorded(t *testing.T) {
+	b := newBundle(t)
+	b.q.pubErr = errors.New("publish to amqp://guest:hunter2hunter2@rabbit:5672/: channel closed")
+	c := b.client()
+	c.login("alice-secret-1")
+	j := runAction(t, b, c, "replay", sel(b.fingerprint("pay-1")))
+	if j.Outcome != "failed" || !strings.Contains(j.Error, "channel closed") || strings.Contains(j.Error, "hunter2") {
+		t.Fatalf("job: %+v", j)
+	}
+	var outcome, msg string
+	if err := b.pool.QueryRow(context.Background(), `SELECT outcome, error FROM `+b.schema+`.idemq_console_audit`).Scan(&outcome, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if outcome != "failed" || strings.Contains(msg, "hunter2") || !strings.Contains(msg, "channel closed") {
+		t.Errorf("audit: %s %q", outcome, msg)
+	}
+	body := c.mustGet("/audit")
+	must(t, body, "outcome-failed", "channel closed")
+	mustNot(t, body, "hunter2")
+	if b.q.len() != 5 {
+		t.Errorf("DLQ holds %d, want 5 (only the applied pay-1 removed)", b.q.len())
+	}
+}

@@ -39,6 +39,7 @@ type memQueue struct {
 	msgs      []*consumer.Message
 	published []published
 	openErr   error
+	pubErr    error
 }
 
 type published struct {
@@ -78,6 +79,9 @@ func (q *memQueue) dlq(name string) DLQ {
 			c := &Conn{Browser: b, Close: func() { _ = b.Close() }}
 			if publish {
 				c.Publish = func(_ context.Context, dest string, m *consumer.Message) error {
+					if q.pubErr != nil {
+						return q.pubErr
+					}
 					q.mu.Lock()
 					q.published = append(q.published, published{dest, m})
 					q.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // job is one replay or requeue running, or run, in this process.
@@ -80,6 +81,8 @@ func (s *Server) start(who, action string, sel selection, dry dryCounts) (string
 		})
 		outcome := "done"
 		if err != nil {
+			// Recorded and shown without any password of a URL.
+			err = redact.Error(err, s.cfg.Secrets...)
 			outcome = "failed"
 		}
 		fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
