@@ -549,3 +549,11 @@ func TestConsoleReplayFailureRecorded(t *testing.T) {
 		t.Errorf("DLQ holds %d, want 5 (only the applied pay-1 removed)", b.q.len())
 	}
 }
+
+func TestConsoleNotMigrated(t *testing.T) {
+	b := newBundle(t)
+	if _, err := b.pool.Exec(context.Background(), `DROP TABLE `+b.schema+`.processed_messages`); err != nil {
+		t.Fatal(err)
+	}
+	must(t, b.client().mustGet("/"), "processed_messages does not exist: run &#39;idemq migrate&#39;")
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/processed"
@@ -88,6 +89,9 @@ type httpKeyStats struct{ Rows, InProgress, Completed int64 }
 func (s *Server) consumers(ctx context.Context) ([]string, error) {
 	out := slices.Clone(s.cfg.Consumers)
 	rows, err := s.cfg.DB.Query(ctx, `SELECT DISTINCT consumer FROM `+pgx.Identifier{s.cfg.Store.Schema(), s.cfg.Store.Table()}.Sanitize()+` ORDER BY 1 LIMIT 200`)
+	if pgmigrate.IsUndefined(err) {
+		return out, fmt.Errorf("the dedup table %s does not exist: run 'idemq migrate' (or give --schema and --table)", s.cfg.Store)
+	}
 	if err != nil {
 		return out, err
 	}
