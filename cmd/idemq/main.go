@@ -15,6 +15,7 @@
 //	status --consumer NAME           dedup table size, purge backlog, DLQ depth, last applied
 //	bench                            throughput against baselines, side by side
 //	chaos                            the chaos suite with an exactly-once checker
+//	console                          serve the web console: dead letters by cause, dry runs, replays, audit
 //
 // Every database command takes --database-url (defaulting to $DATABASE_URL,
 // then postgres://postgres@127.0.0.1:5432/test?sslmode=disable), --schema and
