@@ -179,7 +179,9 @@ func TestBrokenMemoryCounter(t *testing.T) {
 		})
 	}
 	expectFailures(t, checkSuite(t, s), map[string][]string{
-		"commit-fails":          {"carried state in memory", `- "seq": 1`, `+ "seq": 2`},
+		// How far the counter runs ahead depends on how the runtime
+		// grouped the deliveries; that it differs is the failure.
+		"commit-fails":          {"carried state in memory", `- "seq": 1`},
 		"handler-error-retried": {"handler-error-retried:"},
 	})
 }

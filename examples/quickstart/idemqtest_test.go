@@ -32,8 +32,7 @@ func TestHandleIsIdempotent(t *testing.T) {
 	}
 	idemqtest.Run(t, idemqtest.Suite{
 		Setup: func(ctx context.Context, env *idemqtest.Env) error {
-			_, err := setupSchema(ctx, env.Pool, env.Schema)
-			return err
+			return createBusinessTables(ctx, env.Pool, env.Schema)
 		},
 		NewHandler: func(env *idemqtest.Env) consumer.Handler {
 			w := &workload{

@@ -300,6 +300,12 @@ func setupSchema(ctx context.Context, store *processed.Store) error {
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
+	return createBusinessTables(ctx, pool, store.Schema())
+}
+
+// createBusinessTables creates the accounts and the ledger in schema.
+func createBusinessTables(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	s := pgx.Identifier{schema}.Sanitize()
 	_, err := pool.Exec(ctx, `
 CREATE TABLE `+s+`.accounts (id text PRIMARY KEY, balance_cents bigint NOT NULL DEFAULT 0);
 CREATE TABLE `+s+`.ledger (payment_id text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
