@@ -148,3 +148,16 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func newBrowser(t *testing.T, cfg natsjs.BrowserConfig) *natsjs.Browser {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = serverURL()
+	}
+	b, err := natsjs.NewBrowser(testCtx(t, 10*time.Second), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}

@@ -88,6 +88,22 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	s := &Source{
+		cfg:    cfg,
+		window: DefaultWindow,
+		held:   map[*delivery]struct{}{},
+		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc,
+			keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
+	}
+	s.pending = s.maxAckPending(s.window)
+	var err error
+	if s.dl, err = dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options); err != nil {
+		var ce *consumer.ConfigError
+		if errors.As(err, &ce) {
+			return nil, &consumer.ConfigError{Field: "DeadLetter.Options." + ce.Field, Reason: ce.Reason}
+		}
+		return nil, err
+	}
 	nc, err := connect(ctx, cfg.URL, "idemq-"+cfg.Durable, cfg.Options)
 	if err != nil {
 		return nil, err
@@ -107,31 +123,13 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		nc.Close()
 		return nil, err
 	}
-	s := &Source{
-		cfg:    cfg,
-		nc:     nc,
-		js:     js,
-		window: DefaultWindow,
-		held:   map[*delivery]struct{}{},
-		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc,
-			keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
-	}
-	s.pending = s.maxAckPending(s.window)
+	s.nc, s.js = nc, js
 	s.life, s.stop = context.WithCancel(context.Background())
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s.log.Store(s.withAttrs(logger))
-	s.dl, err = dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
-	if err != nil {
-		nc.Close()
-		var ce *consumer.ConfigError
-		if errors.As(err, &ce) {
-			return nil, &consumer.ConfigError{Field: "DeadLetter.Options." + ce.Field, Reason: ce.Reason}
-		}
-		return nil, err
-	}
 	return s, nil
 }
 
