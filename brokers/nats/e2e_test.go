@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 
 	"github.com/idemq/idemq/brokers/brokertest"
 	natsjs "github.com/idemq/idemq/brokers/nats"
@@ -401,5 +402,57 @@ func TestE2ECloseWithoutAckRedeliversAtOnce(t *testing.T) {
 	}
 	if rows, _ := e.counts(t); rows != count {
 		t.Errorf("effects: %d rows, want %d", rows, count)
+	}
+}
+
+// TestE2EConnectionCutExactlyOnce cuts the connection while handlers are
+// mid-transaction: the client reconnects by itself, the pull resumes, and
+// acks that could not get through let JetStream redeliver after AckWait.
+// Every id is applied exactly once, and nothing is lost.
+func TestE2EConnectionCutExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newE2E(t)
+	n := newTopology(t, 0)
+	px := newProxy(t)
+	const count, concurrency = 100, 4
+	msgs := brokertest.NewMessages("cut", count, 0)
+	if err := newPublisher(t, natsjs.PublisherConfig{}).Publish(testCtx(t, 30*time.Second), n.subject, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var started, blocked atomic.Int64
+	gate := make(chan struct{})
+	cfg := n.config()
+	cfg.URL = px.URL()
+	cfg.AckWait = 2 * time.Second
+	cfg.Options = []nats.Option{nats.ReconnectWait(50 * time.Millisecond)}
+	src := newSource(t, cfg)
+	rt, stop := e.run(t, src, nil, concurrency, func(*consumer.Message) error {
+		if started.Add(1) > 30 {
+			blocked.Add(1)
+			<-gate
+		}
+		return nil
+	})
+	waitFor(t, 30*time.Second, "handlers blocked mid-stream", func() bool { return blocked.Load() >= concurrency })
+	if c := px.Cut(); c == 0 {
+		t.Fatal("proxy had no connection to cut")
+	}
+	close(gate)
+	waitFor(t, 60*time.Second, fmt.Sprintf("all %d ids applied", count), func() bool {
+		_, distinct := e.counts(t)
+		return distinct == count
+	})
+	waitFor(t, 30*time.Second, "consumer drained", func() bool {
+		return rt.Stats().InFlight == 0 && consumerIdle(t, n)
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Logf("runtime %+v; source %+v", rt.Stats(), src.Stats())
+	if rows, distinct := e.counts(t); rows != count || distinct != count {
+		t.Errorf("effects: %d rows for %d ids, want exactly one row for each of %d ids", rows, distinct, count)
+	}
+	if st := rt.Stats(); st.Applied != count {
+		t.Errorf("Applied = %d, want %d", st.Applied, count)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/brokers/brokertest"
 	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -300,5 +301,65 @@ func TestDeadLettererAfterClose(t *testing.T) {
 	_ = src.Close()
 	if err := dl.DeadLetter(ctx, m, f); !errors.Is(err, consumer.ErrSourceClosed) {
 		t.Errorf("DeadLetter after Close: %v, want ErrSourceClosed", err)
+	}
+}
+
+// TestSignedDeadLetterVerifies: a signed envelope survives the trip through
+// the dead-letter stream (the Nats-* headers dropped are not signed).
+func TestSignedDeadLetterVerifies(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 20*time.Second)
+	n := newTopology(t, 0)
+	key := []byte("0123456789abcdef0123456789abcdef")
+	cfg := n.config()
+	cfg.DeadLetter.Options = dlq.Options{SigningKey: key}
+	src := newSource(t, cfg)
+	m := &consumer.Message{ID: "x", Body: []byte("b"), Headers: map[string]string{natsjs.HeaderMsgID: "x"}, Partition: -1, Offset: 3}
+	if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{Consumer: "c", MessageID: "x", Class: consumer.ClassPermanent, Err: errors.New("bad")}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := newBrowser(t, natsjs.BrowserConfig{Subject: n.dlqSubject}).Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dlq.Verify(d.Message(), key); err != nil {
+		t.Errorf("browsed dead letter does not verify: %v", err)
+	}
+}
+
+// TestRecoversDeletedConsumer: Receive recreates a durable consumer deleted
+// under it and goes on delivering.
+func TestRecoversDeletedConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	n := newTopology(t, 0)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	msgs := brokertest.NewMessages("del", 2, 0)
+	if err := pub.Publish(ctx, n.subject, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, n.config())
+	d := brokertest.Receive(ctx, t, src)
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := js(t).DeleteConsumer(ctx, n.stream, n.durable); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, n.subject, msgs[1]); err != nil {
+		t.Fatal(err)
+	}
+	// The recreated consumer starts at the beginning of the stream: the
+	// first message comes again (dedup would skip it), then the second.
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		d := brokertest.Receive(ctx, t, src)
+		seen[string(d.Message().Body)] = true
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := src.Stats(); st.Restarts < 1 {
+		t.Errorf("stats %+v, want a restart", st)
 	}
 }
