@@ -108,6 +108,9 @@ type Browser struct {
 	m      mapper
 	last   uint64 // 0: the subject was empty
 
+	life context.Context // done at Close
+	stop context.CancelFunc
+
 	mu     sync.Mutex
 	it     jetstream.MessagesContext
 	done   bool
@@ -120,7 +123,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	nc, err := connect(ctx, cfg.URL, "idemq-browser", cfg.Options)
+	nc, err := connect(ctx, cfg.URL, "idemq-browser", nil, cfg.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +146,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	}
 	b := &Browser{cfg: cfg, nc: nc, stream: stream,
 		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc, keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
+	b.life, b.stop = context.WithCancel(context.Background())
 	last, err := stream.GetLastMsgForSubject(ctx, cfg.Subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
@@ -187,6 +191,7 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 	}
 	nctx, cancel := context.WithTimeout(ctx, b.cfg.Idle)
 	defer cancel()
+	defer context.AfterFunc(b.life, cancel)()
 	m, err := b.it.Next(jetstream.NextContext(nctx))
 	if err != nil {
 		switch {
@@ -223,6 +228,7 @@ func (b *Browser) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	b.stop() // releases a Next in progress
 	b.mu.Lock()
 	if b.it != nil {
 		b.it.Stop()

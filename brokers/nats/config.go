@@ -174,6 +174,14 @@ type DeadLetterConfig struct {
 // stream for its dead letters. The zero value declares a file-backed,
 // single-replica stream named Config.Stream capturing Config.Subject, and a
 // stream named Config.Stream + "_DLQ" capturing the dead-letter subject.
+//
+// Both use JetStream's default limits retention: an acked message stays in
+// the work stream until MaxAge (or a limit of your own) removes it, so that
+// other durables can read it too; a dead letter stays until a Browser's ack
+// deletes it (dlq.Replay and dlq.Requeue do). Streams declared otherwise
+// work the same, with two cautions: the dead-letter stream must not use
+// work-queue retention (the Browser reads it with an ordered consumer), and
+// a work-queue work stream allows only one durable per subject.
 type Topology struct {
 	// Subjects the work stream captures. Defaults to []string{Config.Subject};
 	// required when Config.Subject is empty.
@@ -351,16 +359,30 @@ func redactURLs(raw string) string {
 	return strings.Join(parts, ",")
 }
 
-// connect dials rawURL with the Source's default options followed by
-// extra. Its error names the servers without credentials.
-func connect(ctx context.Context, rawURL, name string, extra []nats.Option) (*nats.Conn, error) {
+// connect dials rawURL with idemq's default options followed by extra. The
+// connection's asynchronous events go to log (nil: nowhere; the client's
+// own defaults would print to stderr). Its error names the servers without
+// credentials.
+func connect(ctx context.Context, rawURL, name string, log func() *slog.Logger, extra []nats.Option) (*nats.Conn, error) {
+	if log == nil {
+		discard := slog.New(slog.DiscardHandler)
+		log = func() *slog.Logger { return discard }
+	}
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.Timeout(DefaultConnectTimeout),
-		// The client's default handlers print to stderr; idemq is
-		// silent unless given a logger.
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log().Warn("natsjs: asynchronous error", slog.Any("error", err))
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log().Warn("natsjs: disconnected; reconnecting", slog.Any("error", err))
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log().Info("natsjs: reconnected", slog.String("server", nc.ConnectedUrlRedacted()))
+		}),
 	}
 	opts = append(opts, extra...)
 	type result struct {

@@ -59,6 +59,17 @@
 // "<stream>_DLQ"), and returns only once that stream acknowledged it. It
 // uses the Source's connection and is closed with it.
 //
+// Persistence: the runtime's guarantee holds as far as JetStream keeps
+// what it acknowledged. On file storage a publish ack (of a work message or
+// a dead letter) and the consumer's ack state are written to the operating
+// system at once but flushed to disk only periodically (every two minutes
+// by default; sync_interval, or sync: always, on recent servers): the
+// nats-server process may crash without loss, but losing the machine can
+// lose recently acknowledged messages, or forget acks so that applied
+// messages come back, which dedup absorbs. Where that matters, replicate
+// the streams (Topology.Replicas 3) or have the server sync every write.
+// Memory storage loses everything at a restart.
+//
 // [Browser] reads a dead-letter subject without consuming it, for the dlq
 // package's Inspect, Classify, Replay and Requeue: an ordered consumer reads
 // the messages stored when it opened, and acking a browsed delivery deletes

@@ -55,7 +55,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	if err := checkURL(cfg.URL); err != nil {
 		return nil, err
 	}
-	nc, err := connect(ctx, cfg.URL, "idemq-publisher", cfg.Options)
+	nc, err := connect(ctx, cfg.URL, "idemq-publisher", nil, cfg.Options)
 	if err != nil {
 		return nil, err
 	}

@@ -104,7 +104,12 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		}
 		return nil, err
 	}
-	nc, err := connect(ctx, cfg.URL, "idemq-"+cfg.Durable, cfg.Options)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s.log.Store(s.withAttrs(logger))
+	nc, err := connect(ctx, cfg.URL, "idemq-"+cfg.Durable, s.logger, cfg.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -125,11 +130,6 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.nc, s.js = nc, js
 	s.life, s.stop = context.WithCancel(context.Background())
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.log.Store(s.withAttrs(logger))
 	return s, nil
 }
 
