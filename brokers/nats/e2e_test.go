@@ -456,3 +456,51 @@ func TestE2EConnectionCutExactlyOnce(t *testing.T) {
 		t.Errorf("Applied = %d, want %d", st.Applied, count)
 	}
 }
+
+// TestE2EBatchMode: batch mode sizes MaxAckPending from Concurrency ×
+// BatchSize, and its acks (AckBatch) settle everything once.
+func TestE2EBatchMode(t *testing.T) {
+	t.Parallel()
+	e := newE2E(t)
+	n := newTopology(t, 0)
+	const count = 95
+	msgs := brokertest.NewMessages("batch", count, 0)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	if err := pub.Publish(testCtx(t, 30*time.Second), n.subject, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, n.config())
+	rt, err := consumer.New(consumer.Config{
+		Name: "e2e-batch", Store: e.store, Source: src, DeadLetterer: src.DeadLetterer(),
+		Concurrency: 2, BatchSize: 10, BatchWait: 50 * time.Millisecond,
+		BatchHandler: func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+			for _, m := range ms {
+				if _, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", m.ID, string(m.Body)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := src.Window(); w != 40 {
+		t.Errorf("MaxAckPending %d, want 2×2×10", w)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	waitFor(t, 30*time.Second, "every message settled", func() bool {
+		st := rt.Stats()
+		return st.Applied == count && st.InFlight == 0 && consumerIdle(t, n)
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rows, distinct := e.counts(t); rows != count || distinct != count {
+		t.Errorf("effects: %d rows for %d ids, want %d", rows, distinct, count)
+	}
+	t.Logf("runtime %+v; source %+v", rt.Stats(), src.Stats())
+}
