@@ -1,0 +1,4 @@
+package natsjs
+
+// KillConn closes s's connection as a crash would: no nak, no flush.
+func KillConn(s *Source) { s.nc.Close() }

@@ -1,0 +1,92 @@
+package natsjs
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// mapper turns JetStream messages into consumer.Messages. The Source and the
+// Browser share it, so a browsed message looks exactly like a consumed one.
+type mapper struct {
+	idHeader       string
+	idFunc         func(jetstream.Msg) string
+	keyHeader      string
+	keyFromSubject bool
+}
+
+func (m mapper) message(msg jetstream.Msg) *consumer.Message {
+	headers := headerMap(msg.Headers())
+	var id, idErr string
+	switch {
+	case m.idFunc != nil:
+		id, idErr = callIDFunc(m.idFunc, msg)
+	case m.idHeader != "":
+		id = msg.Headers().Get(m.idHeader)
+	}
+	var key string
+	switch {
+	case m.keyHeader != "":
+		key = msg.Headers().Get(m.keyHeader)
+	case m.keyFromSubject:
+		key = msg.Subject()
+	}
+	out := &consumer.Message{
+		ID:        id,
+		Key:       key,
+		Body:      msg.Data(),
+		Headers:   headers,
+		Source:    msg.Subject(),
+		Partition: -1,
+		Offset:    -1,
+		Metadata:  map[string]string{MetaSubject: msg.Subject()},
+	}
+	if md, err := msg.Metadata(); err == nil {
+		out.Offset = int64(md.Sequence.Stream)
+		out.Redelivered = md.NumDelivered > 1
+		out.Timestamp = md.Timestamp
+		out.Metadata[MetaStream] = md.Stream
+		out.Metadata[MetaConsumer] = md.Consumer
+		out.Metadata[MetaStreamSeq] = strconv.FormatUint(md.Sequence.Stream, 10)
+		out.Metadata[MetaConsumerSeq] = strconv.FormatUint(md.Sequence.Consumer, 10)
+		out.Metadata[MetaNumDelivered] = strconv.FormatUint(md.NumDelivered, 10)
+		out.Metadata[MetaNumPending] = strconv.FormatUint(md.NumPending, 10)
+	}
+	if idErr != "" {
+		out.Metadata[MetaIDError] = idErr
+	}
+	return out
+}
+
+// headerMap keeps the first value of each header. JetStream's own headers
+// (Nats-Msg-Id among them) are kept: they are part of what was published.
+func headerMap(h nats.Header) map[string]string {
+	if len(h) == 0 {
+		return map[string]string{}
+	}
+	out := make(map[string]string, len(h))
+	for k, vs := range h {
+		if len(vs) > 0 {
+			out[k] = vs[0]
+		} else {
+			out[k] = ""
+		}
+	}
+	return out
+}
+
+// callIDFunc runs a user's MessageIDFunc, turning a panic (a body-dependent
+// one would crash the process on every redelivery) into an empty id and a
+// reason.
+func callIDFunc(f func(jetstream.Msg) string, msg jetstream.Msg) (id, idErr string) {
+	defer func() {
+		if v := recover(); v != nil {
+			id, idErr = "", fmt.Sprintf("MessageIDFunc panicked: %v", v)
+		}
+	}()
+	return f(msg), ""
+}

@@ -1,0 +1,79 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// declare creates the work stream and the dead-letter stream of c (which
+// has had its defaults applied) if they are missing. An existing stream is
+// never modified: it must capture the subjects asked for.
+func declare(ctx context.Context, js jetstream.JetStream, c Config) error {
+	t := c.Topology
+	streams := []jetstream.StreamConfig{
+		{Name: c.Stream, Subjects: t.Subjects, Duplicates: t.Duplicates},
+		{Name: t.DeadLetterStream, Subjects: []string{c.DeadLetter.Subject}},
+	}
+	for _, sc := range streams {
+		sc.Storage = t.Storage
+		sc.Replicas = t.Replicas
+		sc.MaxAge = t.MaxAge
+		sc.Description = "declared by idemq"
+		if err := ensureStream(ctx, js, sc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, sc.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateStream(ctx, sc)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = js.Stream(ctx, sc.Name) // created meanwhile
+		} else if err != nil {
+			return fmt.Errorf("natsjs: create stream %q: %w", sc.Name, err)
+		} else {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("natsjs: stream %q: %w", sc.Name, err)
+	}
+	have := s.CachedInfo().Config.Subjects
+	for _, want := range sc.Subjects {
+		if !slices.Contains(have, want) {
+			return fmt.Errorf("natsjs: stream %q exists with subjects %q, without %q; it is not modified: add the subject, or delete the stream", sc.Name, have, want)
+		}
+	}
+	return nil
+}
+
+// check verifies, at NewSource, that the work stream exists and that a
+// stream other than the one the Source reads (or, in the same stream, a
+// subject the Source does not read) captures the dead-letter subject.
+func check(ctx context.Context, js jetstream.JetStream, c Config) error {
+	if _, err := js.Stream(ctx, c.Stream); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("natsjs: stream %q not found (create it, or set Config.Topology): %w", c.Stream, err)
+		}
+		return fmt.Errorf("natsjs: stream %q: %w", c.Stream, err)
+	}
+	name, err := js.StreamNameBySubject(ctx, c.DeadLetter.Subject)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("natsjs: no stream captures the dead-letter subject %q (create one, or set Config.Topology): %w", c.DeadLetter.Subject, err)
+		}
+		return fmt.Errorf("natsjs: dead-letter subject %q: %w", c.DeadLetter.Subject, err)
+	}
+	if name == c.Stream && c.Subject == "" {
+		return fmt.Errorf("natsjs: %w", configError("DeadLetter.Subject",
+			"%q is captured by the Source's own stream %q, which it reads whole (Subject is empty): dead letters would be consumed again", c.DeadLetter.Subject, name))
+	}
+	return nil
+}
