@@ -26,6 +26,7 @@ var snippetImports = map[string]string{
 	"os":         "os",
 	"slog":       "log/slog",
 	"time":       "time",
+	"testing":    "testing",
 	"pgx":        "github.com/jackc/pgx/v5",
 	"pgxpool":    "github.com/jackc/pgx/v5/pgxpool",
 	"amqp":       "github.com/rabbitmq/amqp091-go",
@@ -42,6 +43,8 @@ var snippetImports = map[string]string{
 	"httpidem":   "github.com/idemq/idemq/httpidem",
 	"idemqprom":  "github.com/idemq/idemq/observability/prometheus",
 	"idemqotel":  "github.com/idemq/idemq/observability/otel",
+	"idemqtest":  "github.com/idemq/idemq/idemqtest",
+	"natsjs":     "github.com/idemq/idemq/brokers/nats",
 }
 
 // snippetWorld declares what README snippets use without declaring: the
