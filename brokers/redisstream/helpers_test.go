@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -154,7 +155,7 @@ func (s *redisServer) start() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		if err == nil || strings.HasPrefix(err.Error(), "NOAUTH") {
 			return
 		}
 		if time.Now().After(deadline) {

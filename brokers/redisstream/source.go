@@ -23,12 +23,12 @@ var (
 
 // Bounds of the Source's own waits.
 const (
-	closeTimeout      = 5 * time.Second
-	retryInitial      = 100 * time.Millisecond
-	retryMax          = 5 * time.Second
-	pendingPage       = 1000
-	keepAliveBatch    = 200
-	maxReleasePages   = 100
+	closeTimeout    = 5 * time.Second
+	retryInitial    = 100 * time.Millisecond
+	retryMax        = 5 * time.Second
+	pendingPage     = 1000
+	keepAliveBatch  = 200
+	maxReleasePages = 100
 )
 
 // Stats are a Source's counters since it was created.
@@ -119,10 +119,10 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{
-		cfg:   cfg,
-		mp:    mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: cfg.DisableFallbackID},
-		ready: make(chan struct{}, 1),
-		held:  map[string]*delivery{},
+		cfg:    cfg,
+		mp:     mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: cfg.DisableFallbackID},
+		ready:  make(chan struct{}, 1),
+		held:   map[string]*delivery{},
 		window: DefaultWindow,
 		limit:  2 * DefaultWindow,
 	}
