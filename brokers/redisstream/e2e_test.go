@@ -266,3 +266,50 @@ func TestE2ECloseRecovery(t *testing.T) {
 		t.Errorf("second source claimed %d entries, fewer than the %d unacked", src2.Stats().Claimed, wrapped.lost.Load())
 	}
 }
+
+// TestE2EBatch: in batch mode the runtime acks each committed batch with
+// one XACK (AckBatch); duplicates by id field are applied once.
+func TestE2EBatch(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 90*time.Second)
+	e := newE2E(t)
+	stream := newStream(t, testURL())
+	msgs := brokertest.NewMessages("batch", 100, 0)
+	all := append(append([]*consumer.Message{}, msgs...), msgs[:20]...)
+	if _, err := newPublisher(t, redisstream.PublisherConfig{}).Publish(ctx, stream, all...); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, redisstream.Config{Stream: stream, Group: "ledger"})
+	cfg := e.config(src, nil)
+	cfg.Handler = nil
+	cfg.BatchSize = 10
+	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+		for _, m := range ms {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", m.ID, string(m.Body)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rt, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, rt)
+	waitFor(t, 60*time.Second, "every entry settled", func() bool {
+		s := rt.Stats()
+		return s.Applied+s.Duplicates == int64(len(all)) && s.InFlight == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if rows, distinct := e.counts(t); rows != 100 || distinct != 100 {
+		t.Errorf("effects: %d rows for %d ids, want 100 for 100", rows, distinct)
+	}
+	if p, _ := client(t, testURL()).XPending(ctx, stream, "ledger").Result(); p.Count != 0 {
+		t.Errorf("%d entries still pending", p.Count)
+	}
+	if s := src.Stats(); s.Acked != int64(len(all)) {
+		t.Errorf("source acked %d, want %d", s.Acked, len(all))
+	}
+}

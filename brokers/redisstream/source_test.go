@@ -487,3 +487,54 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("empty stream: %v", err)
 	}
 }
+
+// TestLostToAnotherConsumer: a held entry another consumer claimed (this
+// process stalled past MinIdle) is noticed by the keep-alive; a Nack then
+// leaves it to its new owner instead of claiming it back.
+func TestLostToAnotherConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	stream := newStream(t, testURL())
+	newPublisher(t, redisstream.PublisherConfig{}).Publish(ctx, stream, brokertest.NewMessages("lost", 1, 0)...)
+	src := newSource(t, redisstream.Config{Stream: stream, Group: "g", MinIdle: time.Second, KeepAlive: 100 * time.Millisecond})
+	d := brokertest.Receive(ctx, t, src)
+	c := client(t, testURL())
+	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: "thief", Messages: []string{d.Message().Metadata[redisstream.MetaEntryID]}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the keep-alive to notice", func() bool { return src.Stats().Lost == 1 })
+	if err := d.Nack(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	brokertest.ReceiveNone(ctx, t, src, 300*time.Millisecond)
+	p, err := c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(p) != 1 || p[0].Consumer != "thief" {
+		t.Errorf("pending %+v (%v), want the entry with thief", p, err)
+	}
+}
+
+// TestWindow: Configure sizes the reads and the bound on held entries from
+// the runtime's window; a Source at the bound reads nothing more until a
+// delivery settles.
+func TestWindow(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	stream := newStream(t, testURL())
+	newPublisher(t, redisstream.PublisherConfig{}).Publish(ctx, stream, brokertest.NewMessages("win", 10, 0)...)
+	src := newSource(t, redisstream.Config{Stream: stream, Group: "g"})
+	if w := src.Configure(consumer.SourceSettings{Window: 2}); w != 4 {
+		t.Fatalf("Configure(2) = %d, want 4", w)
+	}
+	ds := brokertest.ReceiveN(ctx, t, src, 4)
+	brokertest.ReceiveNone(ctx, t, src, 300*time.Millisecond)
+	if p, _ := client(t, testURL()).XPending(ctx, stream, "g").Result(); p.Count != 4 {
+		t.Errorf("%d entries read, want 4", p.Count)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = brokertest.Receive(ctx, t, src)
+	if w := src.Configure(consumer.SourceSettings{Window: 100}); w != 4 {
+		t.Errorf("Configure after the first Receive = %d, want 4 unchanged", w)
+	}
+}
