@@ -1,0 +1,151 @@
+package redisstream
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// HeaderEntryID is the header holding the id of the entry a message first
+// had in Redis. The Source sets it when a message does not carry it yet, so
+// that a dead-lettered copy (and a requeued one) still names the entry it
+// came from, as x-idemq-source names its stream. The entry a message was
+// read from now is always in Metadata[MetaEntryID].
+const HeaderEntryID = "x-idemq-redis-entry-id"
+
+// Keys of consumer.Message.Metadata set by Source and Browser.
+const (
+	MetaStream   = "redis.stream"
+	MetaEntryID  = "redis.entry_id"
+	MetaGroup    = "redis.group"
+	MetaConsumer = "redis.consumer"
+	// MetaDelivery says how the Source got the entry: "new"
+	// (XREADGROUP >), "nack" (re-delivered to itself after a Nack),
+	// "claimed" (XAUTOCLAIM from another consumer, or itself, after
+	// MinIdle) or "pending" (one of its own pending entries it had lost
+	// track of). Every delivery but "new" has a delivery count above one
+	// and Message.Redelivered set.
+	MetaDelivery = "redis.delivery"
+)
+
+// How a Source got an entry (Metadata[MetaDelivery]).
+const (
+	deliveryNew     = "new"
+	deliveryNack    = "nack"
+	deliveryClaimed = "claimed"
+	deliveryPending = "pending"
+)
+
+// ErrReservedField is returned (wrapped) by Publish for a message with a
+// header named like the body or key field: it would overwrite them.
+var ErrReservedField = errors.New("redisstream: header name is a reserved entry field")
+
+// mapping turns stream entries into messages and back. The Source, the
+// dead-letterer, the Publisher and the Browser share it, so an entry looks
+// the same whoever reads it.
+type mapping struct {
+	idField, bodyField, keyField string
+	disableFallbackID            bool
+}
+
+// message converts entry e of stream. Fields other than the id, body and
+// key fields become headers.
+func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
+	headers := make(map[string]string, len(e.Values))
+	var body []byte
+	var id, key string
+	for k, v := range e.Values {
+		s := fieldString(v)
+		switch {
+		case k == mp.bodyField:
+			body = []byte(s)
+		case k == mp.idField:
+			id = s
+		case mp.keyField != "" && k == mp.keyField:
+			key = s
+		default:
+			headers[k] = s
+		}
+	}
+	if id == "" && !mp.disableFallbackID {
+		id = FallbackID(stream, e.ID)
+	}
+	if _, ok := headers[HeaderEntryID]; !ok {
+		headers[HeaderEntryID] = e.ID
+	}
+	return &consumer.Message{
+		ID:        id,
+		Key:       key,
+		Body:      body,
+		Headers:   headers,
+		Source:    stream,
+		Partition: -1,
+		Offset:    -1,
+		Timestamp: entryTime(e.ID),
+		Metadata:  map[string]string{MetaStream: stream, MetaEntryID: e.ID},
+	}
+}
+
+// values is the inverse of message: the fields XADD writes for m. The id
+// field holds Message.ID (a header of that name is dropped when the id is
+// set), the key field Message.Key if a key field is configured, the body
+// field the body, and every header a field of its own, sorted by name.
+// RecordKey and Timestamp are not written: an entry has no record key, and
+// its id carries its time.
+func (mp mapping) values(m *consumer.Message) ([]any, error) {
+	names := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		switch {
+		case k == mp.idField && m.ID != "":
+			continue
+		case k == mp.bodyField || (mp.keyField != "" && k == mp.keyField):
+			return nil, fmt.Errorf("%w: header %q", ErrReservedField, k)
+		}
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	vals := make([]any, 0, 2*len(names)+6)
+	if m.ID != "" {
+		vals = append(vals, mp.idField, m.ID)
+	}
+	if mp.keyField != "" && m.Key != "" {
+		vals = append(vals, mp.keyField, m.Key)
+	}
+	for _, k := range names {
+		vals = append(vals, k, m.Headers[k])
+	}
+	// Always written, even empty: XADD needs at least one field.
+	vals = append(vals, mp.bodyField, m.Body)
+	return vals, nil
+}
+
+func fieldString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// entryTime is the time in an entry id's first part (milliseconds since the
+// epoch), or the zero time if it has none.
+func entryTime(id string) time.Time {
+	ms, _, _ := strings.Cut(id, "-")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil || n <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(n).UTC()
+}
