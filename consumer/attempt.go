@@ -150,8 +150,13 @@ func (r *Runtime) messageID(msg *Message) (id string, err error) {
 func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) attemptResult {
 	start := time.Now()
 	tx, claims, err := r.beginClaims(ctx, items)
+	committed := false
 	if tx != nil {
-		defer r.rollback(ctx, tx)
+		defer func() {
+			if !committed { // after a commit there is nothing to end
+				r.rollback(ctx, tx)
+			}
+		}()
 	}
 	if err != nil {
 		if errors.Is(err, ErrNotMigrated) {
@@ -217,7 +222,9 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		return res
 	}
 	cstart := time.Now()
-	if err := tx.Commit(ctx); err != nil {
+	err = tx.Commit(ctx)
+	committed = true // committed or not, the transaction has ended
+	if err != nil {
 		return classifyCommitErr(err)
 	}
 	res.commit = time.Since(cstart)

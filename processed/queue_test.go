@@ -165,27 +165,68 @@ func (r afterResults) Close() error {
 	return err
 }
 
-// TestQueueClaimRowPurgedBeforeFinish: the pipelined insert conflicted, then
-// a purge deleted the row before the store read it; the id is claimed afresh.
+// TestQueueClaimRowPurgedBeforeFinish: the pipelined claim waited for a
+// concurrent claim of its id, which committed after the claim's snapshot, so
+// the claim's statement could not see the row; a purge then deleted it before
+// the separate read. The id is claimed afresh.
 func TestQueueClaimRowPurgedBeforeFinish(t *testing.T) {
 	t.Parallel()
 	s, pool := setup(t, processed.Config{})
 	c := claimOf("billing", "q-v", "x")
-	queueClaimCommit(t, pool, s, c)
+	txA, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = txA.Rollback(context.Background()) }()
+	if res, err := s.Claim(ctx(t), txA, c); err != nil || res.Outcome != consumer.ClaimNew {
+		t.Fatalf("A: %+v, %v", res, err)
+	}
 
 	purge := func() {
 		if _, err := pool.Exec(ctx(t), "DELETE FROM "+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()); err != nil {
 			t.Error(err)
 		}
 	}
-	tx, res, err := over(t, afterBatchDB{pool, purge}, s).BeginClaim(ctx(t), []consumer.Claim{c})
-	if tx != nil {
-		defer func() { _ = tx.Rollback(context.Background()) }()
+	type answer struct {
+		tx  pgx.Tx
+		res []consumer.ClaimResult
+		err error
 	}
-	if err != nil || res[0].Outcome != consumer.ClaimNew {
-		t.Fatalf("claim after purge: %+v, %v; want new", res, err)
+	done := make(chan answer, 1)
+	// B claims on a pool of one connection, whose PID is known.
+	pcfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := tx.Commit(ctx(t)); err != nil {
+	pcfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx(t), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(one.Close)
+	conn, err := one.Acquire(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidB := conn.Conn().PgConn().PID()
+	conn.Release()
+	b := over(t, afterBatchDB{one, purge}, s)
+	go func() {
+		tx, res, err := b.BeginClaim(ctx(t), []consumer.Claim{c})
+		done <- answer{tx, res, err}
+	}()
+	waitUntilBlocked(t, pool, pidB)
+	if err := txA.Commit(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.tx != nil {
+		defer func() { _ = a.tx.Rollback(context.Background()) }()
+	}
+	if a.err != nil || a.res[0].Outcome != consumer.ClaimNew {
+		t.Fatalf("claim after purge: %+v, %v; want new", a.res, a.err)
+	}
+	if err := a.tx.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Lookup(ctx(t), "billing", "q-v"); err != nil {
