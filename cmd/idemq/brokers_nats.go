@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -26,17 +27,52 @@ func natsURLOr(flagValue string, e *env) string {
 }
 
 // redactNATSURLs shows a comma-separated list of NATS URLs with their
-// passwords masked.
+// passwords and tokens masked.
 func redactNATSURLs(raw string) string {
 	parts := splitList(raw)
 	for i, p := range parts {
 		if !strings.Contains(p, "://") {
 			p = "nats://" + p
 		}
+		if u, err := url.Parse(p); err == nil && natsToken(p) != "" {
+			u.User = url.User(redact.Mask)
+			p = u.String()
+		}
 		parts[i] = redact.URL(p)
 	}
 	return strings.Join(parts, ",")
 }
+
+// natsToken is the token of a NATS URL: nats.go takes a user name without
+// a password (nats://token@host) for a token.
+func natsToken(rawURL string) string {
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		rest = rawURL
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 || strings.Contains(rest[:at], ":") {
+		return ""
+	}
+	return rest[:at]
+}
+
+// natsSecrets are what redact.Error masks the secrets of a comma-separated
+// list of NATS URLs with: the URLs themselves (their passwords), and each
+// token written as a password.
+func natsSecrets(raw string) []string {
+	var out []string
+	for _, p := range splitList(raw) {
+		out = append(out, p)
+		if tok := natsToken(p); tok != "" {
+			out = append(out, "nats://token:"+tok+"@")
+		}
+	}
+	return out
+}
+
+// redactNATS masks the passwords and tokens of the NATS URLs raw in err.
+func redactNATS(err error, raw string) error { return redact.Error(err, natsSecrets(raw)...) }
 
 // validateNATS checks the NATS JetStream selection; subjectFlag and
 // streamFlag are the flags' names, for the messages.
@@ -66,14 +102,14 @@ func (b *brokerFlags) validateNATS(e *env, subjectFlag, streamFlag string) error
 func openNATSDLQ(ctx context.Context, b *brokerFlags, withPublisher bool) (*dlqConn, error) {
 	br, err := natsjs.NewBrowser(ctx, natsjs.BrowserConfig{URL: b.natsURL, Subject: b.subject, Stream: b.natsStream})
 	if err != nil {
-		return nil, redact.Error(err, splitList(b.natsURL)...)
+		return nil, redactNATS(err, b.natsURL)
 	}
 	c := &dlqConn{browser: br, close: func() { _ = br.Close() }}
 	if withPublisher {
 		pub, err := natsjs.NewPublisher(ctx, natsjs.PublisherConfig{URL: b.natsURL, RejectDuplicates: true})
 		if err != nil {
 			_ = br.Close()
-			return nil, redact.Error(err, splitList(b.natsURL)...)
+			return nil, redactNATS(err, b.natsURL)
 		}
 		c.publish = func(ctx context.Context, subject string, m *consumer.Message) error {
 			return pub.Publish(ctx, subject, m)
@@ -89,7 +125,7 @@ func openNATSDLQ(ctx context.Context, b *brokerFlags, withPublisher bool) (*dlqC
 func statusNATSDepth(ctx context.Context, b *brokerFlags) statusDLQ {
 	d := statusDLQ{Broker: "nats", Name: b.subject, Stream: b.natsStream}
 	fail := func(err error) statusDLQ {
-		d.Error = redact.Error(err, splitList(b.natsURL)...).Error()
+		d.Error = redactNATS(err, b.natsURL).Error()
 		return d
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)

@@ -73,7 +73,7 @@ func (f *streamDLQFlags) resolve(e *env) ([]*brokerFlags, error) {
 func (f *streamDLQFlags) secrets(e *env) []string {
 	var out []string
 	if len(f.subjects) > 0 {
-		out = append(out, splitList(natsURLOr(f.natsURL, e))...)
+		out = append(out, natsSecrets(natsURLOr(f.natsURL, e))...)
 	}
 	if len(f.keys) > 0 {
 		out = append(out, redisURLOr(f.redisURL, e))

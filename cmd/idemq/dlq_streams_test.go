@@ -304,6 +304,7 @@ func TestStreamURLPasswordNeverPrinted(t *testing.T) {
 		name, flag, url, sel, stderr string
 	}{
 		{"nats unreachable", "--nats-url", "nats://app:" + secret + "@127.0.0.1:" + port, "subject", "nats://app:xxxxx@127.0.0.1:" + port},
+		{"nats token", "--nats-url", "nats://" + secret + "@127.0.0.1:" + port, "subject", "nats://xxxxx@127.0.0.1:" + port},
 		{"nats list", "--nats-url", "nats://127.0.0.1:" + port + ",nats://app:" + secret + "@127.0.0.1:" + port, "subject", "nats://app:xxxxx@127.0.0.1:" + port},
 		{"nats bad port", "--nats-url", "nats://app:" + secret + "@127.0.0.1:notaport", "subject", "URL"},
 		{"nats bad escape", "--nats-url", "nats://app:" + secret + "%zz@127.0.0.1:" + port, "subject", "URL"},

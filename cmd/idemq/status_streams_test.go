@@ -172,7 +172,8 @@ func TestConsoleStreamURLPasswordNeverShown(t *testing.T) {
 	_, dbArgs := migrated(t)
 	port := deadPort(t)
 	base, stderr := startConsole(t, nil, append(dbArgs, "--dlq-subject", "a.dlq", "--dlq-stream-key", "b.dlq",
-		"--nats-url", "nats://app:"+secret+"@127.0.0.1:"+port, "--redis-url", "redis://app:"+secret+"@127.0.0.1:"+port+"/0")...)
+		"--nats-url", "nats://app:"+secret+"@127.0.0.1:"+port+","+secret+"@127.0.0.1:"+port,
+		"--redis-url", "redis://app:"+secret+"@127.0.0.1:"+port+"/0")...)
 	b := newBrowser(t, base)
 	for _, path := range []string{"/", "/dead-letters", "/dead-letters?dlq=nats:a.dlq", "/dead-letters?dlq=redis:b.dlq"} {
 		page := b.get(path)
@@ -180,7 +181,7 @@ func TestConsoleStreamURLPasswordNeverShown(t *testing.T) {
 			t.Errorf("%s shows the password:\n%s", path, page)
 		}
 		if path == "/" {
-			contains(t, page, "nats://app:xxxxx@127.0.0.1:"+port, "redis://app:xxxxx@127.0.0.1:"+port, "cannot reach")
+			contains(t, page, "nats://app:xxxxx@127.0.0.1:"+port+",nats://xxxxx@127.0.0.1:"+port, "redis://app:xxxxx@127.0.0.1:"+port, "cannot reach")
 		}
 	}
 	if strings.Contains(stderr.String(), secret) {
