@@ -188,3 +188,24 @@ func TestConsoleStreamURLPasswordNeverShown(t *testing.T) {
 		t.Errorf("the log shows the password:\n%s", stderr.String())
 	}
 }
+
+func TestConsoleStreamsUsage(t *testing.T) {
+	t.Parallel()
+	noDB := []string{"--database-url", "postgres://postgres@127.0.0.1:1/x"}
+	for _, tc := range []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"--dlq-stream", "ORDERS_DLQ"}, "--dlq-stream needs --dlq-subject"},
+		{[]string{"--dlq-subject", "orders.>"}, "no wildcards"},
+		{[]string{"--dlq-subject", "orders.dlq", "--dlq-stream", "orders.dlq"}, "--dlq-stream"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut strings.Builder
+			e := &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }}
+			if code := runEnv(context.Background(), append(append([]string{"console"}, tc.args...), noDB...), e); code != exitUsage || !strings.Contains(errOut.String(), tc.stderr) {
+				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, errOut.String(), tc.stderr)
+			}
+		})
+	}
+}
