@@ -104,7 +104,7 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Var(&f.queues, "dlq-queue", "RabbitMQ dead-letter `queue` to show (repeatable)")
 	fs.StringVar(&f.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
 	fs.Var(&f.topics, "dlq-topic", "Kafka dead-letter `topic` to show (repeatable)")
-	f.streams.register(fs, "to show")
+	f.streams.register(fs, "to show", true)
 	fs.Var(&f.tokens, "token", "a token that may replay: \"name:secret\" or a secret (repeatable; default $IDEMQ_CONSOLE_TOKEN)")
 	fs.StringVar(&f.tokenFile, "token-file", "", "read tokens from this `file`, one per line (# starts a comment)")
 	fs.BoolVar(&f.readOnly, "read-only", false, "offer and accept no replay or requeue")

@@ -80,8 +80,9 @@ is republished with its dedup id in Nats-Msg-Id and duplicates rejected: one
 the work stream discards as a duplicate (republished within its duplicate
 window) fails and stays in the DLQ. A removed dead letter is deleted from its
 stream (NATS: by sequence; Redis: XDEL). On Redis Streams the original is
-added (XADD) with its dedup id in the idempotency-key field and its body in
-the body field, the adapter's defaults.
+added (XADD) with its dedup id and body in the fields the consumer reads them
+from: --redis-id-field and --redis-body-field, if its Source sets IDField or
+BodyField.
 
 To run the handler in this process instead, use the Go API dlq.Replay.
 
@@ -106,6 +107,10 @@ type brokerFlags struct {
 	natsStream   string
 	redisURL     string
 	streamKey    string
+	// redisIDField and redisBodyField are the consumer's entry fields
+	// (redisstream.Config.IDField and BodyField).
+	redisIDField   string
+	redisBodyField string
 }
 
 func (b *brokerFlags) register(fs *flag.FlagSet) {

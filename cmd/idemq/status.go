@@ -118,7 +118,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&dlqQueue, "dlq-queue", "", "RabbitMQ dead-letter queue whose depth to show")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
 	fs.StringVar(&dlqTopic, "dlq-topic", "", "Kafka dead-letter topic whose depth to show")
-	streams.register(fs, "whose depth and oldest dead letter to show")
+	streams.register(fs, "whose depth and oldest dead letter to show", false)
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
