@@ -25,9 +25,10 @@ var consoleCommand = &command{
 default). Its pages:
 
   Overview      each consumer's dedup rows, oldest row, purge-eligible rows at
-                --retention and last applied message; each --dlq-queue's and
-                --dlq-topic's depth and oldest dead letter; the outbox backlog
-                and the HTTP idempotency key table, if they exist
+                --retention and last applied message; each --dlq-queue's,
+                --dlq-topic's, --dlq-subject's and --dlq-stream-key's depth
+                and oldest dead letter; the outbox backlog and the HTTP
+                idempotency key table, if they exist
   Dead letters  grouped by failure fingerprint, as 'idemq dlq inspect' groups
                 them; filter by queue, consumer, class, source and time
   A group       its envelopes (every x-idemq-* field, the failure history,
@@ -55,7 +56,9 @@ Examples:
   idemq console --dlq-queue payments.dlq --retention 7d
   IDEMQ_CONSOLE_TOKEN=alice:$(cat /etc/idemq/console.secret) idemq console \
       --dlq-queue payments.dlq --dlq-topic orders.dlq --kafka-brokers 127.0.0.1:9092 \
-      --verify-key-file /etc/idemq/dlq.key --retention 72h`,
+      --verify-key-file /etc/idemq/dlq.key --retention 72h
+  idemq console --nats-url nats://127.0.0.1:4222 --dlq-subject payments.dlq \
+      --redis-url redis://127.0.0.1:6379/0 --dlq-stream-key orders.dlq`,
 	run: runConsole,
 }
 
@@ -88,6 +91,7 @@ type consoleFlags struct {
 	outbox       string
 	httpKeys     string
 	hosts        listFlag
+	streams      streamDLQFlags
 }
 
 func runConsole(ctx context.Context, e *env, c *command, args []string) error {
@@ -100,6 +104,7 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Var(&f.queues, "dlq-queue", "RabbitMQ dead-letter `queue` to show (repeatable)")
 	fs.StringVar(&f.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
 	fs.Var(&f.topics, "dlq-topic", "Kafka dead-letter `topic` to show (repeatable)")
+	f.streams.register(fs, "to show", true)
 	fs.Var(&f.tokens, "token", "a token that may replay: \"name:secret\" or a secret (repeatable; default $IDEMQ_CONSOLE_TOKEN)")
 	fs.StringVar(&f.tokenFile, "token-file", "", "read tokens from this `file`, one per line (# starts a comment)")
 	fs.BoolVar(&f.readOnly, "read-only", false, "offer and accept no replay or requeue")
@@ -219,6 +224,10 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 	if len(f.topics) > 0 && len(brokers) == 0 {
 		return cfg, nil, usagef("--kafka-brokers (or $KAFKA_BROKERS) is required with --dlq-topic")
 	}
+	streamDLQs, err := f.streams.resolve(e)
+	if err != nil {
+		return cfg, nil, err
+	}
 
 	store, err := f.db.openPool(ctx, e)
 	if err != nil {
@@ -227,7 +236,7 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 	dbURL, _ := f.db.databaseURL(e)
 	cfg = console.Config{Store: store, DB: store.Pool(), Retention: f.retention.d, Tokens: tokens, ReadOnly: f.readOnly,
 		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk, AllowedHosts: f.hosts,
-		Secrets: []string{dbURL, amqpURL},
+		Secrets: append([]string{dbURL, amqpURL}, f.streams.secrets(e)...),
 		Logger:  slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	cfg.Info = append(cfg.Info, [2]string{"Postgres", redact.DSN(dbURL)}, [2]string{"dedup table", store.String()})
 	cfg.Status = func(ctx context.Context, name string) (console.ConsumerStatus, error) {
@@ -247,17 +256,17 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 	if len(f.topics) > 0 {
 		cfg.Info = append(cfg.Info, [2]string{"Kafka", strings.Join(brokers, ",")})
 	}
+	for _, bf := range streamDLQs {
+		cfg.DLQs = append(cfg.DLQs, consoleDLQ(bf, func(ctx context.Context) statusDLQ { return statusStreamDepth(ctx, bf) }))
+	}
+	cfg.Info = append(cfg.Info, f.streams.info(e)...)
 	return cfg, store.Close, nil
 }
 
 // consoleDLQ is a dead-letter queue opened as `idemq dlq` opens it, with
 // its depth read as `idemq status` reads it.
 func consoleDLQ(bf *brokerFlags, depth func(context.Context) statusDLQ) console.DLQ {
-	name := bf.queue
-	if bf.broker == "kafka" {
-		name = bf.topic
-	}
-	return console.DLQ{Broker: bf.broker, Name: name,
+	return console.DLQ{Broker: bf.broker, Name: bf.name(),
 		Depth: func(ctx context.Context) (int64, error) {
 			d := depth(ctx)
 			if d.Depth == nil {

@@ -21,7 +21,9 @@ var dlqInspectCommand = &command{
 	name:    "dlq inspect",
 	summary: "summarise a dead-letter queue without consuming it",
 	help: `Reads every message of a dead-letter queue (RabbitMQ: fetched and then
-requeued in place; Kafka: read without committing) and groups them by failure
+requeued in place; Kafka: read without committing; NATS JetStream: read with
+an ordered consumer, which leaves nothing on the server; Redis Streams: read
+with XRANGE, without a consumer group) and groups them by failure
 fingerprint: consumer, original source, error class and the shape of the error
 text, in which message ids, timestamps, UUIDs, hex ids, numbers and quoted
 values are replaced by placeholders (<id>, <time>, <uuid>, <hex>, <n>, "<q>"),
@@ -30,9 +32,17 @@ own id and time. Each group shows its count, first and last failure, the shape
 and one sample error text (--json adds the fingerprint and up to five ids).
 Nothing is consumed.
 
+The broker is the one whose dead-letter flag is given: --queue (RabbitMQ,
+--amqp-url), --topic (Kafka, --kafka-brokers), --subject (NATS JetStream,
+--nats-url; the stream is the one that captures the subject unless --stream
+names it) or --stream-key (Redis Streams, --redis-url); --broker says it
+explicitly.
+
 Examples:
   idemq dlq inspect --queue payments.dlq
-  idemq dlq inspect --broker kafka --kafka-brokers 127.0.0.1:9092 --topic payments.dlq --json`,
+  idemq dlq inspect --broker kafka --kafka-brokers 127.0.0.1:9092 --topic payments.dlq --json
+  idemq dlq inspect --nats-url nats://127.0.0.1:4222 --subject payments.dlq
+  idemq dlq inspect --redis-url redis://127.0.0.1:6379/0 --stream-key payments.dlq`,
 	run: runDLQInspect,
 }
 
@@ -43,8 +53,9 @@ var dlqReplayCommand = &command{
 selected message is checked against the dedup table:
 
   already applied         removed from the DLQ, not republished (skipped)
-  not applied yet         republished to its original queue or topic (confirmed),
-                          then removed from the DLQ; the consumer applies it once
+  not applied yet         republished to its original queue, topic, subject or
+                          stream (confirmed), then removed from the DLQ; the
+                          consumer applies it once
   fingerprint mismatch    left in the DLQ: the same id was applied with another
                           payload, which needs a human
 
@@ -64,12 +75,23 @@ the DLQ and are counted as unverified. Without it, envelopes are trusted as
 they are, so whoever can publish to the DLQ chooses where a message is
 republished.
 
+The DLQ is chosen as for 'idemq dlq inspect'. On NATS JetStream an original
+is republished with its dedup id in Nats-Msg-Id and duplicates rejected: one
+the work stream discards as a duplicate (republished within its duplicate
+window) fails and stays in the DLQ. A removed dead letter is deleted from its
+stream (NATS: by sequence; Redis: XDEL). On Redis Streams the original is
+added (XADD) with its dedup id and body in the fields the consumer reads them
+from: --redis-id-field and --redis-body-field, if its Source sets IDField or
+BodyField.
+
 To run the handler in this process instead, use the Go API dlq.Replay.
 
 Examples:
   idemq dlq replay --queue payments.dlq --dry-run
   idemq dlq replay --queue payments.dlq --class permanent --retention 72h --rate 200
-  idemq dlq replay --queue payments.dlq --verify-key-file /etc/idemq/dlq.key,/etc/idemq/dlq-old.key`,
+  idemq dlq replay --queue payments.dlq --verify-key-file /etc/idemq/dlq.key,/etc/idemq/dlq-old.key
+  idemq dlq replay --subject payments.dlq --retention 72h --dry-run
+  idemq dlq replay --stream-key payments.dlq --retention 72h`,
 	run: runDLQReplay,
 }
 
@@ -80,14 +102,24 @@ type brokerFlags struct {
 	queue        string
 	kafkaBrokers string
 	topic        string
+	natsURL      string
+	subject      string
+	natsStream   string
+	redisURL     string
+	streamKey    string
+	// redisIDField and redisBodyField are the consumer's entry fields
+	// (redisstream.Config.IDField and BodyField).
+	redisIDField   string
+	redisBodyField string
 }
 
 func (b *brokerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&b.broker, "broker", "rabbitmq", "broker of the dead-letter queue: rabbitmq or kafka")
+	fs.StringVar(&b.broker, "broker", "", "broker of the dead-letter queue: rabbitmq, kafka, nats or redis (default: the one whose --queue, --topic, --subject or --stream-key is given, else rabbitmq)")
 	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
 	fs.StringVar(&b.queue, "queue", "", "RabbitMQ dead-letter queue")
 	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers, comma-separated (default $KAFKA_BROKERS)")
 	fs.StringVar(&b.topic, "topic", "", "Kafka dead-letter topic")
+	b.registerStreams(fs)
 }
 
 // dlqConn is an open dead-letter queue: a browser, and a way to republish.
@@ -97,7 +129,33 @@ type dlqConn struct {
 	close   func()
 }
 
+// name is the dead-letter queue's name: its queue, topic, subject or
+// stream key.
+func (b *brokerFlags) name() string {
+	switch b.broker {
+	case "kafka":
+		return b.topic
+	case "nats":
+		return b.subject
+	case "redis":
+		return b.streamKey
+	}
+	return b.queue
+}
+
 func (b *brokerFlags) validate(e *env) error {
+	if b.broker == "" {
+		b.broker = "rabbitmq"
+		switch {
+		case b.queue != "":
+		case b.topic != "":
+			b.broker = "kafka"
+		case b.subject != "":
+			b.broker = "nats"
+		case b.streamKey != "":
+			b.broker = "redis"
+		}
+	}
 	switch b.broker {
 	case "rabbitmq":
 		if b.queue == "" {
@@ -119,8 +177,12 @@ func (b *brokerFlags) validate(e *env) error {
 		if b.kafkaBrokers == "" {
 			return usagef("--kafka-brokers (or $KAFKA_BROKERS) is required with --broker kafka")
 		}
+	case "nats":
+		return b.validateNATS(e, "--subject", "--stream")
+	case "redis":
+		return b.validateRedis(e, "--stream-key")
 	default:
-		return usagef("--broker %q: want rabbitmq or kafka", b.broker)
+		return usagef("--broker %q: want rabbitmq, kafka, nats or redis", b.broker)
 	}
 	return nil
 }
@@ -131,6 +193,10 @@ func (b *brokerFlags) open(ctx context.Context, withPublisher bool) (*dlqConn, e
 	switch b.broker {
 	case "kafka":
 		return openKafkaDLQ(ctx, b, withPublisher)
+	case "nats":
+		return openNATSDLQ(ctx, b, withPublisher)
+	case "redis":
+		return openRedisDLQ(ctx, b, withPublisher)
 	default:
 		br, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{URL: b.amqpURL, Queue: b.queue})
 		if err != nil {
@@ -362,7 +428,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.Float64Var(&rate, "rate", 0, "republish at most this many messages per second (0: no limit)")
 	fs.StringVar(&retention, "retention", "", "the dedup table's retention window (e.g. 72h or 7d); older messages need --force")
-	fs.StringVar(&destination, "destination", "", "republish to this queue or topic instead of each message's original source")
+	fs.StringVar(&destination, "destination", "", "republish to this queue, topic, subject or stream instead of each message's original source")
 	fs.StringVar(&keyFiles, "verify-key-file", "", keyFileFlag+"; replay only those one verifies, leave the rest in the DLQ")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err

@@ -139,7 +139,7 @@ func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
 
 	want(t, idemq(t, "dlq", "replay", "--queue", dead, "--class", "bogus"), 2, "", "not an error class")
 	want(t, idemq(t, "dlq", "inspect"), 2, "", "--queue is required")
-	want(t, idemq(t, "dlq", "inspect", "--broker", "sqs", "--queue", "x"), 2, "", "want rabbitmq or kafka")
+	want(t, idemq(t, "dlq", "inspect", "--broker", "sqs", "--queue", "x"), 2, "", "want rabbitmq, kafka, nats or redis")
 }
 
 // TestDLQReplayVerifyKeyFile: with --verify-key-file, the CLI republishes

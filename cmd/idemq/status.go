@@ -30,7 +30,12 @@ The DLQ depth is read from RabbitMQ with a passive queue declare (ready
 messages; messages being browsed or replayed are not counted) when
 --dlq-queue is given, and from Kafka as the records retained in the topic
 (the sum over partitions of the high minus the low watermark) when
---dlq-topic is given. A DLQ shared by several consumers is counted whole.
+--dlq-topic is given. For NATS JetStream (--dlq-subject, repeatable) it is
+the number of messages the stream holds on that subject, with the time the
+oldest was stored; for Redis Streams (--dlq-stream-key, repeatable) the
+stream's length (XLEN), with the time of the oldest entry; a stream key that
+does not exist yet has depth 0. A DLQ shared by several consumers is counted
+whole.
 Every count scans the consumer's rows: it is meant for operators, not for
 frequent polling (use the Prometheus metrics for that).
 
@@ -39,7 +44,9 @@ Exits 1 if the database or a broker cannot be read.
 Examples:
   idemq status --consumer ledger --retention 7d
   idemq status --consumer ledger --dlq-queue payments.dlq --json
-  idemq status --consumer ledger --kafka-brokers 127.0.0.1:9092 --dlq-topic payments.dlq`,
+  idemq status --consumer ledger --kafka-brokers 127.0.0.1:9092 --dlq-topic payments.dlq
+  idemq status --consumer ledger --nats-url nats://127.0.0.1:4222 --dlq-subject payments.dlq
+  idemq status --consumer ledger --redis-url redis://127.0.0.1:6379/0 --dlq-stream-key payments.dlq`,
 	run: runStatus,
 }
 
@@ -82,7 +89,12 @@ type statusDLQ struct {
 	// Depth is nil when it could not be read; Error says why.
 	Depth      *int64 `json:"depth"`
 	Partitions int    `json:"partitions,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// Stream is the NATS stream that stores the subject.
+	Stream string `json:"stream,omitempty"`
+	// Oldest is when the oldest dead letter (NATS, Redis) was stored;
+	// nil when there is none, or for RabbitMQ and Kafka.
+	Oldest *time.Time `json:"oldest_at,omitempty"`
+	Error  string     `json:"error,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, c *command, args []string) error {
@@ -95,6 +107,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		dlqQueue     string
 		kafkaBrokers string
 		dlqTopic     string
+		streams      streamDLQFlags
 	)
 	fs := c.flagSet()
 	db.register(fs)
@@ -105,6 +118,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&dlqQueue, "dlq-queue", "", "RabbitMQ dead-letter queue whose depth to show")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
 	fs.StringVar(&dlqTopic, "dlq-topic", "", "Kafka dead-letter topic whose depth to show")
+	streams.register(fs, "whose depth and oldest dead letter to show", false)
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -127,6 +141,10 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		if brokers = splitList(kafkaBrokers); len(brokers) == 0 {
 			return usagef("--kafka-brokers (or $KAFKA_BROKERS) is required with --dlq-topic")
 		}
+	}
+	streamDLQs, err := streams.resolve(e)
+	if err != nil {
+		return err
 	}
 
 	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
@@ -151,6 +169,13 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		d := statusKafkaDepth(ctx, brokers, dlqTopic)
 		if d.Error != "" {
 			dlqErr = errors.Join(dlqErr, fmt.Errorf("Kafka topic %q: %s", dlqTopic, d.Error))
+		}
+		rep.DLQ = append(rep.DLQ, d)
+	}
+	for _, b := range streamDLQs {
+		d := statusStreamDepth(ctx, b)
+		if d.Error != "" {
+			dlqErr = errors.Join(dlqErr, fmt.Errorf("%s %q: %s", streamDLQKind(b.broker), d.Name, d.Error))
 		}
 		rep.DLQ = append(rep.DLQ, d)
 	}
@@ -332,8 +357,15 @@ func (r *statusReport) print(w io.Writer) error {
 			v = "error: " + d.Error
 		case d.Broker == "kafka":
 			v = fmt.Sprintf("%d records in %d partitions", *d.Depth, d.Partitions)
+		case d.Broker == "nats":
+			v = fmt.Sprintf("%d messages in stream %s", *d.Depth, d.Stream)
+		case d.Broker == "redis":
+			v = fmt.Sprintf("%d entries", *d.Depth)
 		default:
 			v = fmt.Sprintf("%d ready messages", *d.Depth)
+		}
+		if d.Oldest != nil {
+			v += ", oldest " + ago(*d.Oldest)
 		}
 		fmt.Fprintf(tw, "dlq %s:\t%s: %s\n", d.Broker, d.Name, v)
 	}

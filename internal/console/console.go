@@ -40,10 +40,12 @@ type DB interface {
 
 // DLQ is one dead-letter queue or topic the console shows.
 type DLQ struct {
-	// Broker is "rabbitmq" or "kafka"; Name the queue or topic.
+	// Broker is "rabbitmq", "kafka", "nats" or "redis"; Name the queue,
+	// topic, NATS JetStream subject or Redis stream key.
 	Broker, Name string
 	// Depth reads the queue's depth (RabbitMQ: ready messages; Kafka:
-	// records retained).
+	// records retained; NATS: messages the stream holds on the subject;
+	// Redis: the stream's length).
 	Depth func(ctx context.Context) (int64, error)
 	// Open opens a browser on the queue and, with publish, a way to
 	// republish to a message's source. The console closes what it opens
