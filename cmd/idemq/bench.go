@@ -11,7 +11,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/internal/bench"
 	"github.com/idemq/idemq/processed"
 )
@@ -20,8 +22,9 @@ var benchCommand = &command{
 	name:    "bench",
 	summary: "measure throughput against the naive recipe and the broker alone",
 	help: `Publishes --messages deliveries, a --dup-rate fraction of them re-sending an
-earlier id, to --broker (memory, rabbitmq, or kafka: an in-process kfake
-cluster unless --kafka-brokers is given), and consumes them into a ledger
+earlier id, to --broker (memory, rabbitmq, kafka: an in-process kfake
+cluster unless --kafka-brokers is given, nats: JetStream, or redis: Redis
+Streams), and consumes them into a ledger
 table in each of --modes, one mode after another:
 
   broker-only       consume and ack with the raw broker client, no database
@@ -66,7 +69,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		memProfile   string
 	)
 	fs := c.flagSet()
-	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq or kafka")
+	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq, kafka, nats or redis")
 	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive-1, naive, idemq, idemq-default, idemq-batch, idemq-batch-set, or all")
 	fs.IntVar(&cfg.Messages, "messages", bench.DefaultMessages, "deliveries to publish, duplicates included")
 	fs.Float64Var(&cfg.DupRate, "dup-rate", bench.DefaultDupRate, "fraction of deliveries that re-send an earlier id")
@@ -85,6 +88,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
 	fs.IntVar(&cfg.KafkaPartitions, "kafka-partitions", 0, "partitions per topic (default --concurrency)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL, JetStream enabled (default $NATS_URL, then "+natsjs.DefaultURL+")")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL (default $REDIS_URL, then "+redisstream.DefaultURL+")")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every mode) to this file, for go tool pprof")
@@ -119,9 +124,9 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		return usagef("--timeout must be positive, got %s", cfg.ModeTimeout)
 	}
 	switch cfg.Broker {
-	case bench.BrokerMemory, bench.BrokerRabbitMQ, bench.BrokerKafka:
+	case bench.BrokerMemory, bench.BrokerRabbitMQ, bench.BrokerKafka, bench.BrokerNATS, bench.BrokerRedis:
 	default:
-		return usagef("--broker must be memory, rabbitmq or kafka, got %q", cfg.Broker)
+		return usagef("--broker must be memory, rabbitmq, kafka, nats or redis, got %q", cfg.Broker)
 	}
 	cfg.NoDups = cfg.DupRate == 0
 	if kafkaBrokers != "" {
@@ -129,6 +134,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	cfg.DatabaseURL, _ = (&dbFlags{url: dbURL}).databaseURL(e)
 	cfg.AMQPURL = amqpURL(e, cfg.AMQPURL)
+	cfg.NATSURL = urlFlag(e, cfg.NATSURL, "NATS_URL", natsjs.DefaultURL)
+	cfg.RedisURL = urlFlag(e, cfg.RedisURL, "REDIS_URL", redisstream.DefaultURL)
 
 	tty := isTerminal(e.stderr)
 	if tty {
@@ -189,6 +196,18 @@ func amqpURL(e *env, flagValue string) string {
 		return u
 	}
 	return rabbitmq.DefaultURL
+}
+
+// urlFlag returns a broker URL: the flag's value if set, then the
+// environment variable env, then def.
+func urlFlag(e *env, flagValue, env, def string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if u := e.getenv(env); u != "" {
+		return u
+	}
+	return def
 }
 
 // printBenchTable prints the summary table.

@@ -59,7 +59,7 @@ func TestBenchCompareTable(t *testing.T) {
 
 func TestBenchUsage(t *testing.T) {
 	for _, args := range [][]string{
-		{"bench", "--broker", "nats"},
+		{"bench", "--broker", "pulsar"},
 		{"bench", "--modes", "naive,warp"},
 		{"bench", "--messages", "0"},
 		{"bench", "--dup-rate", "1.5"},

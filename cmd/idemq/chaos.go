@@ -17,11 +17,13 @@ var chaosCommand = &command{
 	name:    "chaos",
 	summary: "run the chaos suite: consumer processes under faults, then an exactly-once check",
 	help: `Runs consumer processes (this binary, as hidden "chaos worker" subprocesses)
-against RabbitMQ and Kafka (an in-process kfake cluster) while a nemesis
+against RabbitMQ, Kafka (an in-process kfake cluster), NATS JetStream and
+Redis Streams (private servers the harness starts) while a nemesis
 injects faults: SIGKILLs at random moments and right after COMMIT before the
 ack, Postgres connections reset at COMMIT, added database latency, AMQP
 connections dropped after commit, Postgres restarted with pg_ctl -m immediate,
-RabbitMQ restarted, Kafka members joining and leaving, OffsetCommit errors and
+RabbitMQ, nats-server and redis-server restarted (SIGKILL), Kafka members
+joining and leaving, OffsetCommit errors and
 handlers slower than consumer_timeout. One long-run scenario publishes to Kafka
 transactionally, aborting a quarter of the transactions, and consumes
 read_committed through brokers/franz: no record of an aborted transaction may
@@ -36,10 +38,16 @@ and 0 unexpected.
 By default the harness starts its own Postgres cluster (initdb into a
 temporary directory, from --pg-bin, as user postgres when run as root) and
 its own RabbitMQ node (a private node name and ports), all on 127.0.0.1, and
-removes them at the end. --short is the CI run (3 scenarios, 55 SIGKILLs,
+removes them at the end; for NATS and Redis scenarios it always starts its
+own nats-server (--nats-server) and redis-server (--redis-server, appendonly
+yes, appendfsync always). --short is the CI run (3 scenarios, 55 SIGKILLs,
 under 2 minutes on the project's 2-core CI machine); without it the long run
-(7 scenarios, 245 SIGKILLs, about 10 minutes there). RELIABILITY.md has the
+(9 scenarios, 335 SIGKILLs, about 15 minutes there). RELIABILITY.md has the
 last results.
+
+--scenario runs scenarios by name from either suite (the "long-" prefix may
+be left out: --scenario nats-kills), and --messages, --kills, --self-kills
+and --publish-over scale the scenarios picked down (or up) for a quick run.
 
 Exit status 0 if every scenario passed, 1 otherwise.`,
 	run: runChaos,
@@ -66,6 +74,13 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 		rabbitBin  string
 		consumerTO time.Duration
 		list       bool
+		byName     string
+		natsBin    string
+		redisBin   string
+		over       struct {
+			messages, kills, selfKills int
+			publishOver                time.Duration
+		}
 	)
 	fs := c.flagSet()
 	fs.BoolVar(&short, "short", false, "run the short CI suite instead of the long run")
@@ -80,6 +95,13 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&pgBin, "pg-bin", chaos.DefaultPGBin, "directory of initdb and pg_ctl")
 	fs.StringVar(&rabbitBin, "rabbitmq-server", chaos.DefaultRabbitMQServer, "rabbitmq-server script for the private node")
 	fs.DurationVar(&consumerTO, "consumer-timeout", 5*time.Second, "consumer_timeout of the private RabbitMQ node")
+	fs.StringVar(&byName, "scenario", "", "comma-separated scenario names from either suite, \"long-\" optional (e.g. nats-kills)")
+	fs.StringVar(&natsBin, "nats-server", chaos.DefaultNATSServer, "nats-server binary for the private NATS server")
+	fs.StringVar(&redisBin, "redis-server", chaos.DefaultRedisServer, "redis-server binary for the private Redis server")
+	fs.IntVar(&over.messages, "messages", 0, "override the picked scenarios' distinct ids")
+	fs.IntVar(&over.kills, "kills", -1, "override the picked scenarios' random SIGKILLs")
+	fs.IntVar(&over.selfKills, "self-kills", -1, "override the picked scenarios' SIGKILLs right after COMMIT")
+	fs.DurationVar(&over.publishOver, "publish-over", 0, "override the picked scenarios' publishing window")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -92,6 +114,35 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 			fmt.Fprintf(e.stdout, "%-24s %-8s %s\n", s.Name, s.Broker, s.Faults())
 		}
 		return nil
+	}
+	if byName != "" {
+		if only != "" || short {
+			return usagef("--scenario picks from both suites: do not combine it with --only or --short")
+		}
+		all := append(chaos.LongSuite(), chaos.ShortSuite()...)
+		suite = nil
+		for _, name := range strings.Split(byName, ",") {
+			i := slices.IndexFunc(all, func(s chaos.Scenario) bool { return s.Name == name || s.Name == "long-"+name })
+			if i < 0 {
+				return usagef("--scenario %q: unknown scenario (see --list and --list --short)", name)
+			}
+			suite = append(suite, all[i])
+		}
+	}
+	for i := range suite {
+		s := &suite[i]
+		if over.messages > 0 {
+			s.Messages = over.messages
+		}
+		if over.kills >= 0 {
+			s.Kills = over.kills
+		}
+		if over.selfKills >= 0 {
+			s.SelfKills = over.selfKills
+		}
+		if over.publishOver > 0 {
+			s.PublishOver = over.publishOver
+		}
 	}
 	if only != "" {
 		want := strings.Split(only, ",")
@@ -117,6 +168,8 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 		AMQPURL:         amqpURL,
 		PGBin:           pgBin,
 		RabbitMQServer:  rabbitBin,
+		NATSServer:      natsBin,
+		RedisServer:     redisBin,
 		ConsumerTimeout: consumerTO,
 		Seed:            seed,
 		KeepDir:         keep,

@@ -22,6 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -66,6 +68,8 @@ const (
 	BrokerMemory   = "memory"
 	BrokerRabbitMQ = "rabbitmq"
 	BrokerKafka    = "kafka"
+	BrokerNATS     = "nats"
+	BrokerRedis    = "redis"
 )
 
 // Defaults for Config.
@@ -91,7 +95,8 @@ var ErrVerify = errors.New("verification failed")
 // Config configures a Run. The zero value of every optional field selects a
 // documented default.
 type Config struct {
-	// Broker is "memory", "rabbitmq" or "kafka". Defaults to "memory".
+	// Broker is "memory", "rabbitmq", "kafka", "nats" or "redis".
+	// Defaults to "memory".
 	Broker string
 	// Modes are measured in this order. Defaults to AllModes.
 	Modes []Mode
@@ -162,6 +167,12 @@ type Config struct {
 	// KafkaPartitions is the number of partitions of each topic.
 	// Defaults to Concurrency.
 	KafkaPartitions int
+	// NATSURL is the NATS server's URL (JetStream enabled). Defaults to
+	// natsjs.DefaultURL, nats://127.0.0.1:4222.
+	NATSURL string
+	// RedisURL is the Redis server's URL. Defaults to
+	// redisstream.DefaultURL, redis://127.0.0.1:6379/0.
+	RedisURL string
 
 	// ModeTimeout bounds each mode. Defaults to 10m.
 	ModeTimeout time.Duration
@@ -222,6 +233,12 @@ func (c Config) withDefaults() Config {
 	if c.KafkaPartitions == 0 {
 		c.KafkaPartitions = c.Concurrency
 	}
+	if c.NATSURL == "" {
+		c.NATSURL = natsjs.DefaultURL
+	}
+	if c.RedisURL == "" {
+		c.RedisURL = redisstream.DefaultURL
+	}
 	if c.ModeTimeout == 0 {
 		c.ModeTimeout = DefaultModeTimeout
 	}
@@ -236,8 +253,8 @@ func (c Config) validate() error {
 		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case c.Broker != BrokerMemory && c.Broker != BrokerRabbitMQ && c.Broker != BrokerKafka:
-		return bad("Broker", "%q, want memory, rabbitmq or kafka", c.Broker)
+	case c.Broker != BrokerMemory && c.Broker != BrokerRabbitMQ && c.Broker != BrokerKafka && c.Broker != BrokerNATS && c.Broker != BrokerRedis:
+		return bad("Broker", "%q, want memory, rabbitmq, kafka, nats or redis", c.Broker)
 	case c.Messages < 1:
 		return bad("Messages", "%d, must be positive", c.Messages)
 	case c.DupRate < 0 || c.DupRate >= 1:

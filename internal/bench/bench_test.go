@@ -306,7 +306,7 @@ func TestHistogram(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	bad := []Config{
-		{Broker: "nats"},
+		{Broker: "pulsar"},
 		{Messages: -1},
 		{DupRate: 1},
 		{BatchSize: 1},

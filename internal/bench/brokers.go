@@ -64,6 +64,18 @@ func newBrokerEnv(ctx context.Context, cfg Config) (brokerEnv, error) {
 			return nil, err
 		}
 		return e, nil
+	case BrokerNATS:
+		e, err := newNATSEnv(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
+	case BrokerRedis:
+		e, err := newRedisEnv(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
 	default:
 		return &memoryEnv{cfg: cfg, b: memory.NewBroker()}, nil
 	}

@@ -63,6 +63,11 @@ type Config struct {
 	// RabbitMQServer is the rabbitmq-server script. Defaults to
 	// DefaultRabbitMQServer.
 	RabbitMQServer string
+	// NATSServer and RedisServer are the binaries of the private NATS
+	// and Redis servers the harness starts for NATS and Redis scenarios
+	// (there is no shared one: they are restarted). Default to
+	// DefaultNATSServer and DefaultRedisServer.
+	NATSServer, RedisServer string
 	// Seed makes the fault schedule and the workload reproducible.
 	// Defaults to a random seed.
 	Seed uint64
@@ -138,6 +143,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, errors.New("chaos: WorkerCommand is required")
 	}
 	needPG, needRabbit := false, false
+	needNATS, needRedis := false, false
 	for i := range cfg.Scenarios {
 		s := cfg.Scenarios[i].withDefaults()
 		if err := s.validate(); err != nil {
@@ -150,6 +156,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, fmt.Errorf("%w: scenario %q restarts RabbitMQ but AMQPURL is set", errNeedsPrivate, s.Name)
 		}
 		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ
+		needNATS = needNATS || s.Broker == BrokerNATS
+		needRedis = needRedis || s.Broker == BrokerRedis
 		needPG = true
 		cfg.Scenarios[i] = s
 	}
@@ -201,6 +209,22 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	} else {
 		h.amqpURL = cfg.AMQPURL
 	}
+	if needNATS {
+		h.event("starting a private nats-server (JetStream, file storage)")
+		s, err := StartNATSServer(ctx, cfg.NATSServer)
+		if err != nil {
+			return nil, err
+		}
+		h.natsSrv = s
+	}
+	if needRedis {
+		h.event("starting a private redis-server (appendonly yes, appendfsync always)")
+		s, err := StartRedisServer(ctx, cfg.RedisServer)
+		if err != nil {
+			return nil, err
+		}
+		h.redisSrv = s
+	}
 	pool, err := pgxpool.New(ctx, h.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connect to postgres: %w", err)
@@ -238,6 +262,8 @@ type harness struct {
 	dbURL, amqpURL string
 	pg             *PGCluster
 	rabbit         *RabbitNode
+	natsSrv        *NATSServer
+	redisSrv       *RedisServer
 	pool           *pgxpool.Pool
 	eventMu        sync.Mutex
 }
@@ -248,6 +274,12 @@ func (h *harness) closeServices() {
 	}
 	if h.rabbit != nil {
 		h.rabbit.Close()
+	}
+	if h.natsSrv != nil {
+		h.natsSrv.Close()
+	}
+	if h.redisSrv != nil {
+		h.redisSrv.Close()
 	}
 	if h.pg != nil {
 		h.pg.Close()
@@ -276,6 +308,8 @@ type run struct {
 	kcluster     *kafkatest.Cluster
 	kafkaBrokers []string
 	topic        string
+	// NATS and Redis
+	stream, subject string
 
 	// workload
 	messages           int
@@ -692,6 +726,10 @@ func (r *run) quiesce(ctx context.Context) {
 		}
 	case BrokerKafka:
 		sleepCtx(ctx, max(10*r.s.KafkaCommitEvery, 2*time.Second))
+	case BrokerNATS:
+		sleepCtx(ctx, 2*NATSAckWait)
+	case BrokerRedis:
+		sleepCtx(ctx, 2*RedisMinIdle)
 	}
 	sleepCtx(ctx, 500*time.Millisecond)
 }
@@ -700,6 +738,8 @@ func (r *run) quiesce(ctx context.Context) {
 
 func (r *run) setupBroker(ctx context.Context) error {
 	switch r.s.Broker {
+	case BrokerNATS, BrokerRedis:
+		return r.setupStream(ctx)
 	case BrokerRabbitMQ:
 		r.queue = "idemq-chaos-" + r.s.Name + "-" + randomHex(4)
 		return r.h.withRetry(ctx, func() error {
@@ -832,8 +872,15 @@ func (r *run) publish(ctx context.Context) error {
 	var pubRabbit *rabbitmq.Publisher
 	var pubKafka *kafka.Publisher
 	var pubTxn *txnProducer
+	var pubStream func(context.Context, []*consumer.Message) error
 	var err error
 	switch r.s.Broker {
+	case BrokerNATS, BrokerRedis:
+		var closePub func()
+		if pubStream, closePub, err = r.streamPublisher(ctx); err != nil {
+			return err
+		}
+		defer closePub()
 	case BrokerRabbitMQ:
 		err = r.h.withRetry(ctx, func() error {
 			pubRabbit, err = rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: r.h.amqpURL, Channels: 1, DialTimeout: 5 * time.Second})
@@ -882,6 +929,8 @@ func (r *run) publish(ctx context.Context) error {
 			switch {
 			case pubRabbit != nil:
 				err = pubRabbit.Publish(pctx, "", r.queue, msgs...)
+			case pubStream != nil:
+				err = pubStream(pctx, msgs)
 			case pubTxn != nil:
 				var outcome txnOutcome
 				outcome, err = pubTxn.publish(pctx, msgs, abort)
@@ -980,6 +1029,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		AMQPDropEvery: r.s.AMQPDropEvery, SlowEvery: r.s.SlowEvery, SlowFor: r.s.SlowFor,
 		Sabotage: r.s.Sabotage,
 	}
+	wc.StreamStart = r.streamStart()
 	b, err := json.Marshal(wc)
 	if err != nil {
 		return k, nil, err

@@ -73,6 +73,14 @@ func (r *run) nemesis(ctx context.Context) {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"RabbitMQ node SIGKILL restart", "rabbitmq-restart", r.h.rabbit.Restart)
 	}
+	if n := r.s.NATSRestarts; n > 0 && r.h.natsSrv != nil {
+		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
+			"nats-server SIGKILL restart", "nats-restart", r.h.natsSrv.Restart)
+	}
+	if n := r.s.RedisRestarts; n > 0 && r.h.redisSrv != nil {
+		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
+			"redis-server SIGKILL restart", "redis-restart", r.h.redisSrv.Restart)
+	}
 	if n := r.s.Rebalances; n > 0 {
 		goFault(func() {
 			for i := 0; i < n; i++ {

@@ -16,8 +16,9 @@ type Scenario struct {
 	// Name identifies the scenario in reports. Required: lower-case
 	// letters, digits and dashes.
 	Name string
-	// Broker is BrokerRabbitMQ or BrokerKafka (a kfake cluster started
-	// for the scenario).
+	// Broker is BrokerRabbitMQ, BrokerKafka (a kfake cluster started
+	// for the scenario), BrokerNATS or BrokerRedis (a private server the
+	// harness starts).
 	Broker string
 	// Mode is ModeDefault, ModeMessage or ModeBatch. Defaults to
 	// ModeDefault.
@@ -85,6 +86,9 @@ type Scenario struct {
 	// RabbitRestarts is the number of SIGKILL restarts of the harness's
 	// private RabbitMQ node.
 	RabbitRestarts int
+	// NATSRestarts and RedisRestarts are the numbers of SIGKILL restarts
+	// of the harness's private nats-server or redis-server.
+	NATSRestarts, RedisRestarts int
 	// Rebalances is the number of times an extra Kafka consumer process
 	// joins the group and leaves it again (gracefully) a little later.
 	Rebalances int
@@ -178,8 +182,8 @@ func (s Scenario) validate() error {
 	switch {
 	case !scenarioName.MatchString(s.Name):
 		return bad("name must match %s", scenarioName)
-	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka:
-		return bad("broker %q, want %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka)
+	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka && s.Broker != BrokerNATS && s.Broker != BrokerRedis:
+		return bad("broker %q, want %q, %q, %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka, BrokerNATS, BrokerRedis)
 	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
 		return bad("mode %q, want %q, %q or %q", s.Mode, ModeDefault, ModeMessage, ModeBatch)
 	case s.Messages < 1 || s.Messages > 10_000_000:
@@ -194,6 +198,12 @@ func (s Scenario) validate() error {
 		return bad("fault counts must not be negative")
 	case s.PGResetRate < 0 || s.PGResetRate > 0.5 || s.OffsetCommitErrorRate < 0 || s.OffsetCommitErrorRate > 0.9:
 		return bad("PGResetRate must be in [0, 0.5], OffsetCommitErrorRate in [0, 0.9]")
+	case s.NATSRestarts < 0 || s.RedisRestarts < 0:
+		return bad("fault counts must not be negative")
+	case s.NATSRestarts > 0 && s.Broker != BrokerNATS, s.RedisRestarts > 0 && s.Broker != BrokerRedis:
+		return bad("NATS or Redis restarts on a %s scenario", s.Broker)
+	case (s.Broker == BrokerNATS || s.Broker == BrokerRedis) && (s.RabbitRestarts > 0 || s.AMQPDropEvery > 0 || s.Rebalances > 0 || s.OffsetCommitErrorRate > 0):
+		return bad("RabbitMQ or Kafka faults on a %s scenario", s.Broker)
 	case s.Broker == BrokerKafka && (s.RabbitRestarts > 0 || s.AMQPDropEvery > 0):
 		return bad("RabbitMQ faults on a Kafka scenario")
 	case s.Broker == BrokerRabbitMQ && (s.Rebalances > 0 || s.OffsetCommitErrorRate > 0):
@@ -215,9 +225,16 @@ func (s Scenario) validate() error {
 // redeliveryBound is the most redeliveries one kill may cause: the
 // deliveries a process may hold unacked.
 func (s Scenario) redeliveryBound() int {
-	if s.Broker == BrokerKafka {
+	switch s.Broker {
+	case BrokerKafka:
 		return s.Prefetch * s.Partitions
+	case BrokerRedis:
+		// The Source holds at most twice the runtime's window
+		// (Concurrency × BatchSize) unsettled.
+		return 2 * s.Concurrency * s.BatchSize
 	}
+	// NATS: the worker fixes MaxAckPending, the durable's (shared by
+	// every worker), at Prefetch.
 	return s.Prefetch
 }
 
@@ -236,6 +253,8 @@ func (s Scenario) Faults() string {
 	add(s.AMQPDropEvery > 0, "AMQP drop after every %dth commit", s.AMQPDropEvery)
 	add(s.PGRestarts > 0, "%d PG immediate restarts", s.PGRestarts)
 	add(s.RabbitRestarts > 0, "%d RabbitMQ restarts", s.RabbitRestarts)
+	add(s.NATSRestarts > 0, "%d nats-server restarts", s.NATSRestarts)
+	add(s.RedisRestarts > 0, "%d redis-server restarts", s.RedisRestarts)
 	add(s.Rebalances > 0, "%d join/leave rebalances", s.Rebalances)
 	add(s.OffsetCommitErrorRate > 0, "%.0f%% OffsetCommit errors", 100*s.OffsetCommitErrorRate)
 	add(s.SlowEvery > 0, "1/%d handlers sleep %s", s.SlowEvery, s.SlowFor)

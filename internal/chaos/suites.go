@@ -23,8 +23,9 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: seven scenarios, 245 planned SIGKILLs across
-// both brokers and both Kafka sources, about a quarter of an hour.
+// LongSuite is the long run: nine scenarios, 335 planned SIGKILLs across
+// RabbitMQ, Kafka (both sources), NATS JetStream and Redis Streams, about
+// twenty minutes.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -52,6 +53,15 @@ func LongSuite() []Scenario {
 		{Name: "long-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.25, Mode: ModeBatch,
 			Messages: 3000, PublishOver: 60 * time.Second, Kills: 15, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2,
 			OffsetCommitErrorRate: 0.1},
+		// NATS JetStream and Redis Streams on private servers the harness
+		// SIGKILLs and restarts once mid-run (JetStream on file storage;
+		// Redis with appendfsync always). The bound is MaxAckPending,
+		// which the workers fix at Prefetch (NATS), and the 2 × window
+		// the Source holds unsettled (Redis).
+		{Name: "long-nats-kills", Broker: BrokerNATS, Messages: 4000, PublishOver: 60 * time.Second,
+			Kills: 30, SelfKills: 15, SelfKillEvery: 40, NATSRestarts: 1, CheckRedeliveryBound: true},
+		{Name: "long-redis-kills", Broker: BrokerRedis, Messages: 4000, PublishOver: 60 * time.Second,
+			Kills: 30, SelfKills: 15, SelfKillEvery: 40, RedisRestarts: 1, CheckRedeliveryBound: true},
 	}
 }
 

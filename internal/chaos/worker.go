@@ -76,6 +76,7 @@ type WorkerConfig struct {
 	KafkaCommitEvery  time.Duration
 	KafkaSource       string // SourceKafkaGo or SourceFranz
 	Partitions        int    // of the Kafka topic
+	StreamStart              // NATS and Redis
 	LogPath           string // the delivery log this incarnation appends to
 	Seed              uint64
 
@@ -381,6 +382,12 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		})
 		if err != nil {
 			return fmt.Errorf("kafka source: %w", err)
+		}
+		src = s
+	case BrokerNATS, BrokerRedis:
+		s, err := streamSource(ctx, cfg)
+		if err != nil || s == nil {
+			return err // nil: stopped before the server came back
 		}
 		src = s
 	default:
