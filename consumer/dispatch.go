@@ -8,23 +8,38 @@ import (
 	"time"
 )
 
-// dispatcher runs deliveries concurrently, one at a time per key. Each
-// delivery holds a slot from receipt to settlement, which bounds the number
-// in memory to Concurrency. A key's next delivery starts only once the one
-// before it is settled (acked, dead-lettered, or requeued at shutdown), so
-// retries and dead-lettering never reorder a key.
+// dispatcher runs strict per-message mode: Concurrency workers, long-lived
+// so that their stacks, grown deep by the database driver, are grown once,
+// take deliveries one at a time, one at a time per key. Each delivery holds
+// a slot from receipt to settlement, which bounds the number in memory to
+// Concurrency. A key's next delivery starts only once the one before it is
+// settled (acked, dead-lettered, or requeued at shutdown), so retries and
+// dead-lettering never reorder a key.
 type dispatcher struct {
 	r     *Runtime
 	ctx   context.Context
 	slots chan struct{}
+	ready chan Delivery // deliveries whose key is free
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	keys  map[string][]Delivery // busy keys and the deliveries waiting on them
 }
 
+func newDispatcher(r *Runtime, ctx context.Context) *dispatcher {
+	n := r.cfg.Concurrency
+	d := &dispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), ready: make(chan Delivery, n), keys: map[string][]Delivery{}}
+	for range n {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.work()
+		}()
+	}
+	return d
+}
+
 func (d *dispatcher) dispatch(del Delivery) {
-	key := del.Message().Key
-	if key != "" {
+	if key := del.Message().Key; key != "" {
 		d.mu.Lock()
 		if waiting, busy := d.keys[key]; busy {
 			d.keys[key] = append(waiting, del)
@@ -34,15 +49,21 @@ func (d *dispatcher) dispatch(del Delivery) {
 		d.keys[key] = nil
 		d.mu.Unlock()
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	// Never blocks: each delivery holds one of Concurrency slots, and
+	// ready holds Concurrency.
+	d.ready <- del
+}
+
+// work settles ready deliveries, and after each the ones waiting on its key.
+func (d *dispatcher) work() {
+	for del := range d.ready {
+		key := del.Message().Key
 		for del != nil {
 			d.r.process(d.ctx, del)
 			<-d.slots
 			del = d.next(key)
 		}
-	}()
+	}
 }
 
 // next pops the next delivery waiting on key, or marks key idle.
@@ -59,6 +80,12 @@ func (d *dispatcher) next(key string) Delivery {
 	}
 	d.keys[key] = waiting[1:]
 	return waiting[0]
+}
+
+// close ends the workers once every delivery dispatched is settled.
+func (d *dispatcher) close() {
+	close(d.ready)
+	d.wg.Wait()
 }
 
 // batchDispatcher runs grouped and batch mode over Concurrency lanes. A

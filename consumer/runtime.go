@@ -196,8 +196,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 			bd.wg.Wait()
 		}
 	} else {
-		d := &dispatcher{r: r, ctx: workCtx, slots: make(chan struct{}, r.cfg.Concurrency), keys: map[string][]Delivery{}}
-		slots, dispatch, finish = d.slots, d.dispatch, d.wg.Wait
+		d := newDispatcher(r, workCtx)
+		slots, dispatch, finish = d.slots, d.dispatch, d.close
 	}
 	runErr := r.receiveLoop(recvCtx, slots, dispatch)
 	stopRecv(nil)
