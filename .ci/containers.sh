@@ -41,8 +41,9 @@ _idemq_containers_main() (
 		log "apt-get install ${missing[*]}"
 		t0=$SECONDS
 		export DEBIAN_FRONTEND=noninteractive
-		apt-get -o DPkg::Lock::Timeout=600 -o APT::Lock::Timeout=600 update -qq >&2
-		apt-get -o DPkg::Lock::Timeout=600 -o APT::Lock::Timeout=600 install -y -qq "${missing[@]}" </dev/null >&2
+		# .ci/run installs packages too: take its apt lock (see there).
+		flock -w 900 /tmp/idemq-apt.lock apt-get -o DPkg::Lock::Timeout=600 -o APT::Lock::Timeout=600 update -qq >&2
+		flock -w 900 /tmp/idemq-apt.lock apt-get -o DPkg::Lock::Timeout=600 -o APT::Lock::Timeout=600 install -y -qq "${missing[@]}" </dev/null >&2
 		log "installed ${missing[*]} in $((SECONDS - t0))s"
 	fi
 
