@@ -49,6 +49,11 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 	if err != nil || len(claims) == 0 {
 		return b.results, err
 	}
+	if b.st.partitioned {
+		if _, err := tx.Exec(ctx, b.st.batchLock, claimLockKeys(claims)); err != nil {
+			return nil, s.wrap("claim batch: lock", err)
+		}
+	}
 	inserted, err := b.insert(ctx, tx, claims)
 	if err != nil {
 		return nil, err

@@ -86,6 +86,10 @@ type statements struct {
 	qTable                                 string
 	insert, existing, purge, lookup, stats string
 	batchInsert, batchExisting             string
+	// partitioned: the claims take the advisory locks lock (one key) or
+	// batchLock (sorted keys) before their inserts; see partition.go.
+	partitioned     bool
+	lock, batchLock string
 }
 
 var _ consumer.Store = (*Store)(nil)
@@ -113,12 +117,12 @@ func New(db DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, cfg: cfg}
 	if cfg.Schema != "" {
-		s.st.Store(newStatements(cfg.Schema, cfg.Table))
+		s.st.Store(newStatements(cfg.Schema, cfg.Table, cfg.Partitioned))
 	}
 	return s, nil
 }
 
-func newStatements(schema, table string) *statements {
+func newStatements(schema, table string, partitioned bool) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &statements{schema: schema, qTable: t}
 	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
@@ -136,6 +140,9 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.batchInsert, st.batchExisting = batchSQL(t)
+	if partitioned {
+		partitionedSQL(st)
+	}
 	return st
 }
 
@@ -155,7 +162,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if err != nil {
 		return nil, fmt.Errorf("processed: %s: %w", s.cfg.Table, err)
 	}
-	st := newStatements(schema, s.cfg.Table)
+	st := newStatements(schema, s.cfg.Table, s.cfg.Partitioned)
 	s.st.Store(st)
 	return st, nil
 }
@@ -255,6 +262,11 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		return consumer.ClaimResult{}, err
 	}
 	args := claimArgs(c)
+	if st.partitioned {
+		if _, err := tx.Exec(ctx, st.lock, claimLockKey(c.Consumer, c.MessageID)); err != nil {
+			return consumer.ClaimResult{}, s.wrap("claim: lock", err)
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		tag, err := tx.Exec(ctx, st.insert, args...)
 		if err != nil {
@@ -401,6 +413,9 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(setSyncCommit)
+	if bc.st.partitioned {
+		b.Queue(bc.st.batchLock, claimLockKeys(claims))
+	}
 	b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(func(rows pgx.Rows) error {
 		ran = true
 		var err error
@@ -444,6 +459,9 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(setSyncCommit)
+	if st.partitioned {
+		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
+	}
 	b.Queue(st.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
 		ran, inserted = true, tag.RowsAffected() == 1
 		return nil
@@ -484,6 +502,15 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, erro
 	st, err := s.statements(ctx)
 	if err != nil {
 		return 0, err
+	}
+	// By what the table is, not what the store was told: the plain
+	// purge's ctids are not unique across partitions.
+	kind, err := s.relkind(ctx, s.db, st)
+	if err != nil {
+		return 0, s.wrap("purge: read the table's kind", err)
+	}
+	if kind == 'p' {
+		return s.purgePartitioned(ctx, st, olderThan)
 	}
 	n, step, err := pgpurge.Run(ctx, s.db, st.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
 	if err != nil {
