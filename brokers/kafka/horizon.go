@@ -53,8 +53,8 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Time, bool, error)
 		return time.Time{}, false, fmt.Errorf("kafka: horizon: topic %s has no partitions", topic)
 	}
 	of, err := s.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: s.cfg.GroupID, Topics: map[string][]int{topic: ids}})
-	if err == nil && of.Error != nil {
-		err = of.Error
+	if err == nil && of.Error != nil && !errors.Is(of.Error, kafkago.GroupIdNotFound) {
+		err = of.Error // GroupIdNotFound (kfake, a group that never committed): no commits
 	}
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("kafka: horizon: committed offsets of group %s: %w", s.cfg.GroupID, err)
