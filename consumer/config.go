@@ -105,8 +105,9 @@ type Config struct {
 	JanitorInterval time.Duration
 	// HorizonMargin is how much older than the Source's redelivery horizon
 	// a row must be to be purged: room for the skew between the broker's
-	// timestamps and the database's clock. Only with a HorizonSource.
-	// Defaults to 5m; -1 for none.
+	// timestamps and the database's clock, and for the time between
+	// reading the horizon and the purge's cutoff. Only with a
+	// HorizonSource. Defaults to 5m; -1 for none (for tests).
 	HorizonMargin time.Duration
 
 	// Logger receives the runtime's logs. Defaults to a logger that

@@ -56,10 +56,16 @@ func TestHorizonConsumerDownLongerThanRetention(t *testing.T) {
 			r := d.start(t, e.source(t), d.apply)
 			waitFor(t, 30*time.Second, "every record applied", func() bool { return r.rt.Stats().Applied == n })
 			r.stop(t)
+			if rows, _ := d.counts(t); rows != n {
+				t.Fatalf("first run: %d effects for %d records (%+v)", rows, n, r.rt.Stats())
+			}
 			if c := e.committed(t); c[0] > 0 || c[1] > 0 {
 				t.Fatalf("committed %v despite the failing commits", c)
 			}
 			commits.fail.Store(false)
+			var minAt, maxAt time.Time
+			_ = d.pool.QueryRow(context.Background(), `SELECT min(processed_at), max(processed_at) FROM `+pgx.Identifier{d.store.Schema(), d.store.Table()}.Sanitize()).Scan(&minAt, &maxAt)
+			t.Logf("applied between %s and %s", minAt.UTC().Format(time.StampMicro), maxAt.UTC().Format(time.StampMicro))
 
 			const retention = time.Second
 			time.Sleep(2 * retention) // down longer than the retention
@@ -83,7 +89,9 @@ func TestHorizonConsumerDownLongerThanRetention(t *testing.T) {
 				s = plainSource{s}
 			}
 			r2 := d.start(t, s, d.apply, func(c *consumer.Config) {
-				c.Retention, c.JanitorInterval, c.HorizonMargin = retention, time.Hour, -1
+				// The margin covers the time between reading the horizon
+				// and the purge's cutoff, and millisecond timestamps.
+				c.Retention, c.JanitorInterval, c.HorizonMargin = retention, time.Hour, 500*time.Millisecond
 			})
 			waitFor(t, 30*time.Second, "every redelivery settled", func() bool { return r2.settled() == n })
 			if tc.horizon {
@@ -95,6 +103,9 @@ func TestHorizonConsumerDownLongerThanRetention(t *testing.T) {
 			}
 			r2.stop(t)
 			rows, distinct := d.counts(t)
+			var rep string
+			_ = d.pool.QueryRow(context.Background(), `SELECT string_agg(format('%s purged=%s older=%s horizon=%s at=%s', horizon_state, purged, purged_older_than_ms, horizon, window_end), '; ') FROM `+pgx.Identifier{d.store.Schema(), d.store.Table() + "_retention"}.Sanitize()).Scan(&rep)
+			t.Logf("reports: %s", rep)
 			if distinct != n {
 				t.Fatalf("%d distinct effects, want %d", distinct, n)
 			}
@@ -104,9 +115,6 @@ func TestHorizonConsumerDownLongerThanRetention(t *testing.T) {
 			case !tc.horizon && rows != 2*n:
 				t.Fatalf("%d effects for %d records with a wall-clock purge; the test expects the purge to cause %d", rows, n, 2*n)
 			}
-			var rep string
-			_ = d.pool.QueryRow(context.Background(), `SELECT string_agg(format('%s purged=%s older=%s', horizon_state, purged, purged_older_than_ms), '; ') FROM `+pgx.Identifier{d.store.Schema(), d.store.Table() + "_retention"}.Sanitize()).Scan(&rep)
-			t.Logf("reports: %s", rep)
 			t.Logf("%s: %d effects for %d records (second run: %+v)", tc.name, rows, n, r2.rt.Stats())
 		})
 	}
