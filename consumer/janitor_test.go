@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -113,5 +114,56 @@ VALUES ('test-consumer', $1, sha256('x'), now() - $2::bigint * interval '1 micro
 	waitFor(t, "a clear report", func() bool { return summary().HorizonState == "clear" })
 	if s := summary(); s.HorizonState != "clear" || s.Retention != time.Hour || s.PurgedOlderThan != time.Hour {
 		t.Fatalf("summary %+v", s)
+	}
+}
+
+// TestPartitionedRuntimeExactlyOnce: a runtime over a partitioned store with
+// 1s partitions, whose janitor keeps partitions ahead, gets every id several
+// times, in waves over several partition boundaries, per message and in
+// batches: each id is applied once.
+func TestPartitionedRuntimeExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "per message", true: "batch"}[batch], func(t *testing.T) {
+			t.Parallel()
+			b := newBundle(t)
+			part, err := processed.New(b.pool, processed.Config{Schema: b.schema, Partitioned: true, PartitionInterval: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := part.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b.store = part
+			h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return b.insertEffect(ctx, tx, m) }
+			cfg := b.config(h)
+			if batch {
+				cfg = batchConfig(b, h)
+				cfg.BatchSize = 8
+			}
+			cfg.Concurrency = 8
+			cfg.Retention, cfg.JanitorInterval = time.Hour, 200*time.Millisecond
+			cfg.Store = part
+			start(t, cfg)
+			const ids, waves = 40, 8
+			for w := 0; w < waves; w++ {
+				var wave []*consumer.Message
+				for i := 0; i < ids; i++ {
+					// Each wave sends every id; ids also repeat within a
+					// wave, so that concurrent claims of one id race.
+					m := msg(fmt.Sprintf("id-%02d", i), "body")
+					wave = append(wave, m, msg(m.ID, "body"))
+				}
+				b.publish(wave...)
+				time.Sleep(400 * time.Millisecond)
+			}
+			waitFor(t, "everything settled", b.settled)
+			assertOnce(t, b, ids)
+			var parts int
+			if err := b.pool.QueryRow(context.Background(), `SELECT count(DISTINCT tableoid) FROM `+pgx.Identifier{b.schema, processed.DefaultTable}.Sanitize()).Scan(&parts); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("rows in %d partitions", parts)
+		})
 	}
 }
