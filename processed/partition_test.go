@@ -165,6 +165,17 @@ func TestPartitionedMigrateFromPlain(t *testing.T) {
 	if names[0] != part.Table()+"_default" || names[1] != part.Table()+"_legacy" {
 		t.Fatalf("partitions %v", names)
 	}
+	// A store still configured plain cannot claim on it: an error, not a
+	// double apply.
+	tx, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx(t)) }()
+	if _, err := plain.Claim(ctx(t), tx, claimOf("c", "before", "a")); err == nil {
+		t.Fatal("a plain store claimed on the partitioned table")
+	}
+	_ = tx.Rollback(ctx(t))
 	if err := part.Migrate(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -311,5 +322,31 @@ func TestPartitionedClaimLockOrder(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// TestPartitionedClaimRestoresSeqscan: the claim turns sequential scans off
+// for its own statements only; the handler's statements in the same
+// transaction see the session's setting.
+func TestPartitionedClaimRestoresSeqscan(t *testing.T) {
+	t.Parallel()
+	s, _ := partitionedSetup(t, time.Hour)
+	for _, claims := range [][]consumer.Claim{
+		{claimOf("c", "s1", "a")},
+		{claimOf("c", "s1", "a")}, // a duplicate
+		{claimOf("c", "s2", "a"), claimOf("c", "s3", "a")},
+		{claimOf("c", "s2", "a"), claimOf("c", "s4", "a")},
+	} {
+		tx, _, err := s.BeginClaim(ctx(t), claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v string
+		if err := tx.QueryRow(ctx(t), `SHOW enable_seqscan`).Scan(&v); err != nil || v != "on" {
+			t.Fatalf("enable_seqscan %q after the claim of %d (%v)", v, len(claims), err)
+		}
+		if err := tx.Commit(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -13,6 +13,11 @@
 // The table is created by [Store.Migrate] (or `idemq migrate`) from embedded,
 // numbered SQL migrations, and old rows are deleted by [Store.Purge].
 //
+// With [Config.Partitioned] the table is range-partitioned by claim time
+// instead, and Purge drops whole partitions; a claim then takes an advisory
+// lock on its id before it looks for it in every partition, which keeps ids
+// unique across partitions (see Config.Partitioned and partition.go).
+//
 // Claim's duplicate detection relies on READ COMMITTED, Postgres's default
 // isolation level. Under REPEATABLE READ or SERIALIZABLE a claim that races a
 // concurrent commit fails with a serialization error instead, which the
@@ -90,6 +95,9 @@ type statements struct {
 	// batchLock (sorted keys) before their inserts; see partition.go.
 	partitioned     bool
 	lock, batchLock string
+	// restoreScans ends the claim's statements on a partitioned table:
+	// see partitionedSQL.
+	restoreScans string
 }
 
 var _ consumer.Store = (*Store)(nil)
@@ -261,12 +269,25 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 	if err != nil {
 		return consumer.ClaimResult{}, err
 	}
-	args := claimArgs(c)
 	if st.partitioned {
 		if _, err := tx.Exec(ctx, st.lock, claimLockKey(c.Consumer, c.MessageID)); err != nil {
 			return consumer.ClaimResult{}, s.wrap("claim: lock", err)
 		}
+		res, err := s.claim(ctx, st, tx, c)
+		if err != nil {
+			return res, err
+		}
+		if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
+			return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
+		}
+		return res, nil
 	}
+	return s.claim(ctx, st, tx, c)
+}
+
+// claim is Claim's insert and, on a conflict, select.
+func (s *Store) claim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
+	args := claimArgs(c)
 	for attempt := 1; ; attempt++ {
 		tag, err := tx.Exec(ctx, st.insert, args...)
 		if err != nil {
@@ -437,7 +458,10 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		return tx, nil, errors.New("processed: claim batch: the queued insert did not run")
 	}
 	res, err := bc.finish(ctx, tx, inserted)
-	return tx, res, err
+	if err != nil {
+		return tx, nil, err
+	}
+	return tx, res, bc.restoreScans(ctx, tx)
 }
 
 // pipelinedClaim sends BEGIN, SET LOCAL and the claim's INSERT in one batch,
@@ -466,6 +490,9 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		ran, inserted = true, tag.RowsAffected() == 1
 		return nil
 	})
+	if st.partitioned {
+		b.Queue(st.restoreScans)
+	}
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -484,7 +511,15 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	}
 	// The insert conflicted with a committed row: read it, as Claim
 	// does. If it was purged meanwhile, Claim claims the id afresh.
-	res, found, err := s.existing(ctx, st, tx, c)
+	var (
+		res   consumer.ClaimResult
+		found bool
+	)
+	if st.partitioned {
+		res, found, err = s.existingNoScans(ctx, st, tx, c)
+	} else {
+		res, found, err = s.existing(ctx, st, tx, c)
+	}
 	if err != nil || found {
 		return tx, res, err
 	}
@@ -498,6 +533,14 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 // never holds many locks for long. It needs only the SELECT and DELETE
 // privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
+//
+// On a partitioned table (whatever Config.Partitioned says) it first creates
+// the partitions ahead (EnsurePartitions), then drops each partition whose
+// whole range is older than olderThan, and deletes the old rows of the
+// DEFAULT partition in batches as above; it needs to own the table. Rows so
+// live between olderThan and olderThan plus one PartitionInterval. The
+// count of a dropped partition's rows is the planner's estimate when it has
+// one.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
