@@ -23,7 +23,7 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: seven scenarios, 245 planned SIGKILLs across
+// LongSuite is the long run: eight scenarios, 270 planned SIGKILLs across
 // both brokers and both Kafka sources, about a quarter of an hour.
 func LongSuite() []Scenario {
 	return []Scenario{
@@ -49,6 +49,9 @@ func LongSuite() []Scenario {
 		// A transactional producer, a quarter of its transactions
 		// aborted, consumed read_committed through brokers/franz: exactly
 		// the committed records are applied, none of the aborted ones.
+		// The partitioned dedup store, 2s partitions: claims, duplicates
+		// and redeliveries straddle boundaries all run long.
+		{Name: "long-rabbit-partitioned", Broker: BrokerRabbitMQ, Messages: 3000, PublishOver: 40 * time.Second, Partitioned: true, Kills: 15, SelfKills: 10, SelfKillEvery: 40, PGResetRate: 0.02},
 		{Name: "long-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.25, Mode: ModeBatch,
 			Messages: 3000, PublishOver: 60 * time.Second, Kills: 15, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2,
 			OffsetCommitErrorRate: 0.1},
