@@ -17,7 +17,9 @@ func (s *Store) retentionTable(st *statements) string {
 }
 
 // RecordRetention implements consumer.RetentionRecorder: it writes the
-// janitor's report as a row of Table+"_retention" (migration 0002).
+// janitor's report as a row of Table+"_retention" (migration 0002), and
+// deletes the consumer's reports older than 35 days. The runtime's role
+// needs INSERT and DELETE on that table.
 func (s *Store) RecordRetention(ctx context.Context, r consumer.RetentionReport) error {
 	st, err := s.statements(ctx)
 	if err != nil {
@@ -48,6 +50,10 @@ ON CONFLICT (consumer, window_end) DO NOTHING`,
 		horizon, r.HorizonState, ms(r.PurgedOlderThan), r.Purged)
 	if err != nil {
 		return s.wrap("record the janitor's report", err)
+	}
+	// The reports keep themselves: status reads a week of them.
+	if _, err := s.db.Exec(ctx, `DELETE FROM `+s.retentionTable(st)+` WHERE consumer = $1 AND window_end < now() - interval '35 days'`, r.Consumer); err != nil {
+		return s.wrap("delete the janitor's old reports", err)
 	}
 	return nil
 }
