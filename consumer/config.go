@@ -91,9 +91,24 @@ type Config struct {
 
 	// Retention, if positive, runs a janitor that calls Store.Purge with
 	// it every JanitorInterval. Defaults to 0: no janitor.
+	//
+	// If the Source is a HorizonSource, the janitor never purges a row the
+	// source could still redeliver the message of: it purges only rows
+	// older than both Retention and the source's RedeliveryHorizon minus
+	// HorizonMargin, skips the purge while the source cannot tell, and
+	// warns when the horizon is older than the retention. It also records
+	// the ages of the duplicates it sees, and what it purged, in the Store
+	// if the Store is a RetentionRecorder (see processed), for `idemq
+	// status` to weigh the retention against.
 	Retention time.Duration
 	// JanitorInterval is the time between purges. Defaults to 10m.
 	JanitorInterval time.Duration
+	// HorizonMargin is how much older than the Source's redelivery horizon
+	// a row must be to be purged: room for the skew between the broker's
+	// timestamps and the database's clock, and for the time between
+	// reading the horizon and the purge's cutoff. Only with a
+	// HorizonSource. Defaults to 5m; -1 for none (for tests).
+	HorizonMargin time.Duration
 
 	// Logger receives the runtime's logs. Defaults to a logger that
 	// discards everything.
@@ -142,6 +157,7 @@ const (
 	DefaultMaxIDBytes      = 512
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultJanitorInterval = 10 * time.Minute
+	DefaultHorizonMargin   = 5 * time.Minute
 	DefaultMaxAttempts     = 25
 	DefaultInitialInterval = 100 * time.Millisecond
 	DefaultMaxInterval     = 10 * time.Second
@@ -182,6 +198,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.JanitorInterval == 0 {
 		c.JanitorInterval = DefaultJanitorInterval
+	}
+	if c.HorizonMargin == 0 {
+		c.HorizonMargin = DefaultHorizonMargin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -253,6 +272,8 @@ func (c Config) validate() error {
 		return bad("ShutdownTimeout", "negative")
 	case c.Retention < 0:
 		return bad("Retention", "negative")
+	case c.HorizonMargin < -1:
+		return bad("HorizonMargin", "negative, other than -1 for none")
 	case c.JanitorInterval < 0:
 		return bad("JanitorInterval", "negative")
 	case c.Retry.MaxConnLosses < 1:

@@ -36,6 +36,8 @@ type Runtime struct {
 	fatalErr atomic.Pointer[error]
 	fatalMu  sync.Mutex
 	stopRecv context.CancelCauseFunc
+	// dupAges counts the ages of the duplicates, for the janitor.
+	dupAges dupAges
 }
 
 // Stats are a Runtime's counters since it was created.
@@ -89,6 +91,9 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r.checkPoolSize()
 	r.batchSize = r.configureSource()
+	if cfg.Retention > 0 {
+		r.hooks.duplicate = append(r.hooks.duplicate, &r.dupAges) // the retention's evidence; see janitor.go
+	}
 	return r, nil
 }
 
@@ -296,25 +301,6 @@ func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch
 			r.hook("OnReceived", func() { h.OnReceived(ctx, del.Message()) })
 		}
 		dispatch(del)
-	}
-}
-
-func (r *Runtime) janitor(ctx context.Context) {
-	t := time.NewTicker(r.cfg.JanitorInterval)
-	defer t.Stop()
-	for {
-		n, err := r.cfg.Store.Purge(ctx, r.cfg.Retention)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			r.log.Error("idemq: purge failed", "error", err)
-		case n > 0:
-			r.log.Info("idemq: purged processed messages", "rows", n, "older_than", r.cfg.Retention)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
 }
 

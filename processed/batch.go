@@ -49,11 +49,20 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 	if err != nil || len(claims) == 0 {
 		return b.results, err
 	}
+	if b.st.partitioned {
+		if _, err := tx.Exec(ctx, b.st.batchLock, claimLockKeys(claims)); err != nil {
+			return nil, s.wrap("claim batch: lock", err)
+		}
+	}
 	inserted, err := b.insert(ctx, tx, claims)
 	if err != nil {
 		return nil, err
 	}
-	return b.finish(ctx, tx, inserted)
+	res, err := b.finish(ctx, tx, inserted)
+	if err != nil {
+		return nil, err
+	}
+	return res, b.restoreScans(ctx, tx)
 }
 
 // batchClaim is one ClaimBatch in progress.
@@ -89,6 +98,18 @@ func (s *Store) newBatchClaim(ctx context.Context, claims []consumer.Claim) (*ba
 	}
 	b.st = st
 	return b, nil
+}
+
+// restoreScans ends the claim's statements on a partitioned table (see
+// partitionedSQL); it does nothing on a plain one.
+func (b *batchClaim) restoreScans(ctx context.Context, tx pgx.Tx) error {
+	if !b.st.partitioned {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, b.st.restoreScans); err != nil {
+		return b.s.wrap("claim batch: restore enable_seqscan", err)
+	}
+	return nil
 }
 
 // insertArgs are the arguments of the batch INSERT of pending.

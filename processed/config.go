@@ -21,6 +21,12 @@ const (
 	DefaultPurgeBatchSize = 1000
 	DefaultPurgePause     = 10 * time.Millisecond
 	DefaultPurgeDutyCycle = 0.25
+	// DefaultPartitionInterval is the time range of one partition of a
+	// partitioned table.
+	DefaultPartitionInterval = 24 * time.Hour
+	// DefaultPartitionsAhead is how many partitions past the current one
+	// Migrate and EnsurePartitions create.
+	DefaultPartitionsAhead = 2
 )
 
 // MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
@@ -64,6 +70,27 @@ type Config struct {
 	// with PurgePause -1 as well, Purge runs flat out.
 	PurgeDutyCycle float64
 
+	// Partitioned makes the dedup table a range-partitioned table, one
+	// partition per PartitionInterval of claim time (processed_at), so
+	// that Purge drops whole partitions instead of deleting rows.
+	// Uniqueness across partitions, which Postgres cannot enforce without
+	// the partition key in the index, is kept by the claim: it takes a
+	// transaction-scoped advisory lock on a hash of (consumer, message id)
+	// before it looks the id up in every partition and inserts it, so two
+	// claims of one id serialise and the second finds the first. Migrate
+	// creates the partitioned table (converting a plain one: see
+	// Migrate) and a DEFAULT partition, so a claim never fails for want of
+	// a partition; the janitor creates partitions ahead (EnsurePartitions).
+	// Defaults to false: one plain table with a primary key.
+	Partitioned bool
+	// PartitionInterval is the time range of one partition: at least a
+	// second, a whole number of seconds; an hour or more in production
+	// (every claim of a new id probes each live partition's index).
+	// Rows live between the retention and the retention plus one
+	// interval, since Purge drops a partition once all of it is older
+	// than the retention. Only with Partitioned. Defaults to 24h.
+	PartitionInterval time.Duration
+
 	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
 	// runtime's Concurrency workers holds one connection for its
 	// transaction, and its janitor one more. Defaults to the URL's
@@ -90,6 +117,9 @@ func (c Config) withDefaults() Config {
 	if c.PurgeDutyCycle == 0 {
 		c.PurgeDutyCycle = DefaultPurgeDutyCycle
 	}
+	if c.Partitioned && c.PartitionInterval == 0 {
+		c.PartitionInterval = DefaultPartitionInterval
+	}
 	return c
 }
 
@@ -110,6 +140,12 @@ func (c Config) validate() error {
 	}
 	if !(c.PurgeDutyCycle > 0 && c.PurgeDutyCycle <= 1) {
 		return &consumer.ConfigError{Field: "PurgeDutyCycle", Reason: fmt.Sprintf("%g: must be in (0, 1]; 1 turns it off", c.PurgeDutyCycle)}
+	}
+	if c.PartitionInterval != 0 && !c.Partitioned {
+		return &consumer.ConfigError{Field: "PartitionInterval", Reason: "set without Partitioned"}
+	}
+	if c.Partitioned && (c.PartitionInterval < time.Second || c.PartitionInterval%time.Second != 0) {
+		return &consumer.ConfigError{Field: "PartitionInterval", Reason: fmt.Sprintf("%s: must be a whole number of seconds, at least 1s", c.PartitionInterval)}
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}

@@ -30,7 +30,7 @@ func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
 		return pgmigrate.Target{}, err
 	}
 	return pgmigrate.Target{Schema: st.schema, Table: s.cfg.Table,
-		Indexes: map[string]string{"processed_at_index": "_processed_at"}}, nil
+		Indexes: map[string]string{"processed_at_index": "_processed_at", "retention_table": retentionSuffix}}, nil
 }
 
 // Migrate creates the schema if it is missing, then applies the pending
@@ -38,6 +38,16 @@ func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
 // one transaction under an advisory lock keyed on the schema and table. It is
 // idempotent, and safe to run from several processes at once: the others wait
 // and then find nothing to do.
+//
+// With Config.Partitioned, Migrate then makes the table partitioned, in a
+// second transaction: a missing or empty table is created partitioned; a
+// plain table with rows is renamed Table+"_legacy" and attached as the
+// partition of everything up to the end of the current interval, which
+// takes an exclusive lock on it and scans it once (claims wait meanwhile),
+// and its grants are copied to the new parent. The legacy partition is
+// dropped whole once its upper bound is older than the retention. Then it
+// creates the partitions of the current interval and the next ones
+// (EnsurePartitions).
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.migrate(ctx)
 	return err
@@ -49,7 +59,11 @@ func (s *Store) migrate(ctx context.Context) ([]Migration, error) {
 	if err != nil {
 		return nil, err
 	}
-	return migrations.Migrate(ctx, s.db, t)
+	applied, err := migrations.Migrate(ctx, s.db, t)
+	if err != nil || !s.cfg.Partitioned {
+		return applied, err
+	}
+	return applied, s.migratePartitioned(ctx)
 }
 
 // Version returns the highest applied migration version, or 0 if Migrate

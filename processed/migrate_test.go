@@ -22,7 +22,7 @@ func TestMigrationsEmbedded(t *testing.T) {
 		t.Fatalf("Migrations: %d, LatestVersion %d", len(ms), processed.LatestVersion())
 	}
 	for i, m := range ms {
-		if m.Version != i+1 || m.Name == "" || !strings.Contains(m.SQL, "{{table}}") {
+		if m.Version != i+1 || m.Name == "" || !(strings.Contains(m.SQL, "{{table}}") || strings.Contains(m.SQL, "{{schema}}")) {
 			t.Errorf("migration %d: %+v", i, m)
 		}
 	}
@@ -119,8 +119,8 @@ func TestMigrateConcurrent(t *testing.T) {
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n2); err != nil {
 		t.Fatal(err)
 	}
-	if n2 != 4 {
-		t.Errorf("%d tables in %s, want 4", n2, schema)
+	if n2 != 6 { // two tables, each with its _migrations and _retention
+		t.Errorf("%d tables in %s, want 6", n2, schema)
 	}
 }
 
@@ -195,7 +195,7 @@ func TestCustomNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{table, table + "_migrations", table + "_processed_at"}
+	want := []string{table, table + "_migrations", table + "_processed_at", table + "_retention"}
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("relations in %s:\n got %v\nwant %v", schema, names, want)
 	}

@@ -13,6 +13,11 @@
 // The table is created by [Store.Migrate] (or `idemq migrate`) from embedded,
 // numbered SQL migrations, and old rows are deleted by [Store.Purge].
 //
+// With [Config.Partitioned] the table is range-partitioned by claim time
+// instead, and Purge drops whole partitions; a claim then takes an advisory
+// lock on its id before it looks for it in every partition, which keeps ids
+// unique across partitions (see Config.Partitioned and partition.go).
+//
 // Claim's duplicate detection relies on READ COMMITTED, Postgres's default
 // isolation level. Under REPEATABLE READ or SERIALIZABLE a claim that races a
 // concurrent commit fails with a serialization error instead, which the
@@ -86,8 +91,16 @@ type statements struct {
 	qTable                                 string
 	insert, existing, purge, lookup, stats string
 	batchInsert, batchExisting             string
-	// claimOne is the pipelined single claim: see newStatements.
+	// claimOne is the pipelined single claim on a plain table: see
+	// newStatements.
 	claimOne string
+	// partitioned: the claims take the advisory locks lock (one key) or
+	// batchLock (sorted keys) before their inserts; see partition.go.
+	partitioned     bool
+	lock, batchLock string
+	// restoreScans ends the claim's statements on a partitioned table:
+	// see partitionedSQL.
+	restoreScans string
 }
 
 var _ consumer.Store = (*Store)(nil)
@@ -115,12 +128,12 @@ func New(db DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, cfg: cfg}
 	if cfg.Schema != "" {
-		s.st.Store(newStatements(cfg.Schema, cfg.Table))
+		s.st.Store(newStatements(cfg.Schema, cfg.Table, cfg.Partitioned))
 	}
 	return s, nil
 }
 
-func newStatements(schema, table string) *statements {
+func newStatements(schema, table string, partitioned bool) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &statements{schema: schema, qTable: t}
 	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
@@ -159,6 +172,9 @@ WHERE consumer = $1 AND message_id = $2 AND NOT EXISTS (SELECT FROM ins)`
 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.batchInsert, st.batchExisting = batchSQL(t)
+	if partitioned {
+		partitionedSQL(st)
+	}
 	return st
 }
 
@@ -178,7 +194,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if err != nil {
 		return nil, fmt.Errorf("processed: %s: %w", s.cfg.Table, err)
 	}
-	st := newStatements(schema, s.cfg.Table)
+	st := newStatements(schema, s.cfg.Table, s.cfg.Partitioned)
 	s.st.Store(st)
 	return st, nil
 }
@@ -277,6 +293,24 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 	if err != nil {
 		return consumer.ClaimResult{}, err
 	}
+	if st.partitioned {
+		if _, err := tx.Exec(ctx, st.lock, claimLockKey(c.Consumer, c.MessageID)); err != nil {
+			return consumer.ClaimResult{}, s.wrap("claim: lock", err)
+		}
+		res, err := s.claim(ctx, st, tx, c)
+		if err != nil {
+			return res, err
+		}
+		if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
+			return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
+		}
+		return res, nil
+	}
+	return s.claim(ctx, st, tx, c)
+}
+
+// claim is Claim's insert and, on a conflict, select.
+func (s *Store) claim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
 	args := claimArgs(c)
 	for attempt := 1; ; attempt++ {
 		tag, err := tx.Exec(ctx, st.insert, args...)
@@ -424,6 +458,9 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	b.Queue(setSyncCommit)
+	if bc.st.partitioned {
+		b.Queue(bc.st.batchLock, claimLockKeys(claims))
+	}
 	b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(func(rows pgx.Rows) error {
 		ran = true
 		var err error
@@ -445,7 +482,10 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		return tx, nil, errors.New("processed: claim batch: the queued insert did not run")
 	}
 	res, err := bc.finish(ctx, tx, inserted)
-	return tx, res, err
+	if err != nil {
+		return tx, nil, err
+	}
+	return tx, res, bc.restoreScans(ctx, tx)
 }
 
 // pipelinedClaim sends BEGIN and the claim (claimOne: the synchronous
@@ -472,16 +512,26 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(st.claimOne, claimArgs(c)...).Query(func(rows pgx.Rows) error {
-		ran = true
-		for rows.Next() {
-			if err := rows.Scan(&inserted, &fp, &at); err != nil {
-				return err
+	if st.partitioned {
+		b.Queue(setSyncCommit)
+		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
+		b.Queue(st.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
+			ran, seen, inserted = true, true, tag.RowsAffected() == 1
+			return nil
+		})
+		b.Queue(st.restoreScans)
+	} else {
+		b.Queue(st.claimOne, claimArgs(c)...).Query(func(rows pgx.Rows) error {
+			ran = true
+			for rows.Next() {
+				if err := rows.Scan(&inserted, &fp, &at); err != nil {
+					return err
+				}
+				seen = true
 			}
-			seen = true
-		}
-		return rows.Err()
-	})
+			return rows.Err()
+		})
+	}
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -505,9 +555,18 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		return tx, consumer.ClaimResult{Outcome: out, ProcessedAt: *at}, nil
 	}
 	// The insert conflicted with a row committed after the statement's
-	// snapshot: read it with a new one, as Claim does. If it was purged
-	// meanwhile, Claim claims the id afresh.
-	res, found, err := s.existing(ctx, st, tx, c)
+	// snapshot (or, on a partitioned table, with any committed row): read
+	// it with a new snapshot, as Claim does. If it was purged meanwhile,
+	// Claim claims the id afresh.
+	var (
+		res   consumer.ClaimResult
+		found bool
+	)
+	if st.partitioned {
+		res, found, err = s.existingNoScans(ctx, st, tx, c)
+	} else {
+		res, found, err = s.existing(ctx, st, tx, c)
+	}
 	if err != nil || found {
 		return tx, res, err
 	}
@@ -521,10 +580,27 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 // never holds many locks for long. It needs only the SELECT and DELETE
 // privileges. It stops when a batch deletes fewer rows than the batch size, or
 // when ctx is done.
+//
+// On a partitioned table (whatever Config.Partitioned says) it first creates
+// the partitions ahead (EnsurePartitions), then drops each partition whose
+// whole range is older than olderThan, and deletes the old rows of the
+// DEFAULT partition in batches as above; it needs to own the table. Rows so
+// live between olderThan and olderThan plus one PartitionInterval. The
+// count of a dropped partition's rows is the planner's estimate when it has
+// one.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
 		return 0, err
+	}
+	// By what the table is, not what the store was told: the plain
+	// purge's ctids are not unique across partitions.
+	kind, err := s.relkind(ctx, s.db, st)
+	if err != nil {
+		return 0, s.wrap("purge: read the table's kind", err)
+	}
+	if kind == 'p' {
+		return s.purgePartitioned(ctx, st, olderThan)
 	}
 	n, step, err := pgpurge.Run(ctx, s.db, st.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
 	if err != nil {

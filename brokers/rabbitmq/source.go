@@ -260,6 +260,10 @@ type Source struct {
 	dlIdle []*pubChannel
 
 	received, acked, nacked, abandoned, reconnects, multiAcks atomic.Int64
+	// backlogUntil is the count of received deliveries at which the
+	// backlog found when the current consumer started ends; -1 before
+	// the first consumer. See RedeliveryHorizon.
+	backlogUntil atomic.Int64
 }
 
 // session is one connection and, once the Source consumes, its consumer.
@@ -272,6 +276,7 @@ type session struct {
 	mu       sync.Mutex
 	unacked  map[uint64]bool // tags received and not yet acked; true: committed, ack deferred (see AckBatch)
 	deferred int             // the true entries of unacked
+	recv     []recvMark      // when the tags were received, for RedeliveryHorizon (horizon.go)
 }
 
 // consuming is a session's consumer: a channel with the prefetch set, and
@@ -320,6 +325,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		prefetch = DefaultPrefetch
 	}
 	s.prefetch.Store(int32(prefetch))
+	s.backlogUntil.Store(-1)
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -686,6 +692,9 @@ func (s *Source) consume(conn *amqp.Connection) (*consuming, error) {
 		}
 		tag = "idemq-" + q + "-" + randomHex(6)
 	}
+	if err := s.noteBacklog(ch); err != nil {
+		return fail("count the backlog", err)
+	}
 	deliveries, err := ch.Consume(s.cfg.Queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return fail("consume", err)
@@ -782,6 +791,7 @@ func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
 		sess.unacked = map[uint64]bool{}
 	}
 	sess.unacked[d.DeliveryTag] = false
+	sess.markLocked(d.DeliveryTag, s.received.Load(), int(s.prefetch.Load()))
 	sess.mu.Unlock()
 	return &delivery{src: s, sess: sess, d: d, msg: s.mapper().message(d)}
 }

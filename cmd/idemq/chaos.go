@@ -42,7 +42,7 @@ removes them at the end; for NATS and Redis scenarios it always starts its
 own nats-server (--nats-server) and redis-server (--redis-server, appendonly
 yes, appendfsync always). --short is the CI run (3 scenarios, 55 SIGKILLs,
 under 2 minutes on the project's 2-core CI machine); without it the long run
-(9 scenarios, 335 SIGKILLs, about 15 minutes there). RELIABILITY.md has the
+(10 scenarios, 360 SIGKILLs, about 15 minutes there). RELIABILITY.md has the
 last results.
 
 --scenario runs scenarios by name from either suite (the "long-" prefix may

@@ -72,6 +72,41 @@ type statusReport struct {
 	// LastApplied is the consumer's newest row; nil without rows.
 	LastApplied *statusLast `json:"last_applied"`
 	DLQ         []statusDLQ `json:"dlq"`
+	// Partitioned says whether the dedup table is a partitioned one, and
+	// Partitions how many partitions it has.
+	Partitioned bool `json:"partitioned"`
+	Partitions  int  `json:"partitions,omitempty"`
+	// Evidence sums the janitor's reports of the last statusEvidenceWindow;
+	// nil when there are none (no janitor ran, or before migration 2).
+	Evidence *statusEvidence `json:"retention_evidence"`
+}
+
+// statusEvidenceWindow is how far back status reads the janitor's reports.
+const statusEvidenceWindow = 7 * 24 * time.Hour
+
+// statusEvidence is the retention's evidence: the ages of the duplicates
+// the runtime skipped, and the janitor's horizon and purges.
+type statusEvidence struct {
+	Since      time.Time `json:"since"`
+	Reports    int       `json:"reports"`
+	Duplicates int64     `json:"duplicates"`
+	// Ages in seconds; quantiles rounded up to the histogram's buckets.
+	P50Seconds  float64 `json:"p50_seconds"`
+	P99Seconds  float64 `json:"p99_seconds"`
+	P999Seconds float64 `json:"p999_seconds"`
+	MaxSeconds  float64 `json:"max_seconds"`
+	// RetentionSeconds is the retention judged: --retention, else the
+	// janitor's latest.
+	RetentionSeconds float64 `json:"retention_seconds"`
+	// Verdict is "covered", "thin" (less than twice the oldest duplicate),
+	// "not covered" or "no duplicates".
+	Verdict string `json:"verdict"`
+	// The janitor's latest round: the source's horizon, what it did to
+	// the purge, and the age it purged by (0: no purge).
+	LastReport             time.Time  `json:"last_report"`
+	HorizonState           string     `json:"horizon_state"`
+	Horizon                *time.Time `json:"horizon,omitempty"`
+	PurgedOlderThanSeconds float64    `json:"purged_older_than_seconds"`
 }
 
 type statusLast struct {
@@ -231,6 +266,22 @@ WHERE processed_at < now() - $2::bigint * interval '1 microsecond'`, name, reten
 		rep.PurgeEligible, rep.PurgeEligibleTable = &mine, &total
 	}
 
+	if rep.Partitioned, err = store.Partitioned(ctx); err != nil {
+		return nil, err
+	}
+	if rep.Partitioned {
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)`, table).Scan(&rep.Partitions); err != nil {
+			return nil, fmt.Errorf("processed: count the partitions of %s: %w", store, err)
+		}
+	}
+	sum, err := store.Retention(ctx, name, rep.CheckedAt.Add(-statusEvidenceWindow))
+	if err != nil {
+		return nil, err
+	}
+	if sum.Reports > 0 {
+		rep.Evidence = evidence(sum, retention)
+	}
+
 	var last statusLast
 	err = conn.QueryRow(ctx, `SELECT message_id, processed_at, source, partition, "offset" FROM `+table+`
 WHERE consumer = $1 ORDER BY processed_at DESC, message_id DESC LIMIT 1`, name).Scan(
@@ -245,6 +296,34 @@ WHERE consumer = $1 ORDER BY processed_at DESC, message_id DESC LIMIT 1`, name).
 		rep.LastApplied = &last
 	}
 	return rep, nil
+}
+
+// evidence judges the retention (--retention, else the janitor's) against
+// the duplicates' ages.
+func evidence(sum processed.RetentionSummary, retention durationFlag) *statusEvidence {
+	ev := &statusEvidence{Since: sum.From.UTC(), Reports: sum.Reports, Duplicates: sum.Duplicates,
+		P50Seconds: sum.P50.Seconds(), P99Seconds: sum.P99.Seconds(), P999Seconds: sum.P999.Seconds(), MaxSeconds: sum.Max.Seconds(),
+		LastReport: sum.LastReport.UTC(), HorizonState: sum.HorizonState, PurgedOlderThanSeconds: sum.PurgedOlderThan.Seconds()}
+	if !sum.Horizon.IsZero() {
+		h := sum.Horizon.UTC()
+		ev.Horizon = &h
+	}
+	ret := sum.Retention
+	if retention.set {
+		ret = retention.d
+	}
+	ev.RetentionSeconds = ret.Seconds()
+	switch worst := max(sum.P999, sum.Max); {
+	case sum.Duplicates == 0:
+		ev.Verdict = "no duplicates"
+	case worst > ret:
+		ev.Verdict = "not covered"
+	case 2*worst > ret:
+		ev.Verdict = "thin"
+	default:
+		ev.Verdict = "covered"
+	}
+	return ev
 }
 
 // statusRabbitDepth reads the number of ready messages in queue with a
@@ -349,6 +428,43 @@ func (r *statusReport) print(w io.Writer) error {
 		fmt.Fprintf(tw, "last applied:\t%s at %s, from %s\n", l.MessageID, ago(l.ProcessedAt), where)
 	} else {
 		fmt.Fprintf(tw, "last applied:\tnone\n")
+	}
+	if r.Partitioned {
+		fmt.Fprintf(tw, "partitions:\t%d (purge drops whole partitions: rows live up to the retention plus one interval)\n", r.Partitions)
+	}
+	if ev := r.Evidence; ev != nil {
+		secs := func(s float64) string { return statusAge(time.Duration(s * float64(time.Second))) }
+		ret := secs(ev.RetentionSeconds)
+		window := statusAge(r.CheckedAt.Sub(ev.Since))
+		switch ev.Verdict {
+		case "no duplicates":
+			fmt.Fprintf(tw, "duplicates:\tnone in %s (%d janitor reports); retention %s: no evidence either way\n", window, ev.Reports, ret)
+		default:
+			fmt.Fprintf(tw, "duplicates:\t%d in %s; they arrive up to %s after the original (p99.9; p50 %s, p99 %s, max %s)\n",
+				ev.Duplicates, window, secs(ev.P999Seconds), secs(ev.P50Seconds), secs(ev.P99Seconds), secs(ev.MaxSeconds))
+			verdict := ev.Verdict
+			switch ev.Verdict {
+			case "thin":
+				verdict = "covered, but the margin is thin (less than 2x the oldest duplicate): raise it"
+			case "not covered":
+				verdict = "NOT covered: duplicates older than the retention find no row and are applied again; raise it"
+			}
+			fmt.Fprintf(tw, "retention:\t%s: %s\n", ret, verdict)
+		}
+		h := ev.HorizonState
+		switch ev.HorizonState {
+		case "none":
+			h = "the source gives none: purged by the retention alone"
+		case "clear":
+			h = "nothing redeliverable: purged by the retention"
+		case "within":
+			h = fmt.Sprintf("oldest redeliverable %s, within the retention", ago(*ev.Horizon))
+		case "held":
+			h = fmt.Sprintf("oldest redeliverable %s, older than the retention: purge held back to %s", ago(*ev.Horizon), secs(ev.PurgedOlderThanSeconds))
+		case "unknown", "error":
+			h = "the source could not tell: no purge"
+		}
+		fmt.Fprintf(tw, "purge horizon:\t%s (janitor %s ago)\n", h, statusAge(r.CheckedAt.Sub(ev.LastReport)))
 	}
 	for _, d := range r.DLQ {
 		var v string

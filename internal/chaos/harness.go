@@ -536,7 +536,7 @@ func (r *run) setupDB(ctx context.Context) error {
 	if _, err := r.h.pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
 		return fmt.Errorf("chaos: create schema: %w", err)
 	}
-	store, err := processed.New(r.h.pool, processed.Config{Schema: r.schema})
+	store, err := processed.New(r.h.pool, processed.Config{Schema: r.schema, Partitioned: r.s.Partitioned, PartitionInterval: r.s.PartitionInterval})
 	if err != nil {
 		return err
 	}
@@ -1027,7 +1027,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		Seed:             r.h.cfg.Seed + uint64(r.idx)<<40,
 		KillAfterCommits: killAfter, PGResetRate: r.s.PGResetRate, PGLatency: r.s.PGLatency,
 		AMQPDropEvery: r.s.AMQPDropEvery, SlowEvery: r.s.SlowEvery, SlowFor: r.s.SlowFor,
-		Sabotage: r.s.Sabotage,
+		Sabotage: r.s.Sabotage, Partitioned: r.s.Partitioned, PartitionInterval: r.s.PartitionInterval,
 	}
 	wc.StreamStart = r.streamStart()
 	b, err := json.Marshal(wc)

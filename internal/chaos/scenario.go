@@ -105,6 +105,14 @@ type Scenario struct {
 	// purpose (see SabotageEffectOutsideTx): the scenario must fail.
 	Sabotage string
 
+	// Partitioned runs the workers on the partitioned dedup store
+	// (processed.Config.Partitioned) with partitions of PartitionInterval
+	// (defaults to 2s), so that claims, duplicates and redeliveries
+	// straddle partition boundaries throughout the run; each worker's
+	// janitor (retention 1h: nothing is purged) creates them ahead.
+	Partitioned       bool
+	PartitionInterval time.Duration
+
 	// CheckRedeliveryBound makes the scenario fail if a kill caused more
 	// redeliveries than the prefetch (RabbitMQ) or partitions*MaxInFlight
 	// (Kafka). Enable it where kills are the only source of redelivery.
@@ -123,6 +131,9 @@ var scenarioName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,40}$`)
 func (s Scenario) withDefaults() Scenario {
 	if s.Mode == "" {
 		s.Mode = ModeDefault
+	}
+	if s.Partitioned && s.PartitionInterval == 0 {
+		s.PartitionInterval = 2 * time.Second
 	}
 	if s.Messages == 0 {
 		s.Messages = 1000
@@ -182,6 +193,8 @@ func (s Scenario) validate() error {
 	switch {
 	case !scenarioName.MatchString(s.Name):
 		return bad("name must match %s", scenarioName)
+	case s.PartitionInterval != 0 && !s.Partitioned:
+		return bad("PartitionInterval without Partitioned")
 	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka && s.Broker != BrokerNATS && s.Broker != BrokerRedis:
 		return bad("broker %q, want %q, %q, %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka, BrokerNATS, BrokerRedis)
 	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
@@ -260,6 +273,7 @@ func (s Scenario) Faults() string {
 	add(s.SlowEvery > 0, "1/%d handlers sleep %s", s.SlowEvery, s.SlowFor)
 	add(s.AbortRate > 0, "transactional producer, %.0f%% of transactions aborted", 100*s.AbortRate)
 	add(s.KafkaSource == SourceFranz, "franz-go read_committed consumer")
+	add(s.Partitioned, "partitioned dedup store, %s partitions", s.withDefaults().PartitionInterval)
 	if len(out) == 0 {
 		return "none"
 	}

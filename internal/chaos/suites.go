@@ -23,9 +23,9 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: nine scenarios, 335 planned SIGKILLs across
-// RabbitMQ, Kafka (both sources), NATS JetStream and Redis Streams, about
-// twenty minutes.
+// LongSuite is the long run: ten scenarios, 360 planned SIGKILLs across
+// RabbitMQ (plain and partitioned dedup store), Kafka (both sources), NATS
+// JetStream and Redis Streams, about twenty minutes.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -50,6 +50,9 @@ func LongSuite() []Scenario {
 		// A transactional producer, a quarter of its transactions
 		// aborted, consumed read_committed through brokers/franz: exactly
 		// the committed records are applied, none of the aborted ones.
+		// The partitioned dedup store, 2s partitions: claims, duplicates
+		// and redeliveries straddle boundaries all run long.
+		{Name: "long-rabbit-partitioned", Broker: BrokerRabbitMQ, Messages: 3000, PublishOver: 40 * time.Second, Partitioned: true, Kills: 15, SelfKills: 10, SelfKillEvery: 40, PGResetRate: 0.02},
 		{Name: "long-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.25, Mode: ModeBatch,
 			Messages: 3000, PublishOver: 60 * time.Second, Kills: 15, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2,
 			OffsetCommitErrorRate: 0.1},

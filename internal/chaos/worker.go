@@ -102,6 +102,10 @@ type WorkerConfig struct {
 	// it: SabotageEffectOutsideTx writes the effect outside the dedup
 	// transaction.
 	Sabotage string
+	// Partitioned and PartitionInterval configure the dedup store (see
+	// Scenario.Partitioned).
+	Partitioned       bool
+	PartitionInterval time.Duration
 }
 
 // SabotageEffectOutsideTx makes the handler write its effect on its own
@@ -292,7 +296,7 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return fmt.Errorf("pool: %w", err)
 	}
 	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema})
+	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema, Partitioned: cfg.Partitioned, PartitionInterval: cfg.PartitionInterval})
 	if err != nil {
 		return err
 	}
@@ -420,6 +424,11 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		Retry:           consumer.RetryConfig{MaxAttempts: 10, InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxElapsed: 30 * time.Second},
 		Hooks:           []consumer.Hook{hooks},
 		Logger:          slog.New(slog.DiscardHandler),
+	}
+	if cfg.Partitioned {
+		// The janitor creates the partitions ahead; with a retention of
+		// an hour it purges nothing during a run.
+		rcfg.Retention, rcfg.JanitorInterval = time.Hour, max(cfg.PartitionInterval/4, 100*time.Millisecond)
 	}
 	switch cfg.Mode {
 	case ModeMessage:

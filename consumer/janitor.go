@@ -1,0 +1,210 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HorizonSource is a Source that can tell how far back a redelivery could
+// reach: the janitor then never purges a dedup row whose message the broker
+// could still hand out again. The Kafka and RabbitMQ adapters implement it;
+// other adapters may.
+type HorizonSource interface {
+	Source
+	// RedeliveryHorizon returns the oldest time a message the broker could
+	// still deliver again can have been applied at, as far as the source
+	// can tell: for Kafka, the timestamp of the oldest record past the
+	// group's committed offsets; for RabbitMQ, the receipt of the oldest
+	// unsettled delivery. ok is false when the source cannot tell yet (not
+	// joined, backlog not yet drained, broker unreachable): the janitor
+	// then does not purge. A zero horizon with ok true means nothing could
+	// be redelivered: the retention alone decides.
+	RedeliveryHorizon(ctx context.Context) (horizon time.Time, ok bool, err error)
+}
+
+// RetentionReport is what the janitor saw in one JanitorInterval: the ages
+// of the duplicates it skipped (the evidence for the retention), the
+// source's horizon, and what it purged.
+type RetentionReport struct {
+	Consumer               string
+	WindowStart, WindowEnd time.Time
+	// Duplicates is the number of duplicates in the window; Buckets[i]
+	// counts those whose age (now minus the original's processed_at) was
+	// at most DupAgeBounds[i], the last bucket those older than every
+	// bound. MaxAge is the oldest.
+	Duplicates int64
+	Buckets    []int64
+	MaxAge     time.Duration
+	// Retention is Config.Retention.
+	Retention time.Duration
+	// Horizon is the source's redelivery horizon, zero if none.
+	Horizon time.Time
+	// HorizonState says what the horizon did to the purge: "none" (the
+	// source is no HorizonSource), "clear" (nothing redeliverable),
+	// "within" (the horizon is within the retention), "held" (the purge
+	// was held back to the horizon), "unknown" or "error" (no purge).
+	HorizonState string
+	// PurgedOlderThan is the age the janitor purged by: Retention, or
+	// longer when the horizon held it back; 0 if it did not purge.
+	PurgedOlderThan time.Duration
+	// Purged counts the rows purged.
+	Purged int64
+}
+
+// RetentionRecorder is a Store that keeps the janitor's reports, one per
+// JanitorInterval; processed.Store implements it.
+type RetentionRecorder interface {
+	RecordRetention(ctx context.Context, r RetentionReport) error
+}
+
+// DupAgeBounds are the upper bounds of the duplicate-age histogram's
+// buckets; one more bucket counts the ages beyond the last.
+var DupAgeBounds = []time.Duration{
+	time.Second, 10 * time.Second, time.Minute, 5 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+	time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 12 * time.Hour, 24 * time.Hour,
+	48 * time.Hour, 72 * time.Hour, 7 * 24 * time.Hour, 14 * 24 * time.Hour, 30 * 24 * time.Hour,
+}
+
+// DupAgeQuantile returns the upper bound of the bucket holding quantile q
+// (0 < q <= 1) of the ages counted in buckets (see DupAgeBounds), at most
+// maxAge when it is known; 0 if buckets are empty. An age beyond the last
+// bound is reported as maxAge.
+func DupAgeQuantile(buckets []int64, q float64, maxAge time.Duration) time.Duration {
+	var total int64
+	for _, n := range buckets {
+		total += n
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := int64(q*float64(total) + 0.999999)
+	rank = max(1, min(rank, total))
+	var seen int64
+	for i, n := range buckets {
+		seen += n
+		if seen >= rank {
+			if i < len(DupAgeBounds) && (maxAge == 0 || DupAgeBounds[i] < maxAge) {
+				return DupAgeBounds[i]
+			}
+			return maxAge
+		}
+	}
+	return maxAge
+}
+
+// dupAges is the runtime's duplicate-age histogram: a HookDuplicate the
+// runtime installs with a Retention.
+type dupAges struct {
+	HookDefaults
+	buckets [17 + 1]atomic.Int64
+	maxAge  atomic.Int64
+}
+
+var _ HookDuplicate = (*dupAges)(nil)
+
+// OnDuplicate counts the duplicate's age.
+func (d *dupAges) OnDuplicate(_ context.Context, _ *Message, processedAt time.Time) {
+	if processedAt.IsZero() {
+		return
+	}
+	age := max(time.Since(processedAt), 0)
+	i := 0
+	for i < len(DupAgeBounds) && age > DupAgeBounds[i] {
+		i++
+	}
+	d.buckets[i].Add(1)
+	for {
+		cur := d.maxAge.Load()
+		if int64(age) <= cur || d.maxAge.CompareAndSwap(cur, int64(age)) {
+			break
+		}
+	}
+}
+
+// take returns the counts since the last take and resets them.
+func (d *dupAges) take() (buckets []int64, n int64, maxAge time.Duration) {
+	buckets = make([]int64, len(d.buckets))
+	for i := range d.buckets {
+		buckets[i] = d.buckets[i].Swap(0)
+		n += buckets[i]
+	}
+	return buckets, n, time.Duration(d.maxAge.Swap(0))
+}
+
+// horizonTimeout bounds a RedeliveryHorizon call.
+const horizonTimeout = 30 * time.Second
+
+// purgeAge returns the age the janitor may purge by now (0: no purge), the
+// horizon and its state.
+func (r *Runtime) purgeAge(ctx context.Context) (time.Duration, time.Time, string) {
+	hs, ok := r.cfg.Source.(HorizonSource)
+	if !ok {
+		return r.cfg.Retention, time.Time{}, "none"
+	}
+	hctx, cancel := context.WithTimeout(ctx, horizonTimeout)
+	defer cancel()
+	h, known, err := hs.RedeliveryHorizon(hctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			r.log.Warn("idemq: the source's redelivery horizon is unknown; not purging", "error", err)
+		}
+		return 0, time.Time{}, "error"
+	case !known:
+		r.log.Info("idemq: the source cannot tell its redelivery horizon yet (not joined, or its backlog not yet drained); not purging")
+		return 0, time.Time{}, "unknown"
+	case h.IsZero():
+		return r.cfg.Retention, h, "clear"
+	}
+	need := time.Since(h) + max(r.cfg.HorizonMargin, 0)
+	if need <= r.cfg.Retention {
+		return r.cfg.Retention, h, "within"
+	}
+	r.log.Warn("idemq: the retention is shorter than the source's redelivery horizon: the broker can still redeliver messages older than the retention; purging only rows older than the horizon",
+		"retention", r.cfg.Retention, "horizon", h, "horizon_age", time.Since(h).Round(time.Second), "purging_older_than", need.Round(time.Second))
+	return need, h, "held"
+}
+
+// janitor purges every JanitorInterval, by purgeAge, and records a
+// RetentionReport if the Store keeps them.
+func (r *Runtime) janitor(ctx context.Context) {
+	t := time.NewTicker(r.cfg.JanitorInterval)
+	defer t.Stop()
+	rec, _ := r.cfg.Store.(RetentionRecorder)
+	var warnOnce sync.Once
+	start := time.Now()
+	for {
+		older, h, state := r.purgeAge(ctx)
+		var n int64
+		if older > 0 {
+			var err error
+			n, err = r.cfg.Store.Purge(ctx, older)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				r.log.Error("idemq: purge failed", "error", err)
+			case n > 0:
+				r.log.Info("idemq: purged processed messages", "rows", n, "older_than", older)
+			}
+		}
+		if rec != nil && ctx.Err() == nil {
+			end := time.Now()
+			buckets, dups, maxAge := r.dupAges.take()
+			rep := RetentionReport{Consumer: r.cfg.Name, WindowStart: start, WindowEnd: end,
+				Duplicates: dups, Buckets: buckets, MaxAge: maxAge, Retention: r.cfg.Retention,
+				Horizon: h, HorizonState: state, PurgedOlderThan: older, Purged: n}
+			if err := rec.RecordRetention(ctx, rep); err != nil && ctx.Err() == nil {
+				warnOnce.Do(func() {
+					r.log.Warn("idemq: cannot record the janitor's report (run idemq migrate; the role needs INSERT on the retention table)", "error", err)
+				})
+			}
+			start = end
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

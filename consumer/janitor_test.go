@@ -1,0 +1,169 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// horizonSub is a Source whose redelivery horizon the test sets.
+type horizonSub struct {
+	consumer.Source
+	mu      sync.Mutex
+	horizon time.Time
+	known   bool
+}
+
+func (h *horizonSub) set(t time.Time, known bool) {
+	h.mu.Lock()
+	h.horizon, h.known = t, known
+	h.mu.Unlock()
+}
+
+func (h *horizonSub) RedeliveryHorizon(context.Context) (time.Time, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.horizon, h.known, nil
+}
+
+var _ consumer.HorizonSource = (*horizonSub)(nil)
+
+func TestDupAgeBounds(t *testing.T) {
+	if len(consumer.DupAgeBounds) != 17 {
+		t.Fatalf("%d bounds: the histogram's array has 17+1 buckets", len(consumer.DupAgeBounds))
+	}
+	b := make([]int64, 18)
+	b[0], b[6] = 998, 2 // 998 within 1s, 2 within 1h
+	if q := consumer.DupAgeQuantile(b, 0.5, 50*time.Minute); q != time.Second {
+		t.Errorf("p50 %v", q)
+	}
+	if q := consumer.DupAgeQuantile(b, 0.999, 50*time.Minute); q != 50*time.Minute {
+		t.Errorf("p99.9 %v, want the max (below the bucket's bound)", q)
+	}
+}
+
+// TestJanitorHorizon: the janitor purges by the retention while the
+// source's horizon is within it, holds the purge back to the horizon when it
+// is older, does not purge while the source cannot tell, and records each
+// round, with the duplicates' ages.
+func TestJanitorHorizon(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	table := pgx.Identifier{b.schema, processed.DefaultTable}.Sanitize()
+	old := func(id string, age time.Duration) {
+		if _, err := b.pool.Exec(context.Background(), `INSERT INTO `+table+` (consumer, message_id, fingerprint, processed_at)
+VALUES ('test-consumer', $1, sha256('x'), now() - $2::bigint * interval '1 microsecond')`, id, age.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old("2h", 2*time.Hour)
+	old("4h", 4*time.Hour)
+	rows := func() int64 {
+		st, err := b.store.Stats(context.Background(), "test-consumer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Rows
+	}
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return b.insertEffect(ctx, tx, m) })
+	src := &horizonSub{Source: cfg.Source}
+	src.set(time.Time{}, false) // cannot tell
+	cfg.Source = src
+	cfg.Retention, cfg.JanitorInterval, cfg.HorizonMargin = time.Hour, 50*time.Millisecond, -1
+	start(t, cfg)
+
+	// A duplicate, for the evidence.
+	b.publish(msg("d1", "x"))
+	waitFor(t, "d1 applied", b.settled)
+	b.publish(msg("d1", "x"))
+	waitFor(t, "d1 again", b.settled)
+
+	summary := func() processed.RetentionSummary {
+		s, err := b.store.Retention(context.Background(), "test-consumer", time.Now().Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	waitFor(t, "a report with the duplicate", func() bool { return summary().Duplicates == 1 })
+	if s := summary(); s.HorizonState != "unknown" || s.Max <= 0 || s.P999 <= 0 || s.P999 > time.Second {
+		t.Fatalf("summary %+v", s)
+	}
+	if n := rows(); n != 3 {
+		t.Fatalf("%d rows while the horizon is unknown, want 3 (no purge)", n)
+	}
+	// Horizon 3h ago: rows older than 3h go, the 2h one stays although
+	// it is older than the retention.
+	src.set(time.Now().Add(-3*time.Hour), true)
+	waitFor(t, "the 4h row purged", func() bool { return rows() == 2 })
+	waitFor(t, "a held report", func() bool { return summary().HorizonState == "held" })
+	time.Sleep(200 * time.Millisecond)
+	if n := rows(); n != 2 {
+		t.Fatalf("%d rows with the horizon 3h ago, want 2", n)
+	}
+	// Nothing redeliverable: the retention decides.
+	src.set(time.Time{}, true)
+	waitFor(t, "the 2h row purged", func() bool { return rows() == 1 })
+	waitFor(t, "a clear report", func() bool { return summary().HorizonState == "clear" })
+	if s := summary(); s.HorizonState != "clear" || s.Retention != time.Hour || s.PurgedOlderThan != time.Hour {
+		t.Fatalf("summary %+v", s)
+	}
+}
+
+// TestPartitionedRuntimeExactlyOnce: a runtime over a partitioned store with
+// 1s partitions, whose janitor keeps partitions ahead, gets every id several
+// times, in waves over several partition boundaries, per message and in
+// batches: each id is applied once.
+func TestPartitionedRuntimeExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "per message", true: "batch"}[batch], func(t *testing.T) {
+			t.Parallel()
+			b := newBundle(t)
+			part, err := processed.New(b.pool, processed.Config{Schema: b.schema, Partitioned: true, PartitionInterval: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := part.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b.store = part
+			h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return b.insertEffect(ctx, tx, m) }
+			cfg := b.config(h)
+			if batch {
+				cfg = batchConfig(b, h)
+				cfg.BatchSize = 8
+			}
+			cfg.Concurrency = 8
+			cfg.Retention, cfg.JanitorInterval = time.Hour, 200*time.Millisecond
+			cfg.Store = part
+			start(t, cfg)
+			const ids, waves = 40, 8
+			for w := 0; w < waves; w++ {
+				var wave []*consumer.Message
+				for i := 0; i < ids; i++ {
+					// Each wave sends every id; ids also repeat within a
+					// wave, so that concurrent claims of one id race.
+					m := msg(fmt.Sprintf("id-%02d", i), "body")
+					wave = append(wave, m, msg(m.ID, "body"))
+				}
+				b.publish(wave...)
+				time.Sleep(400 * time.Millisecond)
+			}
+			waitFor(t, "everything settled", b.settled)
+			assertOnce(t, b, ids)
+			var parts int
+			if err := b.pool.QueryRow(context.Background(), `SELECT count(DISTINCT tableoid) FROM `+pgx.Identifier{b.schema, processed.DefaultTable}.Sanitize()).Scan(&parts); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("rows in %d partitions", parts)
+		})
+	}
+}

@@ -1,0 +1,303 @@
+package bench
+
+// The retention benchmark (issue 19): claim throughput on the partitioned
+// dedup store with a large prefill against the plain table, and the cost to
+// a running consumer of dropping a partition of N rows against the DELETE
+// purge of the same number of rows. Opt-in, since it loads millions of
+// rows:
+//
+//	IDEMQ_RETENTION_BENCH=1 go test -count=1 -timeout 60m -v ./internal/bench -run TestRetentionBench
+//
+// Sizes: IDEMQ_RB_PLAIN_ROWS (default 2000000), IDEMQ_RB_PART_ROWS
+// (20000000), IDEMQ_RB_PURGE_ROWS (1000000), IDEMQ_RB_SECONDS (15),
+// IDEMQ_RB_CONCURRENCY (8). Set IDEMQ_RB_KEEP=1 to keep the schemas.
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/processed"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// rbDays is how many past days the prefill spreads over (one partition
+// each on the partitioned store).
+var rbDays = envInt("IDEMQ_RB_DAYS", 10)
+
+type rbTable struct {
+	name  string
+	store *processed.Store
+	pool  *pgxpool.Pool
+	table string // quoted
+}
+
+func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, partitioned bool) *rbTable {
+	t.Helper()
+	schema := "idemq_rb_" + name + "_" + randomHex(4)
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("IDEMQ_RB_KEEP") == "" {
+		t.Cleanup(func() {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		})
+	}
+	cfg := processed.Config{Schema: schema}
+	if partitioned {
+		cfg.Partitioned, cfg.PartitionInterval = true, 24*time.Hour
+	}
+	s, err := processed.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &rbTable{name: name, store: s, pool: pool, table: pgx.Identifier{schema, s.Table()}.Sanitize()}
+}
+
+// partitionFor creates the day partition daysAgo days back, as the store
+// names them.
+func (rb *rbTable) partitionFor(t *testing.T, ctx context.Context, daysAgo int) {
+	t.Helper()
+	lo := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -daysAgo)
+	name := pgx.Identifier{rb.store.Schema(), rb.store.Table() + "_p" + strconv.FormatInt(lo.Unix(), 10)}.Sanitize()
+	_, err := rb.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s (PRIMARY KEY (consumer, message_id))
+FOR VALUES FROM ('%s') TO ('%s')`, name, rb.table, lo.Format(time.RFC3339), lo.AddDate(0, 0, 1).Format(time.RFC3339)))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// prefill inserts n rows of consumer "bench", ids prefix-<g>, at noon of
+// day daysAgo0 + g%days back, in chunks.
+func (rb *rbTable) prefill(t *testing.T, ctx context.Context, prefix string, n, daysAgo0, days int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	const chunk = 1_000_000
+	for lo := 1; lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		_, err := rb.pool.Exec(ctx, `INSERT INTO `+rb.table+` (consumer, message_id, fingerprint, processed_at, source)
+SELECT 'bench', $1 || g, sha256(g::text::bytea),
+	date_trunc('day', now()) - (($2 + g % $3) || ' days')::interval + interval '12 hours', 'prefill'
+FROM generate_series($4::bigint, $5::bigint) g`, prefix, daysAgo0, days, lo, hi)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rb.pool.Exec(ctx, `ANALYZE `+rb.table); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// claimLoad claims new ids (or, with dupPrefix, prefilled ones) from conc
+// goroutines, one transaction per claim, until stop is closed; it counts
+// the claims into n.
+func claimLoad(ctx context.Context, s *processed.Store, conc int, prefix string, dupPrefix string, dupN int, stop <-chan struct{}, n *atomic.Int64, errs chan<- error) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for g := 0; g < conc; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
+				if dupPrefix != "" {
+					id = dupPrefix + strconv.Itoa(1+(g*7919+i*104729)%dupN)
+				}
+				c := consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Partition: -1, Offset: -1}
+				tx, _, err := s.BeginClaim(ctx, []consumer.Claim{c})
+				if err == nil {
+					err = tx.Commit(ctx)
+				}
+				if err != nil {
+					if tx != nil {
+						_ = tx.Rollback(ctx)
+					}
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				n.Add(1)
+			}
+		}(g)
+	}
+	return &wg
+}
+
+// rate runs claimLoad for d and returns claims per second.
+func rate(t *testing.T, ctx context.Context, s *processed.Store, conc int, prefix, dupPrefix string, dupN int, d time.Duration) float64 {
+	t.Helper()
+	var n atomic.Int64
+	stop := make(chan struct{})
+	errs := make(chan error, 1)
+	wg := claimLoad(ctx, s, conc, prefix, dupPrefix, dupN, stop, &n, errs)
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	return float64(n.Load()) / d.Seconds()
+}
+
+// duringPurge runs the claim load before (baseline), during and after
+// purge, and returns the baseline rate, the rate while purge ran, and how
+// long it took.
+func duringPurge(t *testing.T, ctx context.Context, s *processed.Store, conc int, prefix string, baseline time.Duration, purge func() (int64, error)) (base, during float64, took time.Duration, rows int64) {
+	t.Helper()
+	var n atomic.Int64
+	stop := make(chan struct{})
+	errs := make(chan error, 1)
+	wg := claimLoad(ctx, s, conc, prefix, "", 0, stop, &n, errs)
+	time.Sleep(2 * time.Second) // warm up
+	n0 := n.Load()
+	time.Sleep(baseline)
+	base = float64(n.Load()-n0) / baseline.Seconds()
+	n1 := n.Load()
+	start := time.Now()
+	rows, err := purge()
+	took = time.Since(start)
+	// Over at least a second, so that a fast drop is weighed fairly.
+	if took < time.Second {
+		time.Sleep(time.Second - took)
+	}
+	window := time.Since(start)
+	during = float64(n.Load()-n1) / window.Seconds()
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	return base, during, took, rows
+}
+
+func TestRetentionBench(t *testing.T) {
+	if os.Getenv("IDEMQ_RETENTION_BENCH") == "" {
+		t.Skip("set IDEMQ_RETENTION_BENCH=1 to run (loads millions of rows)")
+	}
+	plainRows := envInt("IDEMQ_RB_PLAIN_ROWS", 2_000_000)
+	partRows := envInt("IDEMQ_RB_PART_ROWS", 20_000_000)
+	purgeRows := envInt("IDEMQ_RB_PURGE_ROWS", 1_000_000)
+	secs := time.Duration(envInt("IDEMQ_RB_SECONDS", 15)) * time.Second
+	conc := envInt("IDEMQ_RB_CONCURRENCY", 8)
+	ctx := context.Background()
+	pcfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = int32(conc + 4)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	plain := rbSetup(t, ctx, pool, "plain", false)
+	part := rbSetup(t, ctx, pool, "part", true)
+	for d := 1; d <= rbDays+1; d++ {
+		part.partitionFor(t, ctx, d)
+	}
+	tp := plain.prefill(t, ctx, "pre-", plainRows, 1, rbDays)
+	t.Logf("prefill plain: %d rows in %s", plainRows, tp.Round(time.Second))
+	tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays)
+	t.Logf("prefill partitioned: %d rows over %d day partitions in %s", partRows, rbDays, tq.Round(time.Second))
+
+	var size [2]string
+	for i, rb := range []*rbTable{plain, part} {
+		_ = pool.QueryRow(ctx, `SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_class c
+WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))`, rb.table).Scan(&size[i])
+	}
+	t.Logf("sizes: plain %s, partitioned %s", size[0], size[1])
+
+	// Interleaved rounds, so that the shared machine's load drifts over
+	// both tables alike.
+	rounds := envInt("IDEMQ_RB_ROUNDS", 3)
+	for round := 0; round < rounds; round++ {
+		for _, rb := range []*rbTable{plain, part} {
+			dn := map[bool]int{true: partRows, false: plainRows}[rb == part]
+			r := rate(t, ctx, rb.store, conc, fmt.Sprintf("new%d-%s", round, rb.name), "", 0, secs)
+			t.Logf("RESULT round %d: claim new ids, %s (%d prefilled rows), concurrency %d: %.0f claims/s", round, rb.name, dn, conc, r)
+			r = rate(t, ctx, rb.store, conc, "", "pre-", dn, secs/3)
+			t.Logf("RESULT round %d: claim duplicates of prefilled ids, %s: %.0f claims/s", round, rb.name, r)
+		}
+	}
+
+	// The purge: purgeRows rows 11 (plain: 11) days old, in the plain table
+	// and in a partition of their own.
+	plain.prefill(t, ctx, "old-", purgeRows, rbDays+1, 1)
+	part.prefill(t, ctx, "old-", purgeRows, rbDays+1, 1)
+	// The cutoff: a minute past midnight rbDays days ago, so that the
+	// partition of the day before goes whole and the rows of rbDays days
+	// ago (at noon) stay.
+	olderThan := time.Since(time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -rbDays)) - time.Minute
+	for _, rb := range []*rbTable{plain, part} {
+		base, during, took, rows := duringPurge(t, ctx, rb.store, conc, "p-"+rb.name, secs/2, func() (int64, error) {
+			return rb.store.Purge(ctx, olderThan)
+		})
+		how := "DELETE purge (default pacing: batches of 1000, duty cycle 0.25)"
+		if rb == part {
+			how = "partition drop"
+		}
+		t.Logf("RESULT %s of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.0f%%)",
+			how, rows, took.Round(time.Millisecond), base, during, 100*during/base)
+	}
+	// And the DELETE purge flat out, for scale.
+	flat, err := processed.New(pool, processed.Config{Schema: plain.store.Schema(), PurgePause: -1, PurgeDutyCycle: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain.prefill(t, ctx, "old2-", purgeRows, rbDays+1, 1)
+	base, during, took, rows := duringPurge(t, ctx, plain.store, conc, "p2-plain", secs/2, func() (int64, error) {
+		return flat.Purge(ctx, olderThan)
+	})
+	t.Logf("RESULT DELETE purge flat out (no pause, no duty cycle) of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.0f%%)",
+		rows, took.Round(time.Millisecond), base, during, 100*during/base)
+
+	// Converting the plain table to a partitioned one.
+	st, err := plain.store.Stats(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := processed.New(pool, processed.Config{Schema: plain.store.Schema(), Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := conv.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RESULT migrate --partitioned of a plain table of %d rows: %s (exclusive lock and one scan)", st.Rows, time.Since(start).Round(time.Millisecond))
+}
