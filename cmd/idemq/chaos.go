@@ -45,9 +45,9 @@ under 2 minutes on the project's 2-core CI machine); without it the long run
 (10 scenarios, 360 SIGKILLs, about 15 minutes there). RELIABILITY.md has the
 last results.
 
---scenario runs scenarios by name from either suite (the "long-" prefix may
-be left out: --scenario nats-kills), and --messages, --kills, --self-kills
-and --publish-over scale the scenarios picked down (or up) for a quick run.
+--only runs the suite's scenarios by name (the "long-" prefix may be left
+out: --only nats-kills), and --messages, --kills, --self-kills and
+--publish-over scale the scenarios picked down (or up) for a quick run.
 
 Exit status 0 if every scenario passed, 1 otherwise.`,
 	run: runChaos,
@@ -74,7 +74,6 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 		rabbitBin  string
 		consumerTO time.Duration
 		list       bool
-		byName     string
 		natsBin    string
 		redisBin   string
 		over       struct {
@@ -84,7 +83,7 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	)
 	fs := c.flagSet()
 	fs.BoolVar(&short, "short", false, "run the short CI suite instead of the long run")
-	fs.StringVar(&only, "only", "", "comma-separated scenario names to run (default all of the suite)")
+	fs.StringVar(&only, "only", "", "comma-separated names of the suite's scenarios to run, \"long-\" optional (default all of the suite)")
 	fs.BoolVar(&list, "list", false, "list the suite's scenarios and exit")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule and workload (default random)")
 	fs.BoolVar(&asJSON, "json", false, "print the results as JSON on stdout")
@@ -95,7 +94,6 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&pgBin, "pg-bin", chaos.DefaultPGBin, "directory of initdb and pg_ctl")
 	fs.StringVar(&rabbitBin, "rabbitmq-server", chaos.DefaultRabbitMQServer, "rabbitmq-server script for the private node")
 	fs.DurationVar(&consumerTO, "consumer-timeout", 5*time.Second, "consumer_timeout of the private RabbitMQ node")
-	fs.StringVar(&byName, "scenario", "", "comma-separated scenario names from either suite, \"long-\" optional (e.g. nats-kills)")
 	fs.StringVar(&natsBin, "nats-server", chaos.DefaultNATSServer, "nats-server binary for the private NATS server")
 	fs.StringVar(&redisBin, "redis-server", chaos.DefaultRedisServer, "redis-server binary for the private Redis server")
 	fs.IntVar(&over.messages, "messages", 0, "override the picked scenarios' distinct ids")
@@ -115,20 +113,6 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 		}
 		return nil
 	}
-	if byName != "" {
-		if only != "" || short {
-			return usagef("--scenario picks from both suites: do not combine it with --only or --short")
-		}
-		all := append(chaos.LongSuite(), chaos.ShortSuite()...)
-		suite = nil
-		for _, name := range strings.Split(byName, ",") {
-			i := slices.IndexFunc(all, func(s chaos.Scenario) bool { return s.Name == name || s.Name == "long-"+name })
-			if i < 0 {
-				return usagef("--scenario %q: unknown scenario (see --list and --list --short)", name)
-			}
-			suite = append(suite, all[i])
-		}
-	}
 	for i := range suite {
 		s := &suite[i]
 		if over.messages > 0 {
@@ -145,15 +129,13 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 		}
 	}
 	if only != "" {
-		want := strings.Split(only, ",")
 		var picked []chaos.Scenario
-		for _, s := range suite {
-			if slices.Contains(want, s.Name) {
-				picked = append(picked, s)
+		for _, name := range strings.Split(only, ",") {
+			i := slices.IndexFunc(suite, func(s chaos.Scenario) bool { return s.Name == name || s.Name == "long-"+name })
+			if i < 0 {
+				return usagef("--only %q: no such scenario in the suite (see --list, or --list --short)", name)
 			}
-		}
-		if len(picked) != len(want) {
-			return usagef("--only %q: unknown scenario (see --list)", only)
+			picked = append(picked, suite[i])
 		}
 		suite = picked
 	}
