@@ -64,16 +64,20 @@ func (e *rabbitEnv) publish(t testing.TB, msgs ...*consumer.Message) {
 	}
 }
 
-// source opens a Source on the queue that reconnects quickly.
-func (e *rabbitEnv) source(t testing.TB, concurrency int) *rabbitmq.Source {
+// source opens a Source on the queue that reconnects quickly; the runtime
+// sizes its prefetch unless mod sets one.
+func (e *rabbitEnv) source(t testing.TB, mod ...func(*rabbitmq.Config)) *rabbitmq.Source {
 	t.Helper()
-	src, err := rabbitmq.NewSource(testCtx(t, time.Minute), rabbitmq.Config{
+	cfg := rabbitmq.Config{
 		URL:         e.url,
 		Queue:       e.queue,
-		Concurrency: concurrency,
 		Reconnect:   rabbitmq.ReconnectConfig{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second},
 		DialTimeout: 5 * time.Second,
-	})
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	src, err := rabbitmq.NewSource(testCtx(t, time.Minute), cfg)
 	if err != nil {
 		t.Fatalf("source: %v", err)
 	}
@@ -154,7 +158,7 @@ func TestRabbitMQExactlyOnce(t *testing.T) {
 	e := newRabbitEnv(t)
 	msgs, ids := workload("rmq", 300, 3)
 	e.publish(t, msgs...)
-	rt := startRuntime(t, d, e.source(t, 4), nil)
+	rt := startRuntime(t, d, e.source(t), nil)
 	waitFor(t, 2*time.Minute, "every message applied or skipped", rt, e.drained(rt, len(ids), len(msgs)))
 	if err := rt.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -179,7 +183,7 @@ func TestFaultRabbitMQRestart(t *testing.T) {
 	d := newDB(t)
 	first, ids1 := workload("rmqrestart-a", 400, 4)
 	e.publish(t, first...)
-	src := e.source(t, 4)
+	src := e.source(t)
 	rt := startRuntime(t, d, src, func(c *consumer.Config) { c.Handler = slowHandler(d, 5*time.Millisecond) })
 	waitFor(t, time.Minute, "a quarter of the ids applied", rt, func() bool { return rt.rt.Stats().Applied >= int64(len(ids1)/4) })
 
@@ -225,7 +229,10 @@ func TestFaultRabbitMQPause(t *testing.T) {
 	d := newDB(t)
 	msgs, ids := workload("rmqpause", 400, 4)
 	e.publish(t, msgs...)
-	src := e.source(t, 4)
+	// A prefetch well below the workload, so that the pause finds
+	// deliveries still in the broker (the runtime's own would take in
+	// all 500).
+	src := e.source(t, func(c *rabbitmq.Config) { c.Prefetch = 64 })
 	rt := startRuntime(t, d, src, func(c *consumer.Config) { c.Handler = slowHandler(d, 5*time.Millisecond) })
 	waitFor(t, time.Minute, "a quarter of the ids applied", rt, func() bool { return rt.rt.Stats().Applied >= int64(len(ids)/4) })
 
