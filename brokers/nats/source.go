@@ -215,6 +215,9 @@ func (s *Source) consumerConfig(pending int) jetstream.ConsumerConfig {
 	}
 }
 
+// pullExpiry is how long one pull request waits on the server.
+const pullExpiry = 2 * time.Second
+
 // iterator returns the pull iterator, creating (or updating) the durable
 // consumer and opening the iterator if there is none.
 func (s *Source) iterator(ctx context.Context) (jetstream.MessagesContext, error) {
@@ -237,7 +240,11 @@ func (s *Source) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}
-	it, err = cons.Messages(jetstream.PullMaxMessages(min(window, pending)))
+	// A short pull expiry: a pull request the server leaves unanswered
+	// (seen with nats-server 2.9 under load, with MaxAckPending reached
+	// while the pull arrived) holds the iterator up for no longer than
+	// this, instead of the client's default 30s.
+	it, err = cons.Messages(jetstream.PullMaxMessages(min(window, pending)), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: pull from consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}
