@@ -31,7 +31,7 @@ const (
 // queues, and their tests may be using them.)
 var (
 	tourSchemas   = []string{"idemq_quickstart"}
-	tourTables    = []string{"processed_messages", "processed_messages_migrations"} // in public
+	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention"} // in public
 	tourQueues    = []string{"payments", "payments.dlq"}
 	tourExchanges = []string{"payments.dlx"}
 )
