@@ -49,7 +49,9 @@ type Config struct {
 	// the BatchHandler once for all), then acked together. A failing
 	// message is isolated by splitting the group, so it never sinks the
 	// others and nothing is applied twice; a deadlock or serialization
-	// failure is retried whole first.
+	// failure is retried whole once, then message by message, and makes
+	// the lanes shrink their groups for a while (see the README's Batch
+	// mode, "Hot rows").
 	//
 	// Defaults to DefaultGroupSize (32) with Handler, and BatchWait to 0:
 	// a lane groups only the deliveries already waiting when it starts a

@@ -151,6 +151,14 @@ func (d *batchDispatcher) close() {
 	}
 }
 
+// A lane whose transactions conflicted doubles its group bound after
+// minGrowAfter groups without a conflict, twice as many after each
+// conflict, up to maxGrowAfter (see runLane).
+const (
+	minGrowAfter = 32
+	maxGrowAfter = 1 << 14
+)
+
 // runLane applies the deliveries of its own channel and of the shared one
 // until both are closed and drained.
 func (d *batchDispatcher) runLane(own chan Delivery) {
@@ -206,6 +214,16 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 		}
 		return nil, false
 	}
+	// limit is this lane's group bound. Handlers that update the same rows
+	// in different orders make concurrent groups deadlock, and each
+	// deadlock costs Postgres's deadlock_timeout (1s by default): so when
+	// a transaction of the runtime ends in a deadlock or serialization
+	// failure, the lane drops to one message per transaction, and doubles
+	// its bound again, up to size, after grow groups without one. Each
+	// conflict doubles grow, so under lasting contention the lanes stay
+	// near one message per transaction, and without contention they group
+	// fully.
+	limit, clean, grow := size, 0, minGrowAfter
 	for {
 		first, ok := take(true, nil)
 		if !ok {
@@ -217,7 +235,7 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 			timer.Reset(wait)
 			timeout = timer.C
 		}
-		for len(batch) < size {
+		for len(batch) < limit {
 			del, ok := take(timer != nil, timeout)
 			if !ok {
 				break
@@ -230,9 +248,18 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 			default:
 			}
 		}
+		before := d.r.conflicts.Load()
 		d.r.processBatch(d.ctx, batch)
 		for range batch {
 			<-d.slots
+		}
+		switch {
+		case d.r.conflicts.Load() != before:
+			limit, clean, grow = 1, 0, min(2*grow, maxGrowAfter)
+		case limit < size:
+			if clean++; clean >= grow {
+				limit, clean = min(2*limit, size), 0
+			}
 		}
 	}
 }

@@ -25,6 +25,10 @@ type Runtime struct {
 	// batchSize is cfg.BatchSize, capped to what the source's window
 	// lets one lane collect (see ConfigurableSource).
 	batchSize int
+	// conflicts counts the transactions that ended in a deadlock or a
+	// serialization failure; batch lanes shrink their groups when it moves
+	// (see batchDispatcher.runLane).
+	conflicts atomic.Int64
 	handler   Handler
 	hooks     hooks
 	log       *slog.Logger

@@ -100,17 +100,32 @@ func (r *Runtime) applyFrom(ctx context.Context, items []item, failed *attemptRe
 
 		// A handler error or a conflict: the transaction definitely
 		// rolled back.
+		if res.out == outConflict {
+			r.conflicts.Add(1)
+		}
 		if r.stopping(ctx) {
 			continue // shutdown, not the message's fault
 		}
 		if len(items) > 1 {
-			// Lock conflicts between concurrent groups are retried
-			// whole before the group is split.
-			if res.out == outConflict && conflicts+1 < r.cfg.Retry.MaxAttempts {
-				conflicts++
-				r.stats.retries.Add(1)
-				sleepCtx(ctx, nextRetry())
-				continue
+			// A lock conflict between concurrent groups is nobody's
+			// fault: the group is retried whole once (the transaction it
+			// collided with has usually committed by then), and if it
+			// collides again its messages are applied one transaction
+			// each, in order, without an attempt counted against any of
+			// them: a group holds all its rows' locks at once, a single
+			// message only its own.
+			if res.out == outConflict {
+				if conflicts < 1 {
+					conflicts++
+					r.stats.retries.Add(1)
+					sleepCtx(ctx, nextRetry())
+					continue
+				}
+				r.log.Debug("idemq: batch conflicted twice; applying its messages one by one", "error", res.err, "size", len(items))
+				for i := range items {
+					r.apply(ctx, items[i:i+1])
+				}
+				return
 			}
 			r.log.Debug("idemq: batch failed; splitting it", "error", res.err, "size", len(items), "failed_index", res.failed)
 			if res.out == outHandlerErr && res.failed >= 0 && res.failed < len(items) {
