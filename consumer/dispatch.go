@@ -12,9 +12,12 @@ import (
 // so that their stacks, grown deep by the database driver, are grown once,
 // take deliveries one at a time, one at a time per key. Each delivery holds
 // a slot from receipt to settlement, which bounds the number in memory to
-// Concurrency. A key's next delivery starts only once the one before it is
-// settled (acked, dead-lettered, or requeued at shutdown), so retries and
-// dead-lettering never reorder a key.
+// twice Concurrency: one being applied and one staged per worker, so that a
+// worker that settles a delivery takes the next one at once instead of
+// waiting for the receive loop to fetch it (a hand-off between goroutines
+// on every message's path). A key's next delivery starts only once the one
+// before it is settled (acked, dead-lettered, or requeued at shutdown), so
+// retries and dead-lettering never reorder a key.
 type dispatcher struct {
 	r     *Runtime
 	ctx   context.Context
@@ -25,9 +28,13 @@ type dispatcher struct {
 	keys  map[string][]Delivery // busy keys and the deliveries waiting on them
 }
 
+// stagedPerWorker is how many deliveries strict mode holds per worker:
+// the one being applied and the next.
+const stagedPerWorker = 2
+
 func newDispatcher(r *Runtime, ctx context.Context) *dispatcher {
 	n := r.cfg.Concurrency
-	d := &dispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), ready: make(chan Delivery, n), keys: map[string][]Delivery{}}
+	d := &dispatcher{r: r, ctx: ctx, slots: make(chan struct{}, stagedPerWorker*n), ready: make(chan Delivery, stagedPerWorker*n), keys: map[string][]Delivery{}}
 	for range n {
 		d.wg.Add(1)
 		go func() {
@@ -49,8 +56,8 @@ func (d *dispatcher) dispatch(del Delivery) {
 		d.keys[key] = nil
 		d.mu.Unlock()
 	}
-	// Never blocks: each delivery holds one of Concurrency slots, and
-	// ready holds Concurrency.
+	// Never blocks: each delivery holds one of the slots, and ready holds
+	// as many.
 	d.ready <- del
 }
 
