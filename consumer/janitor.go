@@ -53,6 +53,14 @@ type RetentionReport struct {
 	Purged int64
 }
 
+// Maintainer is a Store with upkeep of its own, which the janitor runs
+// every JanitorInterval before it purges, whether or not it purges then;
+// processed.Store implements it (on a partitioned table: the partitions
+// ahead of the clock, and the seals of those behind it).
+type Maintainer interface {
+	Maintain(ctx context.Context) error
+}
+
 // RetentionRecorder is a Store that keeps the janitor's reports, one per
 // JanitorInterval; processed.Store implements it.
 type RetentionRecorder interface {
@@ -173,9 +181,15 @@ func (r *Runtime) janitor(ctx context.Context) {
 	t := time.NewTicker(r.cfg.JanitorInterval)
 	defer t.Stop()
 	rec, _ := r.cfg.Store.(RetentionRecorder)
+	maint, _ := r.cfg.Store.(Maintainer)
 	var warnOnce sync.Once
 	start := time.Now()
 	for {
+		if maint != nil {
+			if err := maint.Maintain(ctx); err != nil && ctx.Err() == nil {
+				r.log.Error("idemq: dedup store upkeep failed", "error", err)
+			}
+		}
 		older, h, state := r.purgeAge(ctx)
 		var n int64
 		if older > 0 {

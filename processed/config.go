@@ -77,15 +77,21 @@ type Config struct {
 	// the partition key in the index, is kept by the claim: it takes a
 	// transaction-scoped advisory lock on a hash of (consumer, message id)
 	// before it looks the id up in every partition and inserts it, so two
-	// claims of one id serialise and the second finds the first. Migrate
+	// claims of one id serialise and the second finds the first; past
+	// partitions are sealed and looked up through Bloom filters of their
+	// ids (SealPartitions). Migrate
 	// creates the partitioned table (converting a plain one: see
 	// Migrate) and a DEFAULT partition, so a claim never fails for want of
 	// a partition; the janitor creates partitions ahead (EnsurePartitions).
 	// Defaults to false: one plain table with a primary key.
 	Partitioned bool
 	// PartitionInterval is the time range of one partition: at least a
-	// second, a whole number of seconds; an hour or more in production
-	// (every claim of a new id probes each live partition's index).
+	// second, a whole number of seconds; an hour or more in production.
+	// A claim of a new id probes the index of each partition the janitor
+	// has not yet sealed (the current one, those ahead, and the DEFAULT
+	// partition), and a Bloom filter of each sealed one (see
+	// SealPartitions); a partition should hold fewer than about 48
+	// million ids for its filter to stay accurate.
 	// Rows live between the retention and the retention plus one
 	// interval, since Purge drops a partition once all of it is older
 	// than the retention. Only with Partitioned. Defaults to 24h.

@@ -66,9 +66,11 @@ func claimLockKeys(claims []consumer.Claim) []int64 {
 }
 
 // partitionedSQL sets the claim statements of st for a partitioned table.
-func partitionedSQL(st *statements) {
+func partitionedSQL(st *statements, table string) {
 	t := st.qTable
 	st.partitioned = true
+	sealedSQL(st, pgx.Identifier{st.schema, table + defaultSuffix}.Sanitize(),
+		pgx.Identifier{st.schema, table + sealedSuffix}.Sanitize(), pgx.Identifier{st.schema, table + filterSuffix}.Sanitize())
 	// The lock statements also turn sequential scans off for the claim's
 	// statements, saving the session's setting, which restoreScans puts
 	// back before the handler runs. A claim probes every partition's
@@ -81,12 +83,13 @@ func partitionedSQL(st *statements) {
 	// partitions): claims then slowed down tenfold in the benchmark.
 	// Plans are made when a prepared statement is first run or replanned,
 	// both within the claim, so they always use the indexes.
+	// They also make the commit synchronous, as claimOne does.
 	st.lock = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
-	set_config('enable_seqscan', 'off', true), pg_advisory_xact_lock($1::bigint)`
+	set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true), pg_advisory_xact_lock($1::bigint)`
 	// unnest scans the array in order: the locks are taken in the order
 	// of the sorted keys.
 	st.batchLock = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
-	set_config('enable_seqscan', 'off', true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
+	set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
 	st.restoreScans = `SELECT set_config('enable_seqscan', current_setting('idemq.enable_seqscan'), true)`
 	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
@@ -321,11 +324,15 @@ func (s *Store) migratePartitioned(ctx context.Context) error {
 		}
 		switch {
 		case kind == nil:
-			return s.createParent(ctx, tx, st)
+			if err := s.createParent(ctx, tx, st); err != nil {
+				return err
+			}
 		case *kind == "r":
-			return s.convert(ctx, tx, st)
+			if err := s.convert(ctx, tx, st); err != nil {
+				return err
+			}
 		}
-		return nil
+		return s.createSealTables(ctx, tx, st)
 	})
 	if err != nil {
 		return s.wrap("migrate: partition", err)
@@ -337,6 +344,9 @@ func (s *Store) migratePartitioned(ctx context.Context) error {
 // partitionInfo is one partition of the table.
 type partitionInfo struct {
 	name string
+	// lower is the inclusive lower bound; nil for MINVALUE (the legacy
+	// partition) and the DEFAULT partition.
+	lower *time.Time
 	// upper is the exclusive upper bound; nil for the DEFAULT partition.
 	upper *time.Time
 }
@@ -344,20 +354,21 @@ type partitionInfo struct {
 // partitions lists the table's partitions with their upper bounds.
 func (s *Store) partitions(ctx context.Context, st *statements) ([]partitionInfo, error) {
 	rows, err := s.db.Query(ctx, `SELECT c.relname::text,
+	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = to_regclass($1)
-ORDER BY 2 NULLS LAST`, st.qTable)
+ORDER BY 3 NULLS LAST`, st.qTable)
 	if err != nil {
 		return nil, err
 	}
 	var (
-		out   []partitionInfo
-		name  string
-		upper *time.Time
+		out          []partitionInfo
+		name         string
+		lower, upper *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&name, &upper}, func() error {
-		out = append(out, partitionInfo{name: name, upper: upper})
+	_, err = pgx.ForEachRow(rows, []any{&name, &lower, &upper}, func() error {
+		out = append(out, partitionInfo{name: name, lower: lower, upper: upper})
 		return nil
 	})
 	return out, err
@@ -459,6 +470,11 @@ func (s *Store) purgePartitioned(ctx context.Context, st *statements, olderThan 
 				n = int64(est)
 			} else if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+ident).Scan(&n); err != nil {
 				return err
+			}
+			for _, q := range unsealStatements(st) {
+				if _, err := tx.Exec(ctx, q, p.name); err != nil {
+					return err
+				}
 			}
 			if _, err := tx.Exec(ctx, `ALTER TABLE `+st.qTable+` DETACH PARTITION `+ident); err != nil {
 				return err

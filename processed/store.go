@@ -101,6 +101,11 @@ type statements struct {
 	// restoreScans ends the claim's statements on a partitioned table:
 	// see partitionedSQL.
 	restoreScans string
+	// fastInsert and fastBatchInsert are the first claims of a
+	// partitioned table, which skip the sealed partitions, and qSealed and
+	// qFilter the tables of the seals: see seal.go.
+	fastInsert, fastBatchInsert string
+	qSealed, qFilter            string
 }
 
 var _ consumer.Store = (*Store)(nil)
@@ -163,7 +168,7 @@ FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.batchInsert, st.batchExisting = batchSQL(t)
 	if partitioned {
-		partitionedSQL(st)
+		partitionedSQL(st, table)
 	}
 	return st
 }
@@ -287,9 +292,17 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		if _, err := tx.Exec(ctx, st.lock, claimLockKey(c.Consumer, c.MessageID)); err != nil {
 			return consumer.ClaimResult{}, s.wrap("claim: lock", err)
 		}
-		res, err := s.claim(ctx, st, tx, c)
+		// First skipping the sealed partitions (see seal.go); if that
+		// inserts nothing, as claim does, looking everywhere.
+		tag, err := tx.Exec(ctx, st.fastInsert, fastArgs(c)...)
 		if err != nil {
-			return res, err
+			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
+		}
+		res := consumer.ClaimResult{Outcome: consumer.ClaimNew}
+		if tag.RowsAffected() != 1 {
+			if res, err = s.claim(ctx, st, tx, c); err != nil {
+				return res, err
+			}
 		}
 		if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
 			return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
@@ -447,11 +460,16 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	b.Queue(setSyncCommit)
 	if bc.st.partitioned {
-		b.Queue(bc.st.batchLock, claimLockKeys(claims))
+		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
+	} else {
+		b.Queue(setSyncCommit)
 	}
-	b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(func(rows pgx.Rows) error {
+	insert, args := bc.st.batchInsert, bc.insertArgs(claims)
+	if bc.st.partitioned {
+		insert, args = bc.st.fastBatchInsert, bc.fastBatchArgs(claims)
+	}
+	b.Queue(insert, args...).Query(func(rows pgx.Rows) error {
 		ran = true
 		var err error
 		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
@@ -499,9 +517,8 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if st.partitioned {
-		b.Queue(setSyncCommit)
 		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
-		b.Queue(st.insert, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(st.fastInsert, fastArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
 			ran, seen, inserted = true, true, tag.RowsAffected() == 1
 			return nil
 		})
@@ -528,9 +545,11 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	case seen && inserted:
 		return tx, consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
 	}
-	// The insert conflicted with a committed row: read it with a new
-	// snapshot, as Claim does. If it was purged meanwhile, Claim claims
-	// the id afresh.
+	// The insert conflicted with a committed row (or, on a partitioned
+	// table, a sealed partition's filter has the id): read it with a new
+	// snapshot, as Claim does. If it is not there (purged meanwhile, or
+	// the filter's false positive), Claim claims the id afresh, looking in
+	// every partition.
 	var (
 		res   consumer.ClaimResult
 		found bool

@@ -8,9 +8,17 @@ package bench
 //
 //	IDEMQ_RETENTION_BENCH=1 go test -count=1 -timeout 60m -v ./internal/bench -run TestRetentionBench
 //
-// Sizes: IDEMQ_RB_PLAIN_ROWS (default 2000000), IDEMQ_RB_PART_ROWS
-// (20000000), IDEMQ_RB_PURGE_ROWS (1000000), IDEMQ_RB_SECONDS (15),
-// IDEMQ_RB_CONCURRENCY (8). Set IDEMQ_RB_KEEP=1 to keep the schemas.
+// Sizes: IDEMQ_RB_PLAIN_ROWS (default 10000000), IDEMQ_RB_PART_ROWS
+// (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
+// IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3). Set IDEMQ_RB_KEEP=1 to keep the
+// schemas. The defaults need about 25 GB of disk and half an hour.
+//
+// The prefill spreads over IDEMQ_RB_DAYS past days (a partition each on the
+// partitioned store), which the store then seals, as its janitor would.
+// The purge then drops the oldest day's partition (IDEMQ_RB_PART_ROWS /
+// IDEMQ_RB_DAYS rows) on the partitioned store, and deletes as many rows
+// with the DELETE purge on the plain table, each beside a claiming
+// consumer.
 
 import (
 	"context"
@@ -185,9 +193,10 @@ func duringPurge(t *testing.T, ctx context.Context, s *processed.Store, conc int
 	start := time.Now()
 	rows, err := purge()
 	took = time.Since(start)
-	// Over at least a second, so that a fast drop is weighed fairly.
-	if took < time.Second {
-		time.Sleep(time.Second - took)
+	// Over at least the baseline's length, so that a fast drop is
+	// weighed over a window as long as the one it is compared with.
+	if took < baseline {
+		time.Sleep(baseline - took)
 	}
 	window := time.Since(start)
 	during = float64(n.Load()-n1) / window.Seconds()
@@ -208,9 +217,8 @@ func TestRetentionBench(t *testing.T) {
 	if os.Getenv("IDEMQ_RETENTION_BENCH") == "" {
 		t.Skip("set IDEMQ_RETENTION_BENCH=1 to run (loads millions of rows)")
 	}
-	plainRows := envInt("IDEMQ_RB_PLAIN_ROWS", 2_000_000)
-	partRows := envInt("IDEMQ_RB_PART_ROWS", 20_000_000)
-	purgeRows := envInt("IDEMQ_RB_PURGE_ROWS", 1_000_000)
+	plainRows := envInt("IDEMQ_RB_PLAIN_ROWS", 10_000_000)
+	partRows := envInt("IDEMQ_RB_PART_ROWS", 100_000_000)
 	secs := time.Duration(envInt("IDEMQ_RB_SECONDS", 15)) * time.Second
 	conc := envInt("IDEMQ_RB_CONCURRENCY", 8)
 	ctx := context.Background()
@@ -234,6 +242,12 @@ func TestRetentionBench(t *testing.T) {
 	t.Logf("prefill plain: %d rows in %s", plainRows, tp.Round(time.Second))
 	tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays)
 	t.Logf("prefill partitioned: %d rows over %d day partitions in %s", partRows, rbDays, tq.Round(time.Second))
+	sealStart := time.Now()
+	sealed, err := part.store.SealPartitions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RESULT sealed %d partitions (%d rows) in %s", sealed, partRows, time.Since(sealStart).Round(time.Second))
 
 	var size [2]string
 	for i, rb := range []*rbTable{plain, part} {
@@ -255,15 +269,19 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 		}
 	}
 
-	// The purge: purgeRows rows 11 (plain: 11) days old, in the plain table
-	// and in a partition of their own.
-	plain.prefill(t, ctx, "old-", purgeRows, rbDays+1, 1)
-	part.prefill(t, ctx, "old-", purgeRows, rbDays+1, 1)
-	// The cutoff: a minute past midnight rbDays days ago, so that the
-	// partition of the day before goes whole and the rows of rbDays days
-	// ago (at noon) stay.
-	olderThan := time.Since(time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -rbDays)) - time.Minute
+	// The purge: the oldest prefilled day's partition on the partitioned
+	// store (partRows/rbDays rows), as many of the oldest rows with the
+	// DELETE purge on the plain table.
+	dayStart := time.Now().UTC().Truncate(24 * time.Hour)
+	dropRows := int64(partRows / rbDays)
+	days := max(1, min(rbDays, int(dropRows)*rbDays/plainRows))
 	for _, rb := range []*rbTable{plain, part} {
+		// A minute past midnight of the newest day to go, so that its
+		// partition goes whole and the day after it stays.
+		olderThan := time.Since(dayStart.AddDate(0, 0, -(rbDays-days))) - time.Minute
+		if rb == part {
+			olderThan = time.Since(dayStart.AddDate(0, 0, -(rbDays-1))) - time.Minute
+		}
 		base, during, took, rows := duringPurge(t, ctx, rb.store, conc, "p-"+rb.name, secs/2, func() (int64, error) {
 			return rb.store.Purge(ctx, olderThan)
 		})
@@ -271,20 +289,9 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 		if rb == part {
 			how = "partition drop"
 		}
-		t.Logf("RESULT %s of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.0f%%)",
+		t.Logf("RESULT %s of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.1f%%)",
 			how, rows, took.Round(time.Millisecond), base, during, 100*during/base)
 	}
-	// And the DELETE purge flat out, for scale.
-	flat, err := processed.New(pool, processed.Config{Schema: plain.store.Schema(), PurgePause: -1, PurgeDutyCycle: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain.prefill(t, ctx, "old2-", purgeRows, rbDays+1, 1)
-	base, during, took, rows := duringPurge(t, ctx, plain.store, conc, "p2-plain", secs/2, func() (int64, error) {
-		return flat.Purge(ctx, olderThan)
-	})
-	t.Logf("RESULT DELETE purge flat out (no pause, no duty cycle) of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.0f%%)",
-		rows, took.Round(time.Millisecond), base, during, 100*during/base)
 
 	// Converting the plain table to a partitioned one.
 	st, err := plain.store.Stats(ctx, "")

@@ -1,0 +1,425 @@
+package processed
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+)
+
+// Sealed partitions and their membership filters.
+//
+// Without them a claim of a new id on a partitioned table must look the id
+// up in every partition, so its cost grows with the number of partitions
+// and with the rows in them. Past partitions never take another claim: a
+// claim's processed_at is its transaction's start, and the clock has moved
+// on. The janitor seals each one, oldest first, once the clock is past its
+// upper bound (SealPartitions):
+//
+//  1. It adds the constraint CHECK (false) NOT VALID to the partition, which
+//     refuses every new row (existing rows are not checked). Adding it takes
+//     the partition's ACCESS EXCLUSIVE lock, so it waits for every
+//     transaction that could still insert into it; a claim whose
+//     transaction started before the boundary and that arrives afterwards
+//     fails with a check violation instead of inserting unseen, and the
+//     runtime retries it in a new transaction, which lands in the current
+//     partition.
+//  2. It reads the partition's (consumer, message id) pairs and builds a
+//     Bloom filter of them: filterBitsPerID bits per id, filterHashes bit
+//     positions per id, split into filterBuckets rows of the table
+//     Table+"_filter" keyed by (bucket, partition), so that a claim reads a
+//     few hundred bytes per sealed partition, from one index page.
+//  3. In one transaction, it writes the filter's rows and the partition's
+//     row in Table+"_sealed".
+//
+// A claim then looks the id up directly only in the partitions the sealed
+// ones do not cover: processed_at at or past the newest sealed partition's
+// upper bound (partition pruning skips the others), and the DEFAULT
+// partition, which may hold rows of any time. For the sealed partitions it
+// reads the id's filter rows: a Bloom filter has no false negatives, so if
+// no filter has all of the id's bits the id is in no sealed partition, and
+// the claim inserts it. If one has them (the id is there, or, for about one
+// new id in 500 per sealed partition, a false positive), the claim falls
+// back to the full lookup of every partition. Since partitions are sealed
+// oldest first, every range partition below the newest sealed one's upper
+// bound is sealed; the claim reads that bound and the filters in one
+// snapshot, and the filter rows commit with the partition's sealed row.
+// Dropping a partition deletes its filter rows and its sealed row with it.
+const (
+	sealedSuffix = "_sealed"
+	filterSuffix = "_filter"
+	// filterBuckets is the number of filter rows per sealed partition.
+	filterBuckets = 1 << 15
+	// filterBitsPerID and filterHashes set the filter's false-positive
+	// rate: (1-e^(-10/14))^10 is 0.12%; measured, with the spread of ids
+	// over buckets, 0.15-0.25% per sealed partition (TestFilterRates). A
+	// row holds filterBitsPerID/8 bytes per id of its bucket, and must fit
+	// an index entry (maxFilterBytes): past about 48 million ids in one
+	// partition the rows are capped and the false-positive rate rises, so
+	// a partition should hold fewer (use a shorter PartitionInterval).
+	filterBitsPerID = 14
+	filterHashes    = 10
+	// minFilterBytes and maxFilterBytes bound a filter row's bits.
+	minFilterBytes = 16
+	maxFilterBytes = 2600
+	// sealDelayMax bounds how long past its upper bound a partition waits
+	// to be sealed (a shorter interval waits one interval).
+	sealDelayMax = time.Minute
+)
+
+// filterKey is where an id's bits are in the filters: the row (bucket),
+// and the start and step of its filterHashes bit positions, each taken
+// modulo the row's bit count. It is derived from the id's claim lock key,
+// which already hashes (consumer, message id).
+type filterKey struct {
+	bucket int32
+	h1, h2 int64
+}
+
+// mix64 is the splitmix64 finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+func newFilterKey(name, id string) filterKey {
+	h := uint64(claimLockKey(name, id))
+	a, b := mix64(h), mix64(h^0x9e3779b97f4a7c15)
+	return filterKey{
+		bucket: int32(a & (filterBuckets - 1)),
+		h1:     int64(a >> 32),
+		h2:     int64(b>>32) | 1,
+	}
+}
+
+// positions returns the id's bit positions in a row of nbits bits, by
+// enhanced double hashing: h1 + j*h2 + (j^3-j)/6, modulo nbits (the cubic
+// term keeps the positions of two ids from following one another, as
+// plain double hashing's arithmetic progressions do in small rows).
+func (k filterKey) positions(nbits int64, out []int64) []int64 {
+	out = out[:0]
+	for j := int64(0); j < filterHashes; j++ {
+		out = append(out, (k.h1+j*k.h2+cubic(j))%nbits)
+	}
+	return out
+}
+
+// cubic is (j^3-j)/6.
+func cubic(j int64) int64 { return (j*j*j - j) / 6 }
+
+// filterMatch is the SQL condition that the filter row f has every bit of
+// the id whose key parts are h1 and h2 (SQL expressions), as positions
+// computes them; get_bit numbers bits from the low bit of the first byte.
+func filterMatch(f, h1, h2 string) string {
+	var b strings.Builder
+	for j := 0; j < filterHashes; j++ {
+		if j > 0 {
+			b.WriteString("\n\tAND ")
+		}
+		fmt.Fprintf(&b, "get_bit(%s.bits, ((%s + %d * %s + %d) %% (8 * length(%s.bits)))::integer) = 1", f, h1, j, h2, cubic(int64(j)), f)
+	}
+	return b.String()
+}
+
+// sealedSQL sets the fast claim statements of a partitioned table: see the
+// comment at the top of this file.
+func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
+	t := st.qTable
+	st.qSealed, st.qFilter = qSealed, qFilter
+	unsealed := `(SELECT coalesce(max(hi), '-infinity'::timestamptz) FROM ` + qSealed + `)`
+	st.fastInsert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
+WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1::text AND p.message_id = $2::text AND p.processed_at >= ` + unsealed + `)
+AND NOT EXISTS (SELECT 1 FROM ` + qDefault + ` d WHERE d.consumer = $1::text AND d.message_id = $2::text)
+AND NOT EXISTS (SELECT 1 FROM ` + qFilter + ` f WHERE f.bucket = $7::integer
+	AND ` + filterMatch("f", "$8::bigint", "$9::bigint") + `)`
+	st.fastBatchInsert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+SELECT $1::text, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
+FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
+	AS u(id, fp, src, part, off, fb, h1, h2)
+WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1::text AND p.message_id = u.id AND p.processed_at >= ` + unsealed + `)
+AND NOT EXISTS (SELECT 1 FROM ` + qDefault + ` d WHERE d.consumer = $1::text AND d.message_id = u.id)
+AND NOT EXISTS (SELECT 1 FROM ` + qFilter + ` f WHERE f.bucket = u.fb
+	AND ` + filterMatch("f", "u.h1", "u.h2") + `)
+RETURNING message_id`
+}
+
+// fastArgs are the arguments of fastInsert.
+func fastArgs(c consumer.Claim) []any {
+	k := newFilterKey(c.Consumer, c.MessageID)
+	return append(claimArgs(c), k.bucket, k.h1, k.h2)
+}
+
+// fastBatchArgs are the arguments of fastBatchInsert.
+func (b *batchClaim) fastBatchArgs(pending []consumer.Claim) []any {
+	buckets := make([]int32, len(pending))
+	h1s := make([]int64, len(pending))
+	h2s := make([]int64, len(pending))
+	for i, c := range pending {
+		k := newFilterKey(c.Consumer, c.MessageID)
+		buckets[i], h1s[i], h2s[i] = k.bucket, k.h1, k.h2
+	}
+	return append(b.insertArgs(pending), buckets, h1s, h2s)
+}
+
+// createSealTables creates the tables of sealed partitions and their
+// filters, if missing.
+func (s *Store) createSealTables(ctx context.Context, tx pgx.Tx, st *statements) error {
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+st.qSealed+` (
+    partition text        PRIMARY KEY,
+    lo        timestamptz NOT NULL,
+    hi        timestamptz NOT NULL,
+    ids       bigint      NOT NULL,
+    sealed_at timestamptz NOT NULL DEFAULT now()
+);
+-- The claim reads max(hi) through it (with sequential scans off, a scan
+-- would be costed high enough to make every claim JIT-compiled).
+CREATE INDEX IF NOT EXISTS `+pgx.Identifier{s.cfg.Table + sealedSuffix + "_hi"}.Sanitize()+` ON `+st.qSealed+` (hi);
+-- The primary key carries the bits, so that a claim reads one bucket's
+-- rows, one per sealed partition, from one index page (an index-only scan,
+-- once VACUUM has marked the table's pages all-visible, as seal does).
+CREATE TABLE IF NOT EXISTS `+st.qFilter+` (
+    bucket    integer NOT NULL,
+    partition text    NOT NULL,
+    bits      bytea   NOT NULL,
+    PRIMARY KEY (bucket, partition) INCLUDE (bits)
+)`)
+	return err
+}
+
+// sealDelay is how long past its upper bound a partition waits to be
+// sealed.
+func (s *Store) sealDelay() time.Duration {
+	return min(s.interval(), sealDelayMax)
+}
+
+// SealPartitions seals the partitions of a partitioned table whose upper
+// bound is past (by the database's clock, with a delay of one
+// PartitionInterval or a minute, whichever is shorter), oldest first, and
+// returns how many it sealed: see the comment of seal.go. Claims of new ids
+// then skip them, reading a Bloom filter of their ids instead. Sealing a
+// partition reads its ids once, and waits (up to a lock timeout of 2s, then
+// it stops, to go on at the next call) for the transactions that hold a
+// lock on it. Purge calls it, so the janitor keeps the table sealed. It
+// does nothing on a plain table.
+func (s *Store) SealPartitions(ctx context.Context) (int, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !st.partitioned {
+		kind, err := s.relkind(ctx, s.db, st)
+		if err != nil || kind != 'p' {
+			return 0, err
+		}
+	}
+	var now time.Time
+	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return 0, s.wrap("seal: clock", err)
+	}
+	parts, err := s.partitions(ctx, st)
+	if err != nil {
+		return 0, s.wrap("seal: list partitions", err)
+	}
+	sealed := map[string]bool{}
+	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
+	if err != nil {
+		return 0, s.wrap("seal: read sealed partitions", err)
+	}
+	var name string
+	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
+		return 0, s.wrap("seal: read sealed partitions", err)
+	}
+	n := 0
+	// partitions lists the range partitions by upper bound, DEFAULT last.
+	for _, p := range parts {
+		if p.upper == nil || p.upper.After(now.Add(-s.sealDelay())) {
+			break
+		}
+		if sealed[p.name] {
+			continue
+		}
+		if err := s.seal(ctx, st, p); err != nil {
+			return n, s.wrap("seal partition "+p.name, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// seal seals one partition, whose range partitions before it are sealed.
+func (s *Store) seal(ctx context.Context, st *statements, p partitionInfo) error {
+	ident := pgx.Identifier{st.schema, p.name}.Sanitize()
+	check := pgx.Identifier{p.name + "_sealed"}.Sanitize()
+	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)`,
+			ident, p.name+"_sealed").Scan(&has); err != nil {
+			return err
+		}
+		if has {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE `+ident+` ADD CONSTRAINT `+check+` CHECK (false) NOT VALID`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("refuse new rows: %w", err)
+	}
+	// Every transaction that could insert into the partition has ended:
+	// its rows are all in this statement's snapshot.
+	var count int64
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+ident).Scan(&count); err != nil {
+		return fmt.Errorf("count ids: %w", err)
+	}
+	// Capped to fit an index entry: past about 100 million ids the
+	// false-positive rate rises instead (7% at 200 million).
+	rowBytes := min(maxFilterBytes, max(minFilterBytes, int((count*filterBitsPerID/filterBuckets+7)/8)))
+	bits := make([]byte, filterBuckets*rowBytes)
+	nbits := int64(rowBytes * 8)
+	rows, err := s.db.Query(ctx, `SELECT consumer, message_id FROM `+ident)
+	if err != nil {
+		return fmt.Errorf("read ids: %w", err)
+	}
+	var (
+		name, id string
+		pos      []int64
+		seen     int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &id}, func() error {
+		k := newFilterKey(name, id)
+		row := bits[int(k.bucket)*rowBytes : int(k.bucket+1)*rowBytes]
+		for _, b := range k.positions(nbits, pos) {
+			row[b/8] |= 1 << (b % 8)
+		}
+		seen++
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read ids: %w", err)
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// A seal left half done by a crash is redone whole.
+	if _, err := tx.Exec(ctx, `DELETE FROM `+st.qFilter+` WHERE partition = $1`, p.name); err != nil {
+		return fmt.Errorf("clear filter: %w", err)
+	}
+	// A row with no bit set matches no id: only the others are written,
+	// so a small partition costs as many rows as it has ids at most.
+	var filled []int32
+	for i := range filterBuckets {
+		for _, b := range bits[i*rowBytes : (i+1)*rowBytes] {
+			if b != 0 {
+				filled = append(filled, int32(i))
+				break
+			}
+		}
+	}
+	src := pgx.CopyFromSlice(len(filled), func(j int) ([]any, error) {
+		i := int(filled[j])
+		return []any{filled[j], p.name, bits[i*rowBytes : (i+1)*rowBytes]}, nil
+	})
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{st.schema, s.cfg.Table + filterSuffix}, []string{"bucket", "partition", "bits"}, src); err != nil {
+		return fmt.Errorf("write filter: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+st.qSealed+` (partition, lo, hi, ids) VALUES ($1, coalesce($2::timestamptz, '-infinity'), $3, $4)`,
+		p.name, p.lower, *p.upper, seen); err != nil {
+		return fmt.Errorf("record seal: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	// Mark the new rows' pages all-visible, for index-only scans. A
+	// failure here costs speed, not correctness.
+	if _, err := s.db.Exec(ctx, `VACUUM (ANALYZE) `+st.qFilter); err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Maintain implements consumer.Maintainer, for the runtime's janitor: on a
+// partitioned table it creates the partitions ahead (EnsurePartitions) and
+// seals those behind the clock (SealPartitions); on a plain table it does
+// nothing.
+func (s *Store) Maintain(ctx context.Context) error {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return err
+	}
+	kind, err := s.relkind(ctx, s.db, st)
+	if err != nil {
+		return s.wrap("upkeep: read the table's kind", err)
+	}
+	if kind != 'p' {
+		return nil
+	}
+	if _, err := s.EnsurePartitions(ctx); err != nil {
+		return err
+	}
+	_, err = s.SealPartitions(ctx)
+	return err
+}
+
+var _ consumer.Maintainer = (*Store)(nil)
+
+// unsealStatements are run, in the transaction that drops a partition, to
+// forget its seal.
+func unsealStatements(st *statements) []string {
+	return []string{
+		`DELETE FROM ` + st.qFilter + ` WHERE partition = $1`,
+		`DELETE FROM ` + st.qSealed + ` WHERE partition = $1`,
+	}
+}
+
+// SealedPartition is a row of the table of sealed partitions.
+type SealedPartition struct {
+	// Partition is the partition's table name.
+	Partition string
+	// Lo and Hi are its range (Lo zero for the legacy partition).
+	Lo, Hi time.Time
+	// IDs is how many ids its filter holds.
+	IDs      int64
+	SealedAt time.Time
+}
+
+// Sealed returns the sealed partitions, oldest first; none on a plain
+// table.
+func (s *Store) Sealed(ctx context.Context) ([]SealedPartition, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, st.qSealed).Scan(&exists); err != nil || !exists {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT partition, CASE WHEN lo = '-infinity' THEN NULL ELSE lo END, hi, ids, sealed_at FROM `+st.qSealed+` ORDER BY hi`)
+	if err != nil {
+		return nil, s.wrap("read sealed partitions", err)
+	}
+	var (
+		out []SealedPartition
+		sp  SealedPartition
+		lo  *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&sp.Partition, &lo, &sp.Hi, &sp.IDs, &sp.SealedAt}, func() error {
+		sp.Lo = time.Time{}
+		if lo != nil {
+			sp.Lo = *lo
+		}
+		out = append(out, sp)
+		return nil
+	})
+	return out, err
+}

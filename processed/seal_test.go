@@ -1,0 +1,210 @@
+package processed_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
+)
+
+// sealFixture makes an hourly partitioned store with three past partitions
+// (5 to 2 hours ago) of perPart rows each, ids old-<p>-<g> with the
+// fingerprint of body "p", and returns the store and the partitions' names.
+func sealFixture(t *testing.T, perPart int) (*processed.Store, *pgxpool.Pool, []string) {
+	t.Helper()
+	s, pool := partitionedSetup(t, time.Hour)
+	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+	var names []string
+	for p := 0; p < 3; p++ {
+		name := fmt.Sprintf("%s_past%d", s.Table(), p)
+		names = append(names, name)
+		if _, err := pool.Exec(ctx(t), fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s (PRIMARY KEY (consumer, message_id))
+FOR VALUES FROM (date_trunc('hour', now()) - interval '%d hours') TO (date_trunc('hour', now()) - interval '%d hours')`,
+			pgx.Identifier{s.Schema(), name}.Sanitize(), table, 5-p, 4-p)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx(t), fmt.Sprintf(`INSERT INTO %s (consumer, message_id, fingerprint, processed_at)
+SELECT 'c', 'old-%d-' || g, sha256('p'), date_trunc('hour', now()) - interval '%d minutes' FROM generate_series(1, %d) g`,
+			table, p, (5-p)*60-30, perPart)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, pool, names
+}
+
+// TestSealedPartitionsKeepUniqueness: once past partitions are sealed, a
+// claim of a new id no longer looks them up, yet every id they hold is
+// still found, in every claim path (Claim, the pipelined single claim, the
+// pipelined batch, ClaimBatch), with its fingerprint checked; a sealed
+// partition refuses new rows; and a purge that drops a sealed partition
+// drops its seal.
+func TestSealedPartitionsKeepUniqueness(t *testing.T) {
+	t.Parallel()
+	const perPart = 700
+	s, pool, names := sealFixture(t, perPart)
+	n, err := s.SealPartitions(ctx(t))
+	if err != nil || n != 3 {
+		t.Fatalf("SealPartitions = %d, %v; want 3", n, err)
+	}
+	if n, err := s.SealPartitions(ctx(t)); err != nil || n != 0 {
+		t.Fatalf("second SealPartitions = %d, %v; want 0", n, err)
+	}
+	sealed, err := s.Sealed(ctx(t))
+	if err != nil || len(sealed) != 3 {
+		t.Fatalf("Sealed = %+v, %v", sealed, err)
+	}
+	for i, sp := range sealed {
+		if sp.Partition != names[i] || sp.IDs != perPart || !sp.Lo.Before(sp.Hi) {
+			t.Fatalf("sealed[%d] = %+v, want %s with %d ids", i, sp, names[i], perPart)
+		}
+	}
+
+	var dup, fresh int
+	count := func(res []consumer.ClaimResult, claims []consumer.Claim) {
+		t.Helper()
+		for i, r := range res {
+			old := strings.HasPrefix(claims[i].MessageID, "old-")
+			switch {
+			case old && r.Outcome == consumer.ClaimDuplicate:
+				dup++
+			case !old && r.Outcome == consumer.ClaimNew:
+				fresh++
+			default:
+				t.Fatalf("%s: %v", claims[i].MessageID, r.Outcome)
+			}
+		}
+	}
+	for p := 0; p < 3; p++ {
+		for g := 1; g <= perPart; g++ {
+			old := claimOf("c", fmt.Sprintf("old-%d-%d", p, g), "p")
+			novel := claimOf("c", fmt.Sprintf("new-%d-%d", p, g), "p")
+			switch g % 4 {
+			case 0: // Claim in the caller's transaction
+				for _, c := range []consumer.Claim{old, novel} {
+					count([]consumer.ClaimResult{claimTx(t, pool, s, c)}, []consumer.Claim{c})
+				}
+			case 1, 2: // pipelined: one claim at a time, or a batch
+				runs := [][]consumer.Claim{{old}, {novel}}
+				if g%4 == 2 {
+					runs = [][]consumer.Claim{{old, novel}}
+				}
+				for _, claims := range runs {
+					tx, res, err := s.BeginClaim(ctx(t), claims)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := tx.Commit(ctx(t)); err != nil {
+						t.Fatal(err)
+					}
+					count(res, claims)
+				}
+			case 3: // ClaimBatch
+				claims := []consumer.Claim{novel, old}
+				tx, err := pool.Begin(ctx(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.ClaimBatch(ctx(t), tx, claims)
+				if err != nil {
+					_ = tx.Rollback(ctx(t))
+					t.Fatal(err)
+				}
+				if err := tx.Commit(ctx(t)); err != nil {
+					t.Fatal(err)
+				}
+				count(res, claims)
+			}
+		}
+	}
+	if dup != 3*perPart || fresh != 3*perPart {
+		t.Fatalf("%d duplicates, %d new; want %d each", dup, fresh, 3*perPart)
+	}
+	if r := claimTx(t, pool, s, claimOf("c", "old-1-7", "other")); r.Outcome != consumer.ClaimMismatch {
+		t.Fatalf("a sealed id with another payload: %v, want mismatch", r.Outcome)
+	}
+
+	// A sealed partition refuses rows: a claim whose transaction started
+	// before its end fails instead of inserting where no filter sees it.
+	_, err = pool.Exec(ctx(t), `INSERT INTO `+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()+` (consumer, message_id, fingerprint, processed_at)
+VALUES ('c', 'late', sha256('p'), date_trunc('hour', now()) - interval '150 minutes')`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+		t.Fatalf("insert into a sealed partition: %v, want a check violation", err)
+	}
+
+	// Purging drops the two oldest partitions and their seals.
+	if _, err := s.Purge(ctx(t), 3*time.Hour+time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	sealed, err = s.Sealed(ctx(t))
+	if err != nil || len(sealed) != 1 || sealed[0].Partition != names[2] {
+		t.Fatalf("after the purge, Sealed = %+v, %v; want only %s", sealed, err, names[2])
+	}
+	var filterRows int
+	if err := pool.QueryRow(ctx(t), `SELECT count(DISTINCT partition) FROM `+pgx.Identifier{s.Schema(), s.Table() + "_filter"}.Sanitize()).Scan(&filterRows); err != nil || filterRows != 1 {
+		t.Fatalf("filters of %d partitions after the purge (%v), want 1", filterRows, err)
+	}
+	if r := claimTx(t, pool, s, claimOf("c", "old-2-5", "p")); r.Outcome != consumer.ClaimDuplicate {
+		t.Fatalf("an id of the sealed partition left: %v", r.Outcome)
+	}
+}
+
+// TestSealedFilterFalsePositivesFallBack: when a sealed partition's filter
+// says an id may be there and it is not (a false positive, forced here by
+// setting every bit), the claim looks in every partition and claims the id
+// once, in every claim path.
+func TestSealedFilterFalsePositivesFallBack(t *testing.T) {
+	t.Parallel()
+	s, pool, names := sealFixture(t, 50)
+	if _, err := s.SealPartitions(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx(t), `INSERT INTO `+pgx.Identifier{s.Schema(), s.Table() + "_filter"}.Sanitize()+` (bucket, partition, bits)
+SELECT b, $1, decode(repeat('ff', 16), 'hex') FROM generate_series(0, 32767) b
+ON CONFLICT (bucket, partition) DO UPDATE SET bits = decode(repeat('ff', octet_length(excluded.bits)), 'hex')`, names[1]); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		c := claimOf("c", fmt.Sprintf("fp-%d", i), "p")
+		var res []consumer.ClaimResult
+		switch i % 3 {
+		case 0:
+			res = []consumer.ClaimResult{claimTx(t, pool, s, c)}
+		case 1:
+			tx, r, err := s.BeginClaim(ctx(t), []consumer.Claim{c})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res = r
+			if err := tx.Commit(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			tx, r, err := s.BeginClaim(ctx(t), []consumer.Claim{c, claimOf("c", "old-0-1", "p")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r[1].Outcome != consumer.ClaimDuplicate {
+				t.Fatalf("old-0-1 in a batch: %v", r[1].Outcome)
+			}
+			res = r[:1]
+			if err := tx.Commit(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if res[0].Outcome != consumer.ClaimNew {
+			t.Fatalf("%s: %v, want new", c.MessageID, res[0].Outcome)
+		}
+		if r := claimTx(t, pool, s, c); r.Outcome != consumer.ClaimDuplicate {
+			t.Fatalf("%s again: %v", c.MessageID, r.Outcome)
+		}
+	}
+}
