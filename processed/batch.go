@@ -147,13 +147,20 @@ func (b *batchClaim) firstInsert(ctx context.Context, tx pgx.Tx, pending []consu
 	if !b.st.partitioned {
 		return b.insert(ctx, tx, pending)
 	}
-	rows, err := tx.Query(ctx, b.st.fastBatchInsert, b.fastBatchArgs(pending)...)
+	f, err := b.s.fast(ctx, b.st)
+	if err != nil || f == nil {
+		if err != nil {
+			return nil, err
+		}
+		return b.insert(ctx, tx, pending)
+	}
+	rows, err := tx.Query(ctx, f.batchInsert, b.fastBatchArgs(pending)...)
 	if err != nil {
-		return nil, b.s.wrap("claim batch: insert", err)
+		return nil, b.s.wrapFast("claim batch: insert", err)
 	}
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, b.s.wrap("claim batch: insert", err)
+		return nil, b.s.wrapFast("claim batch: insert", err)
 	}
 	return inserted, nil
 }

@@ -431,6 +431,7 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 			continue
 		}
 		created++
+		s.forgetFast()
 	}
 	return created, nil
 }
@@ -485,6 +486,7 @@ func (s *Store) purgePartitioned(ctx context.Context, st *statements, olderThan 
 		if err != nil {
 			return total, s.wrap("purge: drop partition "+p.name, err)
 		}
+		s.forgetFast()
 		total += n
 		if err := ctx.Err(); err != nil {
 			return total, err

@@ -2,11 +2,13 @@ package processed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
 )
@@ -129,36 +131,137 @@ func filterMatch(f, h1, h2 string) string {
 	return b.String()
 }
 
-// sealedSQL sets the fast claim statements of a partitioned table: see the
-// comment at the top of this file.
+// sealedSQL sets the names of the seals' tables.
 func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
+	st.qDefault, st.qSealed, st.qFilter = qDefault, qSealed, qFilter
+}
+
+// fastClaims are the first claim statements of a partitioned table, which
+// skip the sealed partitions. They name the partitions they probe, rather
+// than going through the parent, so that a claim locks and opens only
+// those: a statement on the parent locks every partition and its index, past
+// the lock manager's fast path. They are built from the partitions at one
+// time, and are correct until the clock passes the upper bound of the
+// newest partition there was then (validUntil): until then every row of a
+// committed claim is in a partition they probe, in the DEFAULT partition,
+// or in a sealed partition, whose filter they read (the filters of
+// partitions sealed since the build included). Past it they insert
+// nothing, so the claim falls back to the full lookup. A purge that drops
+// a partition they probe makes them fail (undefined_table): they are then
+// built again, and the claim retried.
+type fastClaims struct {
+	insert, batchInsert string
+	// validUntil is when the statements stop inserting (by the
+	// database's clock); refreshAt when the store builds them again (by
+	// this process's).
+	validUntil, refreshAt time.Time
+}
+
+// fastRefresh is how often a store rebuilds its fast claim statements,
+// so that they stop probing partitions sealed since.
+const fastRefresh = time.Minute
+
+// buildFast builds the fast claim statements for probing the partitions
+// named probe (quoted), valid until validUntil.
+func buildFast(st *statements, probe []string, validUntil time.Time) *fastClaims {
 	t := st.qTable
-	st.qSealed, st.qFilter = qSealed, qFilter
-	unsealed := `(SELECT coalesce(max(hi), '-infinity'::timestamptz) FROM ` + qSealed + `)`
-	st.fastInsert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+	guard := `statement_timestamp() < ` + pgTime(validUntil)
+	var one, many strings.Builder
+	for _, q := range append(probe, st.qDefault) {
+		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = $2::text)")
+		many.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = u.id)")
+	}
+	return &fastClaims{
+		validUntil: validUntil,
+		insert: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
-WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1::text AND p.message_id = $2::text AND p.processed_at >= ` + unsealed + `)
-AND NOT EXISTS (SELECT 1 FROM ` + qDefault + ` d WHERE d.consumer = $1::text AND d.message_id = $2::text)
-AND NOT EXISTS (SELECT 1 FROM ` + qFilter + ` f WHERE f.bucket = $7::integer
-	AND ` + filterMatch("f", "$8::bigint", "$9::bigint") + `)`
-	st.fastBatchInsert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+WHERE ` + guard + one.String() + `
+AND NOT EXISTS (SELECT 1 FROM ` + st.qFilter + ` f WHERE f.bucket = $7::integer
+	AND ` + filterMatch("f", "$8::bigint", "$9::bigint") + `)`,
+		batchInsert: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1::text, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
 	AS u(id, fp, src, part, off, fb, h1, h2)
-WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1::text AND p.message_id = u.id AND p.processed_at >= ` + unsealed + `)
-AND NOT EXISTS (SELECT 1 FROM ` + qDefault + ` d WHERE d.consumer = $1::text AND d.message_id = u.id)
-AND NOT EXISTS (SELECT 1 FROM ` + qFilter + ` f WHERE f.bucket = u.fb
+WHERE ` + guard + many.String() + `
+AND NOT EXISTS (SELECT 1 FROM ` + st.qFilter + ` f WHERE f.bucket = u.fb
 	AND ` + filterMatch("f", "u.h1", "u.h2") + `)
-RETURNING message_id`
+RETURNING message_id`,
+	}
 }
 
-// fastArgs are the arguments of fastInsert.
+// fast returns the fast claim statements, building them when there are
+// none or it is time to refresh them; nil when the table has no range
+// partition to build them from (the claims then take the full lookup).
+func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
+	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
+		return f, nil
+	}
+	s.fastMu.Lock()
+	defer s.fastMu.Unlock()
+	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
+		return f, nil
+	}
+	parts, err := s.partitions(ctx, st)
+	if err != nil {
+		return nil, s.wrap("claim: list partitions", err)
+	}
+	sealed := map[string]bool{}
+	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
+	if err != nil {
+		return nil, s.wrap("claim: read sealed partitions", err)
+	}
+	var name string
+	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
+		return nil, s.wrap("claim: read sealed partitions", err)
+	}
+	var (
+		probe []string
+		until time.Time
+	)
+	for _, p := range parts {
+		if p.upper == nil {
+			continue // DEFAULT: always probed
+		}
+		if p.upper.After(until) {
+			until = *p.upper
+		}
+		if !sealed[p.name] {
+			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
+		}
+	}
+	if until.IsZero() {
+		s.fastSQL.Store(nil)
+		return nil, nil
+	}
+	f := buildFast(st, probe, until)
+	f.refreshAt = time.Now().Add(fastRefresh)
+	s.fastSQL.Store(f)
+	return f, nil
+}
+
+// forgetFast drops the fast claim statements, so that the next claim
+// builds them from the partitions as they are.
+func (s *Store) forgetFast() { s.fastSQL.Store(nil) }
+
+// wrapFast is wrap for the errors of a claim that ran the fast
+// statements: a partition they name that a purge has dropped is not a
+// missing table, but a reason to build them again and retry.
+func (s *Store) wrapFast(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		s.forgetFast()
+		return fmt.Errorf("processed: %s on %s: a partition the claim looked in is gone (dropped by a purge); retry: %w", op, s, err)
+	}
+	return s.wrap(op, err)
+}
+
+// fastArgs are the arguments of a fast insert.
 func fastArgs(c consumer.Claim) []any {
 	k := newFilterKey(c.Consumer, c.MessageID)
 	return append(claimArgs(c), k.bucket, k.h1, k.h2)
 }
 
-// fastBatchArgs are the arguments of fastBatchInsert.
+// fastBatchArgs are the arguments of a fast batch insert.
 func (b *batchClaim) fastBatchArgs(pending []consumer.Claim) []any {
 	buckets := make([]int32, len(pending))
 	h1s := make([]int64, len(pending))
@@ -250,6 +353,7 @@ func (s *Store) SealPartitions(ctx context.Context) (int, error) {
 		if err := s.seal(ctx, st, p); err != nil {
 			return n, s.wrap("seal partition "+p.name, err)
 		}
+		s.forgetFast()
 		n++
 	}
 	return n, nil

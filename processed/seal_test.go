@@ -208,3 +208,41 @@ ON CONFLICT (bucket, partition) DO UPDATE SET bits = decode(repeat('ff', octet_l
 		}
 	}
 }
+
+// TestFastClaimsAfterAnotherProcessDrops: a store whose claim statements
+// name a partition that another process's purge then drops gets an error
+// that is not ErrNotMigrated (which would stop a runtime), and its next
+// claim, built from the partitions as they are, succeeds.
+func TestFastClaimsAfterAnotherProcessDrops(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := sealFixture(t, 10)
+	if r := claimTx(t, pool, s, claimOf("c", "first", "p")); r.Outcome != consumer.ClaimNew {
+		t.Fatalf("first claim: %v", r.Outcome)
+	}
+	other, err := processed.New(pool, processed.Config{Schema: s.Schema(), Partitioned: true, PartitionInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := other.Purge(ctx(t), 3*time.Hour+time.Minute); err != nil || n != 20 {
+		t.Fatalf("the other store's purge: %d rows, %v; want the 2 oldest partitions' 20", n, err)
+	}
+	tx, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "second", "p")})
+	if tx != nil {
+		_ = tx.Rollback(ctx(t))
+	}
+	if err == nil || errors.Is(err, processed.ErrNotMigrated) || errors.Is(err, consumer.ErrNotMigrated) {
+		t.Fatalf("claim naming a dropped partition: %v; want a retryable error", err)
+	}
+	for _, claims := range [][]consumer.Claim{{claimOf("c", "second", "p")}, {claimOf("c", "third", "p"), claimOf("c", "old-2-3", "p")}} {
+		tx, res, err := s.BeginClaim(ctx(t), claims)
+		if err != nil {
+			t.Fatalf("the retry: %v", err)
+		}
+		if err := tx.Commit(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Outcome != consumer.ClaimNew || (len(res) > 1 && res[1].Outcome != consumer.ClaimDuplicate) {
+			t.Fatalf("the retry: %v", res)
+		}
+	}
+}

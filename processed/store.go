@@ -82,6 +82,10 @@ type Store struct {
 	// when Config.Schema is set, otherwise on first use (see statements).
 	st        atomic.Pointer[statements]
 	resolveMu sync.Mutex
+	// fastSQL holds a partitioned table's fast claim statements, built on
+	// first use and refreshed (see fast).
+	fastSQL atomic.Pointer[fastClaims]
+	fastMu  sync.Mutex
 }
 
 // statements are the store's SQL, for one resolved schema.
@@ -101,11 +105,9 @@ type statements struct {
 	// restoreScans ends the claim's statements on a partitioned table:
 	// see partitionedSQL.
 	restoreScans string
-	// fastInsert and fastBatchInsert are the first claims of a
-	// partitioned table, which skip the sealed partitions, and qSealed and
-	// qFilter the tables of the seals: see seal.go.
-	fastInsert, fastBatchInsert string
-	qSealed, qFilter            string
+	// qDefault is a partitioned table's DEFAULT partition, qSealed and
+	// qFilter the tables of its seals: see seal.go.
+	qDefault, qSealed, qFilter string
 }
 
 var _ consumer.Store = (*Store)(nil)
@@ -294,12 +296,20 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		}
 		// First skipping the sealed partitions (see seal.go); if that
 		// inserts nothing, as claim does, looking everywhere.
-		tag, err := tx.Exec(ctx, st.fastInsert, fastArgs(c)...)
+		f, err := s.fast(ctx, st)
 		if err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
+			return consumer.ClaimResult{}, err
+		}
+		inserted := false
+		if f != nil {
+			tag, err := tx.Exec(ctx, f.insert, fastArgs(c)...)
+			if err != nil {
+				return consumer.ClaimResult{}, s.wrapFast("claim: insert", err)
+			}
+			inserted = tag.RowsAffected() == 1
 		}
 		res := consumer.ClaimResult{Outcome: consumer.ClaimNew}
-		if tag.RowsAffected() != 1 {
+		if !inserted {
 			if res, err = s.claim(ctx, st, tx, c); err != nil {
 				return res, err
 			}
@@ -465,9 +475,15 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	} else {
 		b.Queue(setSyncCommit)
 	}
-	insert, args := bc.st.batchInsert, bc.insertArgs(claims)
+	insert, args, wrap := bc.st.batchInsert, bc.insertArgs(claims), s.wrap
 	if bc.st.partitioned {
-		insert, args = bc.st.fastBatchInsert, bc.fastBatchArgs(claims)
+		f, err := s.fast(ctx, bc.st)
+		if err != nil {
+			return nil, nil, err
+		}
+		if f != nil {
+			insert, args, wrap = f.batchInsert, bc.fastBatchArgs(claims), s.wrapFast
+		}
 	}
 	b.Queue(insert, args...).Query(func(rows pgx.Rows) error {
 		ran = true
@@ -481,7 +497,7 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		if tx == nil {
 			return nil, nil, s.wrap("claim batch: begin", err)
 		}
-		return tx, nil, s.wrap("claim batch: begin and insert", err)
+		return tx, nil, wrap("claim batch: begin and insert", err)
 	}
 	switch {
 	case tx == nil:
@@ -514,11 +530,20 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		return nil, consumer.ClaimResult{}, err
 	}
 	var ran, inserted, seen bool
+	wrap := s.wrap
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if st.partitioned {
+		f, err := s.fast(ctx, st)
+		if err != nil {
+			return nil, consumer.ClaimResult{}, err
+		}
+		insert, args := st.insert, claimArgs(c)
+		if f != nil {
+			insert, args, wrap = f.insert, fastArgs(c), s.wrapFast
+		}
 		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
-		b.Queue(st.fastInsert, fastArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(insert, args...).Exec(func(tag pgconn.CommandTag) error {
 			ran, seen, inserted = true, true, tag.RowsAffected() == 1
 			return nil
 		})
@@ -535,7 +560,7 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		if tx == nil {
 			return nil, consumer.ClaimResult{}, s.wrap("claim: begin", err)
 		}
-		return tx, consumer.ClaimResult{}, s.wrap("claim: begin and insert", err)
+		return tx, consumer.ClaimResult{}, wrap("claim: begin and insert", err)
 	}
 	switch {
 	case tx == nil:

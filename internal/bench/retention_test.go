@@ -11,7 +11,10 @@ package bench
 // Sizes: IDEMQ_RB_PLAIN_ROWS (default 10000000), IDEMQ_RB_PART_ROWS
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
 // IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3). Set IDEMQ_RB_KEEP=1 to keep the
-// schemas. The defaults need about 25 GB of disk and half an hour.
+// schemas, IDEMQ_RB_REUSE=<plain>,<partitioned> to measure kept schemas
+// again without a prefill, and IDEMQ_RB_NO_PURGE=1 to stop before the purge
+// (which deletes rows). The defaults need about 25 GB of disk and half an
+// hour.
 //
 // The prefill spreads over IDEMQ_RB_DAYS past days (a partition each on the
 // partitioned store), which the store then seals, as its janitor would.
@@ -26,6 +29,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,11 +61,14 @@ type rbTable struct {
 	table string // quoted
 }
 
-func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, partitioned bool) *rbTable {
+func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, partitioned bool, reuse string) *rbTable {
 	t.Helper()
-	schema := "idemq_rb_" + name + "_" + randomHex(4)
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatal(err)
+	schema := reuse
+	if schema == "" {
+		schema = "idemq_rb_" + name + "_" + randomHex(4)
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if os.Getenv("IDEMQ_RB_KEEP") == "" {
 		t.Cleanup(func() {
@@ -233,21 +240,33 @@ func TestRetentionBench(t *testing.T) {
 	}
 	defer pool.Close()
 
-	plain := rbSetup(t, ctx, pool, "plain", false)
-	part := rbSetup(t, ctx, pool, "part", true)
-	for d := 1; d <= rbDays+1; d++ {
-		part.partitionFor(t, ctx, d)
+	// IDEMQ_RB_REUSE=<plain schema>,<partitioned schema> measures the
+	// schemas an earlier run kept (IDEMQ_RB_KEEP=1), prefilled with the
+	// same sizes, instead of prefilling new ones.
+	var reuse [2]string
+	if r := os.Getenv("IDEMQ_RB_REUSE"); r != "" {
+		if _, err := fmt.Sscanf(strings.ReplaceAll(r, ",", " "), "%s %s", &reuse[0], &reuse[1]); err != nil {
+			t.Fatalf("IDEMQ_RB_REUSE=%q: want two schemas, comma-separated", r)
+		}
 	}
-	tp := plain.prefill(t, ctx, "pre-", plainRows, 1, rbDays)
-	t.Logf("prefill plain: %d rows in %s", plainRows, tp.Round(time.Second))
-	tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays)
-	t.Logf("prefill partitioned: %d rows over %d day partitions in %s", partRows, rbDays, tq.Round(time.Second))
+	plain := rbSetup(t, ctx, pool, "plain", false, reuse[0])
+	part := rbSetup(t, ctx, pool, "part", true, reuse[1])
+	t.Logf("schemas: plain %s, partitioned %s", plain.store.Schema(), part.store.Schema())
+	if reuse[0] == "" {
+		for d := 1; d <= rbDays+1; d++ {
+			part.partitionFor(t, ctx, d)
+		}
+		tp := plain.prefill(t, ctx, "pre-", plainRows, 1, rbDays)
+		t.Logf("prefill plain: %d rows in %s", plainRows, tp.Round(time.Second))
+		tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays)
+		t.Logf("prefill partitioned: %d rows over %d day partitions in %s", partRows, rbDays, tq.Round(time.Second))
+	}
 	sealStart := time.Now()
 	sealed, err := part.store.SealPartitions(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("RESULT sealed %d partitions (%d rows) in %s", sealed, partRows, time.Since(sealStart).Round(time.Second))
+	t.Logf("RESULT sealed %d partitions in %s", sealed, time.Since(sealStart).Round(time.Second))
 
 	var size [2]string
 	for i, rb := range []*rbTable{plain, part} {
@@ -269,6 +288,9 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 		}
 	}
 
+	if os.Getenv("IDEMQ_RB_NO_PURGE") != "" {
+		return
+	}
 	// The purge: the oldest prefilled day's partition on the partitioned
 	// store (partRows/rbDays rows), as many of the oldest rows with the
 	// DELETE purge on the plain table.
