@@ -66,11 +66,9 @@ func claimLockKeys(claims []consumer.Claim) []int64 {
 }
 
 // partitionedSQL sets the claim statements of st for a partitioned table.
-func partitionedSQL(st *statements, table string) {
+func partitionedSQL(st *statements) {
 	t := st.qTable
 	st.partitioned = true
-	sealedSQL(st, pgx.Identifier{st.schema, table + defaultSuffix}.Sanitize(),
-		pgx.Identifier{st.schema, table + sealedSuffix}.Sanitize(), pgx.Identifier{st.schema, table + filterSuffix}.Sanitize())
 	// The lock statements also turn sequential scans off for the claim's
 	// statements, saving the session's setting, which restoreScans puts
 	// back before the handler runs. A claim probes every partition's

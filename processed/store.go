@@ -169,8 +169,12 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.batchInsert, st.batchExisting = batchSQL(t)
+	// Named whatever the store was told: a store configured for a plain
+	// table may find a partitioned one (Purge, SealPartitions, Sealed).
+	sealedSQL(st, pgx.Identifier{schema, table + defaultSuffix}.Sanitize(),
+		pgx.Identifier{schema, table + sealedSuffix}.Sanitize(), pgx.Identifier{schema, table + filterSuffix}.Sanitize())
 	if partitioned {
-		partitionedSQL(st, table)
+		partitionedSQL(st)
 	}
 	return st
 }

@@ -42,7 +42,7 @@ func TestMigratePartitionedAndStatus(t *testing.T) {
 	}
 	r := idemq(t, append([]string{"status", "--consumer", "billing"}, args...)...)
 	for _, line := range []string{
-		"partitions:",
+		"partitions:      4, 0 sealed (",
 		"duplicates:      1000 in 10m",
 		"up to 3h40m after the original (p99.9",
 		"retention:       3d0h: covered\n",

@@ -72,10 +72,12 @@ type statusReport struct {
 	// LastApplied is the consumer's newest row; nil without rows.
 	LastApplied *statusLast `json:"last_applied"`
 	DLQ         []statusDLQ `json:"dlq"`
-	// Partitioned says whether the dedup table is a partitioned one, and
-	// Partitions how many partitions it has.
+	// Partitioned says whether the dedup table is a partitioned one,
+	// Partitions how many partitions it has, and Sealed how many of them
+	// are sealed (claims read their filters: processed.SealPartitions).
 	Partitioned bool `json:"partitioned"`
 	Partitions  int  `json:"partitions,omitempty"`
+	Sealed      int  `json:"sealed_partitions,omitempty"`
 	// Evidence sums the janitor's reports of the last statusEvidenceWindow;
 	// nil when there are none (no janitor ran, or before migration 2).
 	Evidence *statusEvidence `json:"retention_evidence"`
@@ -273,6 +275,11 @@ WHERE processed_at < now() - $2::bigint * interval '1 microsecond'`, name, reten
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)`, table).Scan(&rep.Partitions); err != nil {
 			return nil, fmt.Errorf("processed: count the partitions of %s: %w", store, err)
 		}
+		sealed, err := store.Sealed(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rep.Sealed = len(sealed)
 	}
 	sum, err := store.Retention(ctx, name, rep.CheckedAt.Add(-statusEvidenceWindow))
 	if err != nil {
@@ -430,7 +437,7 @@ func (r *statusReport) print(w io.Writer) error {
 		fmt.Fprintf(tw, "last applied:\tnone\n")
 	}
 	if r.Partitioned {
-		fmt.Fprintf(tw, "partitions:\t%d (purge drops whole partitions: rows live up to the retention plus one interval)\n", r.Partitions)
+		fmt.Fprintf(tw, "partitions:\t%d, %d sealed (purge drops whole partitions: rows live up to the retention plus one interval)\n", r.Partitions, r.Sealed)
 	}
 	if ev := r.Evidence; ev != nil {
 		secs := func(s float64) string { return statusAge(time.Duration(s * float64(time.Second))) }
