@@ -142,11 +142,12 @@ func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
 // those: a statement on the parent locks every partition and its index, past
 // the lock manager's fast path. They are built from the partitions at one
 // time, and are correct until the clock passes the upper bound of the
-// newest partition there was then (validUntil): until then every row of a
-// committed claim is in a partition they probe, in the DEFAULT partition,
-// or in a sealed partition, whose filter they read (the filters of
-// partitions sealed since the build included). Past it they insert
-// nothing, so the claim falls back to the full lookup. A purge that drops
+// partition that held the present then (validUntil): until then every row
+// of a committed claim (whose processed_at, its transaction's start, is
+// before this statement's start) is in a partition they probe, in the
+// DEFAULT partition, or in a sealed partition, whose filter they read (the
+// filters of partitions sealed since the build included). Past it they
+// insert nothing, so the claim falls back to the full lookup. A purge that drops
 // a partition they probe makes them fail (undefined_table): they are then
 // built again, and the claim retried.
 type fastClaims struct {
@@ -194,12 +195,16 @@ RETURNING message_id`,
 // partition to build them from (the claims then take the full lookup).
 func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
 	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
-		return f, nil
+		return f.orNil(), nil
 	}
 	s.fastMu.Lock()
 	defer s.fastMu.Unlock()
 	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
-		return f, nil
+		return f.orNil(), nil
+	}
+	var dbNow time.Time
+	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+		return nil, s.wrap("claim: clock", err)
 	}
 	parts, err := s.partitions(ctx, st)
 	if err != nil {
@@ -214,29 +219,45 @@ func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
 	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
 		return nil, s.wrap("claim: read sealed partitions", err)
 	}
-	var (
-		probe []string
-		until time.Time
-	)
+	// Valid until the end of the partition that holds the present: the
+	// partitions ahead are empty until then, and are not probed. With no
+	// partition holding the present (its claims go to the DEFAULT
+	// partition, until some process creates one), there are none: the
+	// claims take the full lookup.
+	var until time.Time
 	for _, p := range parts {
-		if p.upper == nil {
-			continue // DEFAULT: always probed
-		}
-		if p.upper.After(until) {
+		if p.upper != nil && (p.lower == nil || !p.lower.After(dbNow)) && dbNow.Before(*p.upper) {
 			until = *p.upper
 		}
-		if !sealed[p.name] {
+	}
+	refresh := time.Now().Add(fastRefresh)
+	if until.IsZero() {
+		s.fastSQL.Store(&fastClaims{refreshAt: refresh})
+		return nil, nil
+	}
+	var probe []string
+	for _, p := range parts {
+		if p.upper != nil && !sealed[p.name] && (p.lower == nil || p.lower.Before(until)) {
 			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
 		}
 	}
-	if until.IsZero() {
-		s.fastSQL.Store(nil)
-		return nil, nil
-	}
 	f := buildFast(st, probe, until)
-	f.refreshAt = time.Now().Add(fastRefresh)
+	// Rebuilt when the present passes into the next partition, by this
+	// process's clock (a late rebuild only makes claims fall back).
+	f.refreshAt = refresh
+	if at := time.Now().Add(until.Sub(dbNow)); at.Before(refresh) {
+		f.refreshAt = at
+	}
 	s.fastSQL.Store(f)
 	return f, nil
+}
+
+// orNil is f, or nil for the marker of a table with no fast statements.
+func (f *fastClaims) orNil() *fastClaims {
+	if f.insert == "" {
+		return nil
+	}
+	return f
 }
 
 // forgetFast drops the fast claim statements, so that the next claim
