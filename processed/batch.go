@@ -129,13 +129,19 @@ func (b *batchClaim) insertArgs(pending []consumer.Claim) []any {
 // insert runs the batch INSERT of pending in tx and returns the ids it
 // inserted.
 func (b *batchClaim) insert(ctx context.Context, tx pgx.Tx, pending []consumer.Claim) ([]string, error) {
-	rows, err := tx.Query(ctx, b.st.batchInsert, b.insertArgs(pending)...)
+	return insertedIDs(ctx, tx, b.st.batchInsert, b.insertArgs(pending), b.s.wrap)
+}
+
+// insertedIDs runs a batch INSERT ... RETURNING message_id and returns the
+// ids, its errors wrapped by wrap.
+func insertedIDs(ctx context.Context, tx pgx.Tx, sql string, args []any, wrap func(string, error) error) ([]string, error) {
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, b.s.wrap("claim batch: insert", err)
+		return nil, wrap("claim batch: insert", err)
 	}
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, b.s.wrap("claim batch: insert", err)
+		return nil, wrap("claim batch: insert", err)
 	}
 	return inserted, nil
 }
@@ -154,15 +160,7 @@ func (b *batchClaim) firstInsert(ctx context.Context, tx pgx.Tx, pending []consu
 		}
 		return b.insert(ctx, tx, pending)
 	}
-	rows, err := tx.Query(ctx, f.batchInsert, b.fastBatchArgs(pending)...)
-	if err != nil {
-		return nil, b.s.wrapFast("claim batch: insert", err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, b.s.wrapFast("claim batch: insert", err)
-	}
-	return inserted, nil
+	return insertedIDs(ctx, tx, f.batchInsert, b.fastBatchArgs(pending), b.s.wrapFast)
 }
 
 // finish records the first INSERT's inserted ids, reads the rows the others

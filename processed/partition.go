@@ -349,7 +349,31 @@ type partitionInfo struct {
 	upper *time.Time
 }
 
-// partitions lists the table's partitions with their upper bounds.
+// partitionState reads the database's clock, the table's partitions and,
+// withSealed, the names of the sealed ones; op names the caller in errors.
+func (s *Store) partitionState(ctx context.Context, st *statements, op string, withSealed bool) (now time.Time, parts []partitionInfo, sealed map[string]bool, err error) {
+	if err = s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return now, nil, nil, s.wrap(op+": clock", err)
+	}
+	if parts, err = s.partitions(ctx, st); err != nil {
+		return now, nil, nil, s.wrap(op+": list partitions", err)
+	}
+	if !withSealed {
+		return now, parts, nil, nil
+	}
+	sealed = map[string]bool{}
+	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
+	if err != nil {
+		return now, nil, nil, s.wrap(op+": read sealed partitions", err)
+	}
+	var name string
+	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
+		return now, nil, nil, s.wrap(op+": read sealed partitions", err)
+	}
+	return now, parts, sealed, nil
+}
+
+// partitions lists the table's partitions with their bounds.
 func (s *Store) partitions(ctx context.Context, st *statements) ([]partitionInfo, error) {
 	rows, err := s.db.Query(ctx, `SELECT c.relname::text,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
@@ -383,13 +407,9 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var now time.Time
-	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return 0, s.wrap("partitions: clock", err)
-	}
-	existing, err := s.partitions(ctx, st)
+	now, existing, _, err := s.partitionState(ctx, st, "partitions", false)
 	if err != nil {
-		return 0, s.wrap("partitions: list", err)
+		return 0, err
 	}
 	have := map[string]bool{}
 	var covered time.Time // the legacy partition's upper bound

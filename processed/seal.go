@@ -202,22 +202,9 @@ func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
 	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
 		return f.orNil(), nil
 	}
-	var dbNow time.Time
-	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
-		return nil, s.wrap("claim: clock", err)
-	}
-	parts, err := s.partitions(ctx, st)
+	dbNow, parts, sealed, err := s.partitionState(ctx, st, "claim", true)
 	if err != nil {
-		return nil, s.wrap("claim: list partitions", err)
-	}
-	sealed := map[string]bool{}
-	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
-	if err != nil {
-		return nil, s.wrap("claim: read sealed partitions", err)
-	}
-	var name string
-	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
-		return nil, s.wrap("claim: read sealed partitions", err)
+		return nil, err
 	}
 	// Valid until the end of the partition that holds the present: the
 	// partitions ahead are empty until then, and are not probed. With no
@@ -345,22 +332,9 @@ func (s *Store) SealPartitions(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	var now time.Time
-	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return 0, s.wrap("seal: clock", err)
-	}
-	parts, err := s.partitions(ctx, st)
+	now, parts, sealed, err := s.partitionState(ctx, st, "seal", true)
 	if err != nil {
-		return 0, s.wrap("seal: list partitions", err)
-	}
-	sealed := map[string]bool{}
-	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
-	if err != nil {
-		return 0, s.wrap("seal: read sealed partitions", err)
-	}
-	var name string
-	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
-		return 0, s.wrap("seal: read sealed partitions", err)
+		return 0, err
 	}
 	n := 0
 	// partitions lists the range partitions by upper bound, DEFAULT last.
