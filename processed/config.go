@@ -87,9 +87,9 @@ type Config struct {
 	Partitioned bool
 	// PartitionInterval is the time range of one partition: at least a
 	// second, a whole number of seconds; an hour or more in production.
-	// A claim of a new id probes the index of each partition the janitor
-	// has not yet sealed (the current one, those ahead, and the DEFAULT
-	// partition), and a Bloom filter of each sealed one (see
+	// A claim of a new id probes the index of the current partition, of
+	// any past one the janitor has not sealed yet, and of the DEFAULT
+	// partition, and a Bloom filter of each sealed one (see
 	// SealPartitions); a partition should hold fewer than about 48
 	// million ids for its filter to stay accurate.
 	// Rows live between the retention and the retention plus one
