@@ -21,9 +21,14 @@ const (
 	// up its buffered messages, and for the connection to flush the naks.
 	closeDrainWait = 2 * time.Second
 	// releaseDelay is the nak delay of the deliveries Close gives back:
-	// next to none, but a delay all the same, because a plain nak of the
-	// last message delivered makes a NATS 2.9 server deliver it twice.
-	releaseDelay = time.Millisecond
+	// short, but not next to none. A plain nak of the last message
+	// delivered makes a NATS 2.9 server deliver it twice, and so did a
+	// 1ms delay on a loaded machine: the naked messages came due while the
+	// closing Source's pull request was still open on the server, which
+	// handed the last one out again as a first delivery and kept another
+	// until AckWait (TestConformance/CloseRequeuesUnacked failed every
+	// time with three CPU hogs running; with 100ms, 16 of 16 passed).
+	releaseDelay = 100 * time.Millisecond
 	retryInitial = 100 * time.Millisecond
 	retryMax     = 5 * time.Second
 )
