@@ -103,7 +103,9 @@ type Config struct {
 	// if the Store is a RetentionRecorder (see processed), for `idemq
 	// status` to weigh the retention against.
 	Retention time.Duration
-	// JanitorInterval is the time between purges. Defaults to 10m.
+	// JanitorInterval is the time between purges, and between the
+	// Store's upkeep (Maintainer: on a partitioned dedup table, creating
+	// the partitions ahead and sealing those behind). Defaults to 10m.
 	JanitorInterval time.Duration
 	// HorizonMargin is how much older than the Source's redelivery horizon
 	// a row must be to be purged: room for the skew between the broker's
