@@ -357,17 +357,18 @@ func (s *Store) SealPartitions(ctx context.Context) (int, error) {
 // seal seals one partition, whose range partitions before it are sealed.
 func (s *Store) seal(ctx context.Context, st *statements, p partitionInfo) error {
 	ident := pgx.Identifier{st.schema, p.name}.Sanitize()
-	check := pgx.Identifier{p.name + "_sealed"}.Sanitize()
 	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
+		// Found by what it is, not by its name, which Postgres may have
+		// cut to 63 bytes.
 		var has bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)`,
-			ident, p.name+"_sealed").Scan(&has); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1)
+	AND contype = 'c' AND NOT convalidated AND pg_get_constraintdef(oid) = 'CHECK (false) NOT VALID')`, ident).Scan(&has); err != nil {
 			return err
 		}
 		if has {
 			return nil
 		}
-		_, err := tx.Exec(ctx, `ALTER TABLE `+ident+` ADD CONSTRAINT `+check+` CHECK (false) NOT VALID`)
+		_, err := tx.Exec(ctx, `ALTER TABLE `+ident+` ADD CONSTRAINT `+pgx.Identifier{p.name + "_sealed"}.Sanitize()+` CHECK (false) NOT VALID`)
 		return err
 	})
 	if err != nil {
@@ -379,8 +380,8 @@ func (s *Store) seal(ctx context.Context, st *statements, p partitionInfo) error
 	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+ident).Scan(&count); err != nil {
 		return fmt.Errorf("count ids: %w", err)
 	}
-	// Capped to fit an index entry: past about 100 million ids the
-	// false-positive rate rises instead (7% at 200 million).
+	// Capped to fit an index entry: past about 48 million ids the
+	// false-positive rate rises instead.
 	rowBytes := min(maxFilterBytes, max(minFilterBytes, int((count*filterBitsPerID/filterBuckets+7)/8)))
 	bits := make([]byte, filterBuckets*rowBytes)
 	nbits := int64(rowBytes * 8)
