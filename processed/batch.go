@@ -153,7 +153,7 @@ func (b *batchClaim) firstInsert(ctx context.Context, tx pgx.Tx, pending []consu
 	if !b.st.partitioned {
 		return b.insert(ctx, tx, pending)
 	}
-	f, err := b.s.fast(ctx, b.st)
+	f, err := b.s.fast(ctx, tx, b.st)
 	if err != nil || f == nil {
 		if err != nil {
 			return nil, err

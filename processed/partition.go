@@ -349,20 +349,29 @@ type partitionInfo struct {
 	upper *time.Time
 }
 
-// partitionState reads the database's clock, the table's partitions and,
-// withSealed, the names of the sealed ones; op names the caller in errors.
-func (s *Store) partitionState(ctx context.Context, st *statements, op string, withSealed bool) (now time.Time, parts []partitionInfo, sealed map[string]bool, err error) {
-	if err = s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+// querier is what partitionState reads through: the store's DB, or a
+// transaction the caller holds (so that a claim in it never waits for a
+// second connection).
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// partitionState reads the database's clock (the statement's time, also
+// inside a transaction), the table's partitions and, withSealed, the names
+// of the sealed ones, through q; op names the caller in errors.
+func (s *Store) partitionState(ctx context.Context, q querier, st *statements, op string, withSealed bool) (now time.Time, parts []partitionInfo, sealed map[string]bool, err error) {
+	if err = q.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now); err != nil {
 		return now, nil, nil, s.wrap(op+": clock", err)
 	}
-	if parts, err = s.partitions(ctx, st); err != nil {
+	if parts, err = s.partitions(ctx, q, st); err != nil {
 		return now, nil, nil, s.wrap(op+": list partitions", err)
 	}
 	if !withSealed {
 		return now, parts, nil, nil
 	}
 	sealed = map[string]bool{}
-	rows, err := s.db.Query(ctx, `SELECT partition FROM `+st.qSealed)
+	rows, err := q.Query(ctx, `SELECT partition FROM `+st.qSealed)
 	if err != nil {
 		return now, nil, nil, s.wrap(op+": read sealed partitions", err)
 	}
@@ -374,8 +383,8 @@ func (s *Store) partitionState(ctx context.Context, st *statements, op string, w
 }
 
 // partitions lists the table's partitions with their bounds.
-func (s *Store) partitions(ctx context.Context, st *statements) ([]partitionInfo, error) {
-	rows, err := s.db.Query(ctx, `SELECT c.relname::text,
+func (s *Store) partitions(ctx context.Context, q querier, st *statements) ([]partitionInfo, error) {
+	rows, err := q.Query(ctx, `SELECT c.relname::text,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
 	(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -407,7 +416,7 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	now, existing, _, err := s.partitionState(ctx, st, "partitions", false)
+	now, existing, _, err := s.partitionState(ctx, s.db, st, "partitions", false)
 	if err != nil {
 		return 0, err
 	}
@@ -469,7 +478,7 @@ func (s *Store) purgePartitioned(ctx context.Context, st *statements, olderThan 
 	if err := s.db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, s.wrap("purge: cutoff", err)
 	}
-	parts, err := s.partitions(ctx, st)
+	parts, err := s.partitions(ctx, s.db, st)
 	if err != nil {
 		return 0, s.wrap("purge: list partitions", err)
 	}

@@ -191,9 +191,10 @@ RETURNING message_id`,
 }
 
 // fast returns the fast claim statements, building them when there are
-// none or it is time to refresh them; nil when the table has no range
-// partition to build them from (the claims then take the full lookup).
-func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
+// none or it is time to refresh them, reading through q (the store's DB,
+// or the transaction a caller of Claim or ClaimBatch holds); nil when no
+// partition holds the present (the claims then take the full lookup).
+func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaims, error) {
 	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
 		return f.orNil(), nil
 	}
@@ -202,7 +203,7 @@ func (s *Store) fast(ctx context.Context, st *statements) (*fastClaims, error) {
 	if f := s.fastSQL.Load(); f != nil && time.Now().Before(f.refreshAt) {
 		return f.orNil(), nil
 	}
-	dbNow, parts, sealed, err := s.partitionState(ctx, st, "claim", true)
+	dbNow, parts, sealed, err := s.partitionState(ctx, q, st, "claim", true)
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +333,7 @@ func (s *Store) SealPartitions(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	now, parts, sealed, err := s.partitionState(ctx, st, "seal", true)
+	now, parts, sealed, err := s.partitionState(ctx, s.db, st, "seal", true)
 	if err != nil {
 		return 0, err
 	}

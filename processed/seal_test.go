@@ -1,6 +1,7 @@
 package processed_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -249,5 +251,55 @@ func TestFastClaimsAfterAnotherProcessDrops(t *testing.T) {
 		if res[0].Outcome != consumer.ClaimNew || (len(res) > 1 && res[1].Outcome != consumer.ClaimDuplicate) {
 			t.Fatalf("the retry: %v", res)
 		}
+	}
+}
+
+// TestClaimInCallersTxBuildsFastClaimsOnIt: Claim in the caller's
+// transaction, on a pool whose one connection that transaction holds, must
+// not wait for a second connection to build its statements (with every
+// connection held by such a claim, the wait would never end).
+func TestClaimInCallersTxBuildsFastClaimsOnIt(t *testing.T) {
+	t.Parallel()
+	s0, _, _ := sealFixture(t, 5)
+	if _, err := s0.SealPartitions(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	s, err := processed.New(one, processed.Config{Schema: s0.Schema(), Partitioned: true, PartitionInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	tx, err := one.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	for _, claim := range []consumer.Claim{claimOf("c", "in-tx", "p"), claimOf("c", "old-1-2", "p")} {
+		res, err := s.Claim(c, tx, claim)
+		if err != nil {
+			t.Fatalf("Claim(%s) holding the pool's only connection: %v", claim.MessageID, err)
+		}
+		want := consumer.ClaimNew
+		if claim.MessageID == "old-1-2" {
+			want = consumer.ClaimDuplicate
+		}
+		if res.Outcome != want {
+			t.Fatalf("Claim(%s): %v, want %v", claim.MessageID, res.Outcome, want)
+		}
+	}
+	res, err := s.ClaimBatch(c, tx, []consumer.Claim{claimOf("c", "in-tx-2", "p"), claimOf("c", "old-2-3", "p")})
+	if err != nil || res[0].Outcome != consumer.ClaimNew || res[1].Outcome != consumer.ClaimDuplicate {
+		t.Fatalf("ClaimBatch holding the pool's only connection: %v, %v", res, err)
 	}
 }

@@ -300,7 +300,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		}
 		// First skipping the sealed partitions (see seal.go); if that
 		// inserts nothing, as claim does, looking everywhere.
-		f, err := s.fast(ctx, st)
+		f, err := s.fast(ctx, tx, st)
 		if err != nil {
 			return consumer.ClaimResult{}, err
 		}
@@ -481,7 +481,7 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	}
 	insert, args, wrap := bc.st.batchInsert, bc.insertArgs(claims), s.wrap
 	if bc.st.partitioned {
-		f, err := s.fast(ctx, bc.st)
+		f, err := s.fast(ctx, s.db, bc.st)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -538,7 +538,7 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if st.partitioned {
-		f, err := s.fast(ctx, st)
+		f, err := s.fast(ctx, s.db, st)
 		if err != nil {
 			return nil, consumer.ClaimResult{}, err
 		}
