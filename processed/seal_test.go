@@ -303,3 +303,39 @@ func TestClaimInCallersTxBuildsFastClaimsOnIt(t *testing.T) {
 		t.Fatalf("ClaimBatch holding the pool's only connection: %v, %v", res, err)
 	}
 }
+
+// TestLateClaimIntoSealedPartitionFails: a claim whose transaction started
+// in a partition that has since been sealed fails with a check violation
+// (which the runtime retries in a new transaction) instead of inserting a
+// row no filter holds; the error is not ErrNotMigrated, which would stop a
+// runtime.
+func TestLateClaimIntoSealedPartitionFails(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Second)
+	tx, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var start time.Time
+	if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	// Past the end of the transaction's partition and the seal delay.
+	time.Sleep(time.Until(start.Truncate(time.Second).Add(2*time.Second + 300*time.Millisecond)))
+	if _, err := s.EnsurePartitions(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.SealPartitions(ctx(t)); err != nil || n == 0 {
+		t.Fatalf("SealPartitions = %d, %v; want the transaction's partition sealed", n, err)
+	}
+	_, err = s.Claim(ctx(t), tx, claimOf("c", "late", "p"))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || errors.Is(err, processed.ErrNotMigrated) {
+		t.Fatalf("late claim into a sealed partition: %v; want a check violation", err)
+	}
+	// A new transaction claims it.
+	if r := claimTx(t, pool, s, claimOf("c", "late", "p")); r.Outcome != consumer.ClaimNew {
+		t.Fatalf("the retry: %v", r.Outcome)
+	}
+}
