@@ -10,7 +10,9 @@ package bench
 //
 // Sizes: IDEMQ_RB_PLAIN_ROWS (default 10000000), IDEMQ_RB_PART_ROWS
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
-// IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3). Set IDEMQ_RB_KEEP=1 to keep the
+// IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3), IDEMQ_RB_GROUP (claims per
+// transaction, 1; the runtime's default groups hold up to 32). Set
+// IDEMQ_RB_KEEP=1 to keep the
 // schemas, IDEMQ_RB_REUSE=<plain>,<partitioned> to measure kept schemas
 // again without a prefill, and IDEMQ_RB_NO_PURGE=1 to stop before the purge
 // (which deletes rows). The defaults need about 25 GB of disk and half an
@@ -28,6 +30,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -124,27 +127,41 @@ FROM generate_series($4::bigint, $5::bigint) g`, prefix, daysAgo0, days, lo, hi)
 	return time.Since(start)
 }
 
+// rbGroup is how many claims each transaction of claimLoad holds
+// (IDEMQ_RB_GROUP, default 1): 1 is strict per-message mode; more is what
+// the runtime's default grouping claims under load (up to 32 per lane).
+var rbGroup = envInt("IDEMQ_RB_GROUP", 1)
+
 // claimLoad claims new ids (or, with dupPrefix, prefilled ones) from conc
-// goroutines, one transaction per claim, until stop is closed; it counts
-// the claims into n.
+// goroutines, rbGroup claims per transaction, until stop is closed; it
+// counts the claims into n.
 func claimLoad(ctx context.Context, s *processed.Store, conc int, prefix string, dupPrefix string, dupN int, stop <-chan struct{}, n *atomic.Int64, errs chan<- error) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for g := 0; g < conc; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
-			for i := 0; ; i++ {
+			for i := 0; ; {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
-				if dupPrefix != "" {
-					id = dupPrefix + strconv.Itoa(1+(g*7919+i*104729)%dupN)
+				claims := make([]consumer.Claim, 0, rbGroup)
+				seen := map[string]bool{}
+				for len(claims) < rbGroup {
+					id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
+					if dupPrefix != "" {
+						id = dupPrefix + strconv.Itoa(1+(g*7919+i*104729)%dupN)
+					}
+					i++
+					if !seen[id] {
+						seen[id] = true
+						claims = append(claims, consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Partition: -1, Offset: -1})
+					}
 				}
-				c := consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Partition: -1, Offset: -1}
-				tx, _, err := s.BeginClaim(ctx, []consumer.Claim{c})
+				sort.Slice(claims, func(a, b int) bool { return claims[a].MessageID < claims[b].MessageID })
+				tx, _, err := s.BeginClaim(ctx, claims)
 				if err == nil {
 					err = tx.Commit(ctx)
 				}
@@ -158,7 +175,7 @@ func claimLoad(ctx context.Context, s *processed.Store, conc int, prefix string,
 					}
 					return
 				}
-				n.Add(1)
+				n.Add(int64(len(claims)))
 			}
 		}(g)
 	}
@@ -278,11 +295,13 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 	// Interleaved rounds, so that the shared machine's load drifts over
 	// both tables alike.
 	rounds := envInt("IDEMQ_RB_ROUNDS", 3)
+	// New ids are new in every run, also on reused schemas.
+	run := time.Now().UnixNano()
 	for round := 0; round < rounds; round++ {
 		for _, rb := range []*rbTable{plain, part} {
 			dn := map[bool]int{true: partRows, false: plainRows}[rb == part]
-			r := rate(t, ctx, rb.store, conc, fmt.Sprintf("new%d-%s", round, rb.name), "", 0, secs)
-			t.Logf("RESULT round %d: claim new ids, %s (%d prefilled rows), concurrency %d: %.0f claims/s", round, rb.name, dn, conc, r)
+			r := rate(t, ctx, rb.store, conc, fmt.Sprintf("new%d-%s-%x", round, rb.name, run), "", 0, secs)
+			t.Logf("RESULT round %d: claim new ids, %s (%d prefilled rows), concurrency %d, %d per transaction: %.0f claims/s", round, rb.name, dn, conc, rbGroup, r)
 			r = rate(t, ctx, rb.store, conc, "", "pre-", dn, secs/3)
 			t.Logf("RESULT round %d: claim duplicates of prefilled ids, %s: %.0f claims/s", round, rb.name, r)
 		}
@@ -304,7 +323,7 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 		if rb == part {
 			olderThan = time.Since(dayStart.AddDate(0, 0, -(rbDays-1))) - time.Minute
 		}
-		base, during, took, rows := duringPurge(t, ctx, rb.store, conc, "p-"+rb.name, secs/2, func() (int64, error) {
+		base, during, took, rows := duringPurge(t, ctx, rb.store, conc, fmt.Sprintf("p-%s-%x", rb.name, run), secs/2, func() (int64, error) {
 			return rb.store.Purge(ctx, olderThan)
 		})
 		how := "DELETE purge (default pacing: batches of 1000, duty cycle 0.25)"
