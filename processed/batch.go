@@ -49,20 +49,26 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 	if err != nil || len(claims) == 0 {
 		return b.results, err
 	}
+	var inserted []string
 	if b.st.partitioned {
-		if _, err := tx.Exec(ctx, b.st.batchLock, claimLockKeys(claims)); err != nil {
-			return nil, s.wrap("claim batch: lock", err)
+		fi, err := s.firstBatchClaim(ctx, tx, b, claims)
+		if err != nil {
+			return nil, err
 		}
-	}
-	inserted, err := b.firstInsert(ctx, tx, claims)
-	if err != nil {
+		bt := &pgx.Batch{}
+		bt.Queue(b.st.batchLock, claimLockKeys(claims))
+		fi.queue(bt).Query(func(rows pgx.Rows) error {
+			var err error
+			inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			return err
+		})
+		if err := tx.SendBatch(ctx, bt).Close(); err != nil {
+			return nil, fi.wrap("claim batch: lock and insert", err)
+		}
+	} else if inserted, err = b.insert(ctx, tx, claims); err != nil {
 		return nil, err
 	}
-	res, err := b.finish(ctx, tx, inserted)
-	if err != nil {
-		return nil, err
-	}
-	return res, b.restoreScans(ctx, tx)
+	return b.finish(ctx, tx, inserted)
 }
 
 // batchClaim is one ClaimBatch in progress.
@@ -100,18 +106,6 @@ func (s *Store) newBatchClaim(ctx context.Context, claims []consumer.Claim) (*ba
 	return b, nil
 }
 
-// restoreScans ends the claim's statements on a partitioned table (see
-// partitionedSQL); it does nothing on a plain one.
-func (b *batchClaim) restoreScans(ctx context.Context, tx pgx.Tx) error {
-	if !b.st.partitioned {
-		return nil
-	}
-	if _, err := tx.Exec(ctx, b.st.restoreScans); err != nil {
-		return b.s.wrap("claim batch: restore enable_seqscan", err)
-	}
-	return nil
-}
-
 // insertArgs are the arguments of the batch INSERT of pending.
 func (b *batchClaim) insertArgs(pending []consumer.Claim) []any {
 	ids := make([]string, len(pending))
@@ -146,27 +140,29 @@ func insertedIDs(ctx context.Context, tx pgx.Tx, sql string, args []any, wrap fu
 	return inserted, nil
 }
 
-// firstInsert is insert, skipping the sealed partitions on a partitioned
-// table (see seal.go): the ids it does not insert, finish looks for in
-// every partition, and claims afresh if they are not there.
-func (b *batchClaim) firstInsert(ctx context.Context, tx pgx.Tx, pending []consumer.Claim) ([]string, error) {
-	if !b.st.partitioned {
-		return b.insert(ctx, tx, pending)
-	}
-	f, err := b.s.fast(ctx, tx, b.st)
-	if err != nil || f == nil {
-		if err != nil {
-			return nil, err
-		}
-		return b.insert(ctx, tx, pending)
-	}
-	return insertedIDs(ctx, tx, f.batchInsert, b.fastBatchArgs(pending), b.s.wrapFast)
-}
-
 // finish records the first INSERT's inserted ids, reads the rows the others
 // conflicted with, and claims afresh the ids whose rows were purged in
-// between, until every claim has its answer.
+// between, until every claim has its answer. On a partitioned table it
+// does so with sequential scans off (see partitionedSQL).
 func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+	if !b.st.partitioned || len(inserted) == len(b.claims) {
+		return b.resolve(ctx, tx, inserted)
+	}
+	if _, err := tx.Exec(ctx, noScans); err != nil {
+		return nil, b.s.wrap("claim batch: turn sequential scans off", err)
+	}
+	res, err := b.resolve(ctx, tx, inserted)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, b.st.restoreScans); err != nil {
+		return nil, b.s.wrap("claim batch: restore enable_seqscan", err)
+	}
+	return res, nil
+}
+
+// resolve is finish, once sequential scans are off where they must be.
+func (b *batchClaim) resolve(ctx context.Context, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
 	pending := b.claims
 	for attempt := 1; ; attempt++ {
 		claimed := make(map[string]bool, len(inserted))

@@ -69,25 +69,26 @@ func claimLockKeys(claims []consumer.Claim) []int64 {
 func partitionedSQL(st *statements) {
 	t := st.qTable
 	st.partitioned = true
-	// The lock statements also turn sequential scans off for the claim's
-	// statements, saving the session's setting, which restoreScans puts
-	// back before the handler runs. A claim probes every partition's
-	// primary key, and a partition's statistics are those of when it was
-	// last analyzed: the current partition, new and empty or nearly so
-	// when a plan is made, would be planned as a sequential scan, and that
-	// plan stays cached in the connection's prepared statement while the
-	// partition grows to millions of rows (until autovacuum analyzes it
-	// again, which may take long when it is busy with the older
-	// partitions): claims then slowed down tenfold in the benchmark.
-	// Plans are made when a prepared statement is first run or replanned,
-	// both within the claim, so they always use the indexes.
-	// They also make the commit synchronous, as claimOne does.
-	st.lock = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
-	set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true), pg_advisory_xact_lock($1::bigint)`
+	// The lock statements also make the commit synchronous, as claimOne
+	// does.
+	st.lock = `SELECT set_config('synchronous_commit', 'on', true), pg_advisory_xact_lock($1::bigint)`
 	// unnest scans the array in order: the locks are taken in the order
 	// of the sorted keys.
-	st.batchLock = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
-	set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
+	st.batchLock = `SELECT set_config('synchronous_commit', 'on', true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
+	// The full lookup (insert, existing, batchInsert, batchExisting)
+	// probes every partition's primary key through the parent. It runs
+	// between noScans and restoreScans, with sequential scans off, since
+	// a partition's statistics are those of when it was last analyzed:
+	// the current partition, new and empty or nearly so when a plan is
+	// made, would be planned as a sequential scan, and that plan stays
+	// cached in the connection's prepared statement while the partition
+	// grows to millions of rows (until autovacuum analyzes it again,
+	// which may take long when it is busy with the older partitions):
+	// claims then slowed down tenfold in the benchmark. Plans are made
+	// when a prepared statement is first run or replanned, both between
+	// the two, so they always use the indexes; restoreScans puts the
+	// session's setting back before the handler runs. The fast claims
+	// (seal.go) need neither: see buildFast.
 	st.restoreScans = `SELECT set_config('enable_seqscan', current_setting('idemq.enable_seqscan'), true)`
 	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
@@ -99,8 +100,8 @@ WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1::text AND p.me
 RETURNING message_id`
 }
 
-// noScans turns sequential scans off for the claim's statements, as the
-// lock statements do (see partitionedSQL).
+// noScans turns sequential scans off for the full lookup's statements,
+// saving the session's setting for restoreScans (see partitionedSQL).
 const noScans = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
 	set_config('enable_seqscan', 'off', true)`
 

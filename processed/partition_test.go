@@ -330,23 +330,45 @@ func TestPartitionedClaimLockOrder(t *testing.T) {
 // transaction see the session's setting.
 func TestPartitionedClaimRestoresSeqscan(t *testing.T) {
 	t.Parallel()
-	s, _ := partitionedSetup(t, time.Hour)
-	for _, claims := range [][]consumer.Claim{
+	s, pool := partitionedSetup(t, time.Hour)
+	for i, claims := range [][]consumer.Claim{
 		{claimOf("c", "s1", "a")},
 		{claimOf("c", "s1", "a")}, // a duplicate
 		{claimOf("c", "s2", "a"), claimOf("c", "s3", "a")},
 		{claimOf("c", "s2", "a"), claimOf("c", "s4", "a")},
 	} {
-		tx, _, err := s.BeginClaim(ctx(t), claims)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v string
-		if err := tx.QueryRow(ctx(t), `SHOW enable_seqscan`).Scan(&v); err != nil || v != "on" {
-			t.Fatalf("enable_seqscan %q after the claim of %d (%v)", v, len(claims), err)
-		}
-		if err := tx.Commit(ctx(t)); err != nil {
-			t.Fatal(err)
+		// BeginClaim, then Claim or ClaimBatch in the caller's
+		// transaction, of other ids in the same pattern.
+		for _, own := range []bool{false, true} {
+			var (
+				tx  pgx.Tx
+				err error
+			)
+			if own {
+				if tx, err = pool.Begin(ctx(t)); err == nil {
+					var mine []consumer.Claim
+					for _, c := range claims {
+						mine = append(mine, claimOf("c", "own-"+c.MessageID, "a"))
+					}
+					if len(mine) == 1 {
+						_, err = s.Claim(ctx(t), tx, mine[0])
+					} else {
+						_, err = s.ClaimBatch(ctx(t), tx, mine)
+					}
+				}
+			} else {
+				tx, _, err = s.BeginClaim(ctx(t), claims)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v string
+			if err := tx.QueryRow(ctx(t), `SHOW enable_seqscan`).Scan(&v); err != nil || v != "on" {
+				t.Fatalf("enable_seqscan %q after claim %d of %d (own transaction %v): %v", v, i, len(claims), own, err)
+			}
+			if err := tx.Commit(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

@@ -137,21 +137,29 @@ func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
 }
 
 // fastClaims are the first claim statements of a partitioned table, which
-// skip the sealed partitions. They name the partitions they probe, rather
-// than going through the parent, so that a claim locks and opens only
-// those: a statement on the parent locks every partition and its index, past
-// the lock manager's fast path. They are built from the partitions at one
-// time, and are correct until the clock passes the upper bound of the
-// partition that held the present then (validUntil): until then every row
-// of a committed claim (whose processed_at, its transaction's start, is
-// before this statement's start) is in a partition they probe, in the
-// DEFAULT partition, or in a sealed partition, whose filter they read (the
-// filters of partitions sealed since the build included). Past it they
-// insert nothing, so the claim falls back to the full lookup. A purge that drops
-// a partition they probe makes them fail (undefined_table): they are then
-// built again, and the claim retried.
+// skip the sealed partitions. They insert into the partition that holds
+// the present by its name, with ON CONFLICT on its primary key, and name the
+// other partitions they probe, rather than going through the parent, so that
+// a claim locks and opens only those: a statement on the parent locks every
+// partition and its index, past the lock manager's fast path.
+//
+// They are built from the partitions at one time, and are correct until
+// the clock passes the upper bound of that partition (validUntil): until
+// then every row of a committed claim (whose processed_at, its
+// transaction's start, is before this statement's start) is in the
+// partition they insert into, found by ON CONFLICT; in another partition
+// they probe (the unsealed past ones, the DEFAULT partition); or in a
+// sealed partition, whose filter they read when any partition was sealed
+// when they were built (one sealed since is still probed by name). Past
+// it, or in a transaction that began before the partition's lower bound,
+// they insert nothing, so the claim falls back to the full lookup. A purge
+// that drops a partition they name makes them fail (undefined_table): they
+// are then built again, and the claim retried.
 type fastClaims struct {
 	insert, batchInsert string
+	// filter: the statements read the seals' filter, and take the
+	// filter's keys as arguments.
+	filter bool
 	// validUntil is when the statements stop inserting (by the
 	// database's clock); refreshAt when the store builds them again (by
 	// this process's).
@@ -159,33 +167,58 @@ type fastClaims struct {
 }
 
 // fastRefresh is how often a store rebuilds its fast claim statements,
-// so that they stop probing partitions sealed since.
+// so that they stop probing partitions sealed since, and are planned
+// again.
 const fastRefresh = time.Minute
 
-// buildFast builds the fast claim statements for probing the partitions
-// named probe (quoted), valid until validUntil.
-func buildFast(st *statements, probe []string, validUntil time.Time) *fastClaims {
-	t := st.qTable
-	guard := `statement_timestamp() < ` + pgTime(validUntil)
+// buildFast builds the fast claim statements that insert into the partition
+// cur, probe the partitions named probe (quoted) and the DEFAULT partition,
+// and read the seals' filter if filter is true.
+//
+// They run with the session's enable_seqscan, unlike the full lookup: the
+// partition that grows (cur) is reached through ON CONFLICT, which always
+// uses its primary key; the past partitions probed are full; the filter is
+// read only once a seal has filled it. Only the DEFAULT partition may be
+// empty when a plan is made and grow after, and only while no partition
+// holds the present, when these statements are not used: its rows come
+// from claims that found none. The statements carry the time they were
+// built, so that each rebuild (every fastRefresh) also makes each
+// connection plan them afresh.
+func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, built time.Time) *fastClaims {
+	guard := `statement_timestamp() < ` + pgTime(*cur.upper)
+	if cur.lower != nil {
+		guard = `now() >= ` + pgTime(*cur.lower) + ` AND ` + guard
+	}
 	var one, many strings.Builder
 	for _, q := range append(probe, st.qDefault) {
 		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = $2::text)")
 		many.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = u.id)")
 	}
+	if filter {
+		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + st.qFilter + " f WHERE f.bucket = $7::integer\n\tAND " + filterMatch("f", "$8::bigint", "$9::bigint") + ")")
+		many.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + st.qFilter + " f WHERE f.bucket = u.fb\n\tAND " + filterMatch("f", "u.h1", "u.h2") + ")")
+	}
+	// Without a filter to read, the statements take the full lookup's
+	// arguments (see args and batchArgs).
+	unnest := `unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)`
+	if filter {
+		unnest = `unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
+	AS u(id, fp, src, part, off, fb, h1, h2)`
+	}
+	head := `/* idemq fast claim, built ` + built.UTC().Format(time.RFC3339Nano) + ` */
+INSERT INTO ` + pgx.Identifier{st.schema, cur.name}.Sanitize() + ` (consumer, message_id, fingerprint, source, partition, "offset")`
 	return &fastClaims{
-		validUntil: validUntil,
-		insert: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+		validUntil: *cur.upper,
+		filter:     filter,
+		insert: head + `
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
 WHERE ` + guard + one.String() + `
-AND NOT EXISTS (SELECT 1 FROM ` + st.qFilter + ` f WHERE f.bucket = $7::integer
-	AND ` + filterMatch("f", "$8::bigint", "$9::bigint") + `)`,
-		batchInsert: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
+ON CONFLICT (consumer, message_id) DO NOTHING`,
+		batchInsert: head + `
 SELECT $1::text, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
-FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
-	AS u(id, fp, src, part, off, fb, h1, h2)
+FROM ` + unnest + `
 WHERE ` + guard + many.String() + `
-AND NOT EXISTS (SELECT 1 FROM ` + st.qFilter + ` f WHERE f.bucket = u.fb
-	AND ` + filterMatch("f", "u.h1", "u.h2") + `)
+ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING message_id`,
 	}
 }
@@ -207,37 +240,87 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 	if err != nil {
 		return nil, err
 	}
-	// Valid until the end of the partition that holds the present: the
-	// partitions ahead are empty until then, and are not probed. With no
-	// partition holding the present (its claims go to the DEFAULT
-	// partition, until some process creates one), there are none: the
-	// claims take the full lookup.
-	var until time.Time
-	for _, p := range parts {
+	// The partition that holds the present: the partitions ahead are
+	// empty until its upper bound, and are not probed. With none (its
+	// claims go to the DEFAULT partition, until some process creates
+	// one), there are no fast statements: the claims take the full
+	// lookup.
+	var cur *partitionInfo
+	for i, p := range parts {
 		if p.upper != nil && (p.lower == nil || !p.lower.After(dbNow)) && dbNow.Before(*p.upper) {
-			until = *p.upper
+			cur = &parts[i]
 		}
 	}
 	refresh := time.Now().Add(fastRefresh)
-	if until.IsZero() {
+	if cur == nil {
 		s.fastSQL.Store(&fastClaims{refreshAt: refresh})
 		return nil, nil
 	}
 	var probe []string
 	for _, p := range parts {
-		if p.upper != nil && !sealed[p.name] && (p.lower == nil || p.lower.Before(until)) {
+		if p.name != cur.name && p.upper != nil && !sealed[p.name] && (p.lower == nil || p.lower.Before(*cur.upper)) {
 			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
 		}
 	}
-	f := buildFast(st, probe, until)
+	f := buildFast(st, *cur, probe, len(sealed) > 0, dbNow)
 	// Rebuilt when the present passes into the next partition, by this
 	// process's clock (a late rebuild only makes claims fall back).
 	f.refreshAt = refresh
-	if at := time.Now().Add(until.Sub(dbNow)); at.Before(refresh) {
+	if at := time.Now().Add(cur.upper.Sub(dbNow)); at.Before(refresh) {
 		f.refreshAt = at
 	}
 	s.fastSQL.Store(f)
 	return f, nil
+}
+
+// firstInsert is the first insert of a claim, or of a batch of claims, on
+// a partitioned table, after the lock: the fast statement when there is one,
+// else the full lookup's insert, between noScans and restoreScans.
+type firstInsert struct {
+	st   *statements
+	sql  string
+	args []any
+	// full: the full lookup's insert, with sequential scans off.
+	full bool
+	// wrap wraps the errors of the insert: wrapFast for a fast one.
+	wrap func(op string, err error) error
+}
+
+// firstClaim returns the first insert of c, reading the partitions through
+// q if the fast statements need building.
+func (s *Store) firstClaim(ctx context.Context, q querier, st *statements, c consumer.Claim) (firstInsert, error) {
+	f, err := s.fast(ctx, q, st)
+	if err != nil {
+		return firstInsert{}, err
+	}
+	if f == nil {
+		return firstInsert{st: st, sql: st.insert, args: claimArgs(c), full: true, wrap: s.wrap}, nil
+	}
+	return firstInsert{st: st, sql: f.insert, args: f.args(c), wrap: s.wrapFast}, nil
+}
+
+// firstBatchClaim returns the first insert of the pending claims of b.
+func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, pending []consumer.Claim) (firstInsert, error) {
+	f, err := s.fast(ctx, q, b.st)
+	if err != nil {
+		return firstInsert{}, err
+	}
+	if f == nil {
+		return firstInsert{st: b.st, sql: b.st.batchInsert, args: b.insertArgs(pending), full: true, wrap: s.wrap}, nil
+	}
+	return firstInsert{st: b.st, sql: f.batchInsert, args: f.batchArgs(b, pending), wrap: s.wrapFast}, nil
+}
+
+// queue queues the insert on bt, and returns it for its result's callback.
+func (fi firstInsert) queue(bt *pgx.Batch) *pgx.QueuedQuery {
+	if fi.full {
+		bt.Queue(noScans)
+	}
+	q := bt.Queue(fi.sql, fi.args...)
+	if fi.full {
+		bt.Queue(fi.st.restoreScans)
+	}
+	return q
 }
 
 // orNil is f, or nil for the marker of a table with no fast statements.
@@ -264,14 +347,20 @@ func (s *Store) wrapFast(op string, err error) error {
 	return s.wrap(op, err)
 }
 
-// fastArgs are the arguments of a fast insert.
-func fastArgs(c consumer.Claim) []any {
+// args are the arguments of f.insert for c.
+func (f *fastClaims) args(c consumer.Claim) []any {
+	if !f.filter {
+		return claimArgs(c)
+	}
 	k := newFilterKey(c.Consumer, c.MessageID)
 	return append(claimArgs(c), k.bucket, k.h1, k.h2)
 }
 
-// fastBatchArgs are the arguments of a fast batch insert.
-func (b *batchClaim) fastBatchArgs(pending []consumer.Claim) []any {
+// batchArgs are the arguments of f.batchInsert for the pending claims of b.
+func (f *fastClaims) batchArgs(b *batchClaim, pending []consumer.Claim) []any {
+	if !f.filter {
+		return b.insertArgs(pending)
+	}
 	buckets := make([]int32, len(pending))
 	h1s := make([]int64, len(pending))
 	h2s := make([]int64, len(pending))

@@ -339,3 +339,82 @@ func TestLateClaimIntoSealedPartitionFails(t *testing.T) {
 		t.Fatalf("the retry: %v", r.Outcome)
 	}
 }
+
+// TestClaimFromBeforeTheCurrentPartition: a claim whose transaction started
+// in the previous partition, not sealed yet, while the fast statements are
+// built for the current one, claims the id into the partition of its
+// transaction's start (the fast statement, which inserts into the current
+// partition by name, must leave it to the full lookup), and a claim of the
+// same id in a new transaction waits for it and finds it.
+func TestClaimFromBeforeTheCurrentPartition(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Second)
+	for _, batch := range []bool{false, true} {
+		id := fmt.Sprintf("early-%v", batch)
+		tx, err := pool.Begin(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var start time.Time
+		if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
+			t.Fatal(err)
+		}
+		// Into the next partition, before the seal delay ends.
+		time.Sleep(time.Until(start.Truncate(time.Second).Add(1100 * time.Millisecond)))
+		if _, err := s.EnsurePartitions(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		// Builds the fast statements for the current partition.
+		if r := claimTx(t, pool, s, claimOf("c", id+"-warm", "p")); r.Outcome != consumer.ClaimNew {
+			t.Fatalf("warm-up claim: %v", r.Outcome)
+		}
+		var res []consumer.ClaimResult
+		if batch {
+			res, err = s.ClaimBatch(ctx(t), tx, []consumer.Claim{claimOf("c", id, "p"), claimOf("c", id+"-2", "p")})
+		} else {
+			var r consumer.ClaimResult
+			r, err = s.Claim(ctx(t), tx, claimOf("c", id, "p"))
+			res = []consumer.ClaimResult{r}
+		}
+		if err != nil {
+			t.Fatalf("claim (batch %v) in a transaction started in the previous partition: %v", batch, err)
+		}
+		for i, r := range res {
+			if r.Outcome != consumer.ClaimNew {
+				t.Fatalf("claim %d (batch %v): %v, want new", i, batch, r.Outcome)
+			}
+		}
+		type result struct {
+			res consumer.ClaimResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			tx2, res, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", id, "p")})
+			if tx2 != nil {
+				_ = tx2.Rollback(context.Background())
+			}
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			done <- result{res: res[0]}
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if err := tx.Commit(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-done; r.err != nil || r.res.Outcome != consumer.ClaimDuplicate {
+			t.Fatalf("the second claim (batch %v): %v, %v; want a duplicate", batch, r.res.Outcome, r.err)
+		}
+		var part string
+		var n int
+		if err := pool.QueryRow(ctx(t), `SELECT min(tableoid::regclass::text), count(*) FROM `+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()+` WHERE message_id = $1`, id).Scan(&part, &n); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("%s_p%d", s.Table(), start.Truncate(time.Second).Unix())
+		if n != 1 || !strings.HasSuffix(part, want) {
+			t.Fatalf("%d rows of %s, in %s; want one, in %s", n, id, part, want)
+		}
+	}
+}

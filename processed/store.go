@@ -295,35 +295,48 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		return consumer.ClaimResult{}, err
 	}
 	if st.partitioned {
-		if _, err := tx.Exec(ctx, st.lock, claimLockKey(c.Consumer, c.MessageID)); err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: lock", err)
-		}
 		// First skipping the sealed partitions (see seal.go); if that
 		// inserts nothing, as claim does, looking everywhere.
-		f, err := s.fast(ctx, tx, st)
+		fi, err := s.firstClaim(ctx, tx, st, c)
 		if err != nil {
 			return consumer.ClaimResult{}, err
 		}
 		inserted := false
-		if f != nil {
-			tag, err := tx.Exec(ctx, f.insert, fastArgs(c)...)
-			if err != nil {
-				return consumer.ClaimResult{}, s.wrapFast("claim: insert", err)
-			}
+		b := &pgx.Batch{}
+		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
+		fi.queue(b).Exec(func(tag pgconn.CommandTag) error {
 			inserted = tag.RowsAffected() == 1
+			return nil
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return consumer.ClaimResult{}, fi.wrap("claim: lock and insert", err)
 		}
-		res := consumer.ClaimResult{Outcome: consumer.ClaimNew}
-		if !inserted {
-			if res, err = s.claim(ctx, st, tx, c); err != nil {
-				return res, err
-			}
+		if inserted {
+			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
 		}
-		if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
+		// Most often a duplicate: read it first, as pipelinedClaim does.
+		res, found, err := s.existingNoScans(ctx, st, tx, c)
+		if err != nil || found {
+			return res, err
 		}
-		return res, nil
+		return s.fullClaim(ctx, st, tx, c)
 	}
 	return s.claim(ctx, st, tx, c)
+}
+
+// fullClaim is claim on a partitioned table, with sequential scans off.
+func (s *Store) fullClaim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
+	if _, err := tx.Exec(ctx, noScans); err != nil {
+		return consumer.ClaimResult{}, s.wrap("claim: turn sequential scans off", err)
+	}
+	res, err := s.claim(ctx, st, tx, c)
+	if err != nil {
+		return res, err
+	}
+	if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
+		return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
+	}
+	return res, nil
 }
 
 // claim is Claim's insert and, on a conflict, select.
@@ -472,29 +485,27 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		inserted []string
 		ran      bool
 	)
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if bc.st.partitioned {
-		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
-	} else {
-		b.Queue(setSyncCommit)
-	}
-	insert, args, wrap := bc.st.batchInsert, bc.insertArgs(claims), s.wrap
-	if bc.st.partitioned {
-		f, err := s.fast(ctx, s.db, bc.st)
-		if err != nil {
-			return nil, nil, err
-		}
-		if f != nil {
-			insert, args, wrap = f.batchInsert, bc.fastBatchArgs(claims), s.wrapFast
-		}
-	}
-	b.Queue(insert, args...).Query(func(rows pgx.Rows) error {
+	collect := func(rows pgx.Rows) error {
 		ran = true
 		var err error
 		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
-	})
+	}
+	wrap := s.wrap
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if bc.st.partitioned {
+		fi, err := s.firstBatchClaim(ctx, s.db, bc, claims)
+		if err != nil {
+			return nil, nil, err
+		}
+		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
+		fi.queue(b).Query(collect)
+		wrap = fi.wrap
+	} else {
+		b.Queue(setSyncCommit)
+		b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(collect)
+	}
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -513,7 +524,7 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	if err != nil {
 		return tx, nil, err
 	}
-	return tx, res, bc.restoreScans(ctx, tx)
+	return tx, res, nil
 }
 
 // pipelinedClaim sends BEGIN and the claim (claimOne: the synchronous
@@ -537,26 +548,20 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	wrap := s.wrap
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	record := func(tag pgconn.CommandTag) error {
+		ran, seen, inserted = true, true, tag.RowsAffected() == 1
+		return nil
+	}
 	if st.partitioned {
-		f, err := s.fast(ctx, s.db, st)
+		fi, err := s.firstClaim(ctx, s.db, st, c)
 		if err != nil {
 			return nil, consumer.ClaimResult{}, err
 		}
-		insert, args := st.insert, claimArgs(c)
-		if f != nil {
-			insert, args, wrap = f.insert, fastArgs(c), s.wrapFast
-		}
 		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
-		b.Queue(insert, args...).Exec(func(tag pgconn.CommandTag) error {
-			ran, seen, inserted = true, true, tag.RowsAffected() == 1
-			return nil
-		})
-		b.Queue(st.restoreScans)
+		fi.queue(b).Exec(record)
+		wrap = fi.wrap
 	} else {
-		b.Queue(st.claimOne, claimArgs(c)...).Exec(func(tag pgconn.CommandTag) error {
-			ran, seen, inserted = true, true, tag.RowsAffected() == 1
-			return nil
-		})
+		b.Queue(st.claimOne, claimArgs(c)...).Exec(record)
 	}
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
@@ -591,7 +596,11 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	if err != nil || found {
 		return tx, res, err
 	}
-	res, err = s.Claim(ctx, tx, c)
+	if st.partitioned {
+		res, err = s.fullClaim(ctx, st, tx, c) // the lock is held
+	} else {
+		res, err = s.claim(ctx, st, tx, c)
+	}
 	return tx, res, err
 }
 
