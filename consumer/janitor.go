@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +155,14 @@ func (r *Runtime) purgeAge(ctx context.Context) (time.Duration, time.Time, strin
 	}
 	hctx, cancel := context.WithTimeout(ctx, horizonTimeout)
 	defer cancel()
-	h, known, err := hs.RedeliveryHorizon(hctx)
+	var (
+		h     time.Time
+		known bool
+	)
+	err := r.upkeep("Source.RedeliveryHorizon", func() (err error) {
+		h, known, err = hs.RedeliveryHorizon(hctx)
+		return err
+	})
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
@@ -186,7 +195,7 @@ func (r *Runtime) janitor(ctx context.Context) {
 	start := time.Now()
 	for {
 		if maint != nil {
-			if err := maint.Maintain(ctx); err != nil && ctx.Err() == nil {
+			if err := r.upkeep("Store.Maintain", func() error { return maint.Maintain(ctx) }); err != nil && ctx.Err() == nil {
 				r.log.Error("idemq: dedup store upkeep failed", "error", err)
 			}
 		}
@@ -194,7 +203,10 @@ func (r *Runtime) janitor(ctx context.Context) {
 		var n int64
 		if older > 0 {
 			var err error
-			n, err = r.cfg.Store.Purge(ctx, older)
+			err = r.upkeep("Store.Purge", func() (err error) {
+				n, err = r.cfg.Store.Purge(ctx, older)
+				return err
+			})
 			switch {
 			case err != nil && ctx.Err() == nil:
 				r.log.Error("idemq: purge failed", "error", err)
@@ -208,7 +220,7 @@ func (r *Runtime) janitor(ctx context.Context) {
 			rep := RetentionReport{Consumer: r.cfg.Name, WindowStart: start, WindowEnd: end,
 				Duplicates: dups, Buckets: buckets, MaxAge: maxAge, Retention: r.cfg.Retention,
 				Horizon: h, HorizonState: state, PurgedOlderThan: older, Purged: n}
-			if err := rec.RecordRetention(ctx, rep); err != nil && ctx.Err() == nil {
+			if err := r.upkeep("Store.RecordRetention", func() error { return rec.RecordRetention(ctx, rep) }); err != nil && ctx.Err() == nil {
 				warnOnce.Do(func() {
 					r.log.Warn("idemq: cannot record the janitor's report (run idemq migrate; the role needs INSERT on the retention table)", "error", err)
 				})
@@ -221,4 +233,18 @@ func (r *Runtime) janitor(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// upkeep runs one of the janitor's calls into the Store or the Source,
+// which the caller may implement, turning a panic into an error (logged
+// with its stack): a failed upkeep is logged and retried at the next round,
+// and must not crash the process.
+func (r *Runtime) upkeep(what string, call func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%s panicked: %v", what, v)
+			r.log.Error("idemq: janitor call panicked", "call", what, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		}
+	}()
+	return call()
 }

@@ -3,13 +3,17 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -174,5 +178,58 @@ func TestPartitionedRuntimeExactlyOnce(t *testing.T) {
 			}
 			t.Logf("rows in %d partitions, %d sealed", parts, len(sealed))
 		})
+	}
+}
+
+// panickyUpkeep is the bundle's store whose janitor calls (Maintain, Purge,
+// RecordRetention) panic the first time each is called.
+type panickyUpkeep struct {
+	*processed.Store
+	maintained, purged, recorded atomic.Int32
+}
+
+func (p *panickyUpkeep) Maintain(ctx context.Context) error {
+	if p.maintained.Add(1) == 1 {
+		panic("store: maintain")
+	}
+	return p.Store.Maintain(ctx)
+}
+
+func (p *panickyUpkeep) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if p.purged.Add(1) == 1 {
+		panic("store: purge")
+	}
+	return p.Store.Purge(ctx, olderThan)
+}
+
+func (p *panickyUpkeep) RecordRetention(ctx context.Context, r consumer.RetentionReport) error {
+	if p.recorded.Add(1) == 1 {
+		panic("store: record retention")
+	}
+	return p.Store.RecordRetention(ctx, r)
+}
+
+// TestJanitorSurvivesPanickingStore: a Store's upkeep that panics in the
+// janitor (a Store is the caller's to implement) is logged as an error, and
+// neither crashes the process nor stops the janitor or the consumer.
+func TestJanitorSurvivesPanickingStore(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	store := &panickyUpkeep{Store: b.store}
+	cfg := b.config(b.insertEffect)
+	cfg.Store = store
+	cfg.Retention, cfg.JanitorInterval = time.Hour, 20*time.Millisecond
+	var logs *testlog.Buffer
+	cfg.Logger, logs = testlog.New(slog.LevelInfo)
+	r := start(t, cfg)
+	waitFor(t, "janitor rounds after the panics", func() bool {
+		return store.maintained.Load() >= 3 && store.purged.Load() >= 3 && store.recorded.Load() >= 3
+	})
+	b.publish(msgs("after", 5)...)
+	waitFor(t, "applied", func() bool { return r.rt.Stats().Applied == 5 && b.settled() })
+	for _, want := range []string{"store: maintain", "store: purge", "store: record retention"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("no error logged for the panic %q:\n%s", want, logs.String())
+		}
 	}
 }
