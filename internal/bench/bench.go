@@ -157,8 +157,20 @@ type Config struct {
 
 	// DatabaseURL is the Postgres to use. Defaults to
 	// DefaultDatabaseURL. Run creates a uniquely named schema and drops
-	// it at the end.
+	// it at the end, unless Schema is set.
 	DatabaseURL string
+	// Schema, if set, is an existing schema to run in instead: its dedup
+	// table (migrated if it needs to be) and the rows already in it stay,
+	// so that a run can measure a large prefilled table, plain or
+	// partitioned, whichever it is (a table that the retention benchmark
+	// kept, for example). The run's consumers and ledger tables get names
+	// of their own, and the ledgers are dropped at the end. The naive
+	// modes need a plain table.
+	Schema string
+	// Partitioned makes the fresh schema's dedup table a partitioned one
+	// (processed.Config.Partitioned, daily partitions). With Schema, the
+	// table is what it is, and Partitioned must be false.
+	Partitioned bool
 	// AMQPURL is RabbitMQ's URL. Defaults to DefaultAMQPURL.
 	AMQPURL string
 	// KafkaBrokers are Kafka's bootstrap addresses. Defaults to an
@@ -281,6 +293,10 @@ func (c Config) validate() error {
 		return bad("KafkaPartitions", "%d, must be positive", c.KafkaPartitions)
 	case c.ModeTimeout < 0:
 		return bad("ModeTimeout", "negative")
+	case c.Schema != "" && c.Partitioned:
+		return bad("Partitioned", "with Schema, the existing table decides; leave Partitioned false")
+	case c.Partitioned && (slices.Contains(c.Modes, ModeNaive) || slices.Contains(c.Modes, ModeNaive1)):
+		return bad("Modes", "the naive modes need a plain dedup table (their INSERT ... ON CONFLICT has no unique index to use on a partitioned one)")
 	}
 	seen := map[Mode]bool{}
 	for _, m := range c.Modes {
@@ -528,7 +544,17 @@ type runner struct {
 	work   *workload
 	pool   *pgxpool.Pool
 	schema string
-	broker brokerEnv
+	// own: the run created schema, and drops it at the end.
+	own bool
+	// partitioned: the dedup table is partitioned.
+	partitioned bool
+	// tag names this run's consumers and ledgers in a schema it does
+	// not own.
+	tag string
+	// ledgers are the ledger tables created in a schema the run does not
+	// own, dropped at the end.
+	ledgers []string
+	broker  brokerEnv
 }
 
 func randomHex(n int) string {
@@ -552,9 +578,14 @@ func (r *runner) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if r.pool != nil {
-		if r.schema != "" {
+		if r.schema != "" && r.own {
 			if _, err := r.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE"); err != nil {
 				r.log.Warn("bench: drop schema", "schema", r.schema, "error", err)
+			}
+		}
+		for _, l := range r.ledgers {
+			if _, err := r.pool.Exec(ctx, "DROP TABLE IF EXISTS "+l); err != nil {
+				r.log.Warn("bench: drop ledger", "table", l, "error", err)
 			}
 		}
 		r.pool.Close()

@@ -14,10 +14,11 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/processed"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testdb.LeakOptions()...)
 }
 
 // smallConfig is a run small enough for CI.
@@ -197,6 +198,63 @@ func TestPrefillAndPurgeDuring(t *testing.T) {
 	}
 }
 
+// TestPartitionedAndExistingSchema: the runtime modes on a fresh partitioned
+// dedup table, then twice in an existing schema (each run under names of
+// its own, so that the second run's ids are new to it), which keeps its
+// dedup rows and loses only the runs' ledgers; the naive modes refuse a
+// partitioned table.
+func TestPartitionedAndExistingSchema(t *testing.T) {
+	cfg := smallConfig(BrokerMemory)
+	cfg.Modes = []Mode{ModeIdemq, ModeDefault}
+	cfg.Partitioned = true
+	rs, err := run(t, cfg)
+	if err != nil {
+		t.Fatalf("partitioned: %v", err)
+	}
+	for _, r := range rs {
+		if !r.Verified {
+			t.Fatalf("partitioned %s: %+v", r.Mode, r)
+		}
+	}
+
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	store, err := processed.New(pool, processed.Config{Schema: schema, Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Partitioned, cfg.Schema = false, schema
+	for i := 0; i < 2; i++ {
+		rs, err := run(t, cfg)
+		if err != nil {
+			t.Fatalf("existing schema, run %d: %v", i, err)
+		}
+		for _, r := range rs {
+			if !r.Verified || r.Effects != int64(r.Unique) {
+				t.Fatalf("existing schema, run %d, %s: %+v", i, r.Mode, r)
+			}
+		}
+	}
+	var rows, ledgers int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, processed.DefaultTable}.Sanitize()).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'ledger%'`, schema).Scan(&ledgers); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorkload(cfg.Messages, DefaultDupRate, 1)
+	if rows != 2*2*w.unique || ledgers != 0 {
+		t.Fatalf("existing schema after two runs of two modes: %d dedup rows (want %d), %d ledgers left (want 0)", rows, 2*2*w.unique, ledgers)
+	}
+	cfg.Modes = []Mode{ModeNaive}
+	if _, err := run(t, cfg); err == nil || !strings.Contains(err.Error(), "partitioned") {
+		t.Fatalf("naive on an existing partitioned table: %v, want a refusal", err)
+	}
+}
+
 // TestCompare: each database mode runs in the base, prefill and purge
 // phases with its own dedup scope, broker-only in the base phase only, and
 // each run after the base carries its ratio to the phase before.
@@ -314,6 +372,8 @@ func TestConfigValidate(t *testing.T) {
 		{Modes: []Mode{ModeIdemq, ModeIdemq}},
 		{Prefill: -1},
 		{Compare: true},
+		{Partitioned: true, Modes: []Mode{ModeIdemq, ModeNaive}},
+		{Partitioned: true, Schema: "kept"},
 	}
 	for _, c := range bad {
 		var ce *consumer.ConfigError

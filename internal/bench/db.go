@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -44,11 +45,32 @@ func (r *runner) setupDB(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
 		return connectErr(err)
 	}
-	schema := "idemq_bench_" + randomHex(6)
-	if _, err := r.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return fmt.Errorf("create schema: %w", err)
+	if r.cfg.Schema != "" {
+		r.schema, r.tag, r.partitioned = r.cfg.Schema, randomHex(4), false
+		var exists bool
+		if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, r.schema).Scan(&exists); err != nil {
+			return fmt.Errorf("schema %s: %w", r.schema, err)
+		}
+		if !exists {
+			return fmt.Errorf("schema %q does not exist (--schema runs in an existing one)", r.schema)
+		}
+		store, err := r.store()
+		if err != nil {
+			return err
+		}
+		if r.partitioned, err = store.Partitioned(ctx); err != nil {
+			return fmt.Errorf("schema %s: %w", r.schema, err)
+		}
+		if r.partitioned && (slices.Contains(r.cfg.Modes, ModeNaive) || slices.Contains(r.cfg.Modes, ModeNaive1)) {
+			return fmt.Errorf("schema %s: its dedup table is partitioned, and the naive modes need a plain one", r.schema)
+		}
+	} else {
+		schema := "idemq_bench_" + randomHex(6)
+		if _, err := r.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("create schema: %w", err)
+		}
+		r.schema, r.own, r.partitioned = schema, true, r.cfg.Partitioned
 	}
-	r.schema = schema
 	store, err := r.store()
 	if err != nil {
 		return err
@@ -60,7 +82,16 @@ func (r *runner) setupDB(ctx context.Context) error {
 }
 
 func (r *runner) store() (*processed.Store, error) {
-	return processed.New(r.pool, processed.Config{Schema: r.schema, PurgePause: r.cfg.PurgePause, PurgeDutyCycle: r.cfg.PurgeDutyCycle})
+	return processed.New(r.pool, processed.Config{Schema: r.schema, Partitioned: r.partitioned,
+		PurgePause: r.cfg.PurgePause, PurgeDutyCycle: r.cfg.PurgeDutyCycle})
+}
+
+// runKey is key, made unique to the run in a schema it does not own.
+func (r *runner) runKey(key string) string {
+	if r.own || r.tag == "" {
+		return key
+	}
+	return key + "-" + r.tag
 }
 
 func (r *runner) dedupTable() string {
@@ -70,7 +101,7 @@ func (r *runner) dedupTable() string {
 // ledgerTable is the business table of a mode's run, named after key: the
 // mode, and the phase for runs after the base phase.
 func (r *runner) ledgerTable(key string) string {
-	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(key, "-", "_")}.Sanitize()
+	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(r.runKey(key), "-", "_")}.Sanitize()
 }
 
 // createLedger creates a run's business table. It has no unique key, so
@@ -82,6 +113,9 @@ func (r *runner) createLedger(ctx context.Context, key string) error {
 	at     timestamptz NOT NULL DEFAULT now())`)
 	if err != nil {
 		return fmt.Errorf("create ledger: %w", err)
+	}
+	if !r.own {
+		r.ledgers = append(r.ledgers, r.ledgerTable(key))
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	mctx, cancel := context.WithTimeout(ctx, cfg.ModeTimeout)
 	defer cancel()
 	tr := newTracker(cfg.Messages, r.work.unique, !db)
-	name := "bench-" + key
+	name := "bench-" + r.runKey(key)
 	ledger := r.ledgerTable(key)
 
 	// The consumer.
