@@ -14,12 +14,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
 
 func TestMain(m *testing.M) {
+	_ = natstest.EnsureAnchor(natsjs.DefaultURL) // see natstest
 	goleak.VerifyTestMain(m, testdb.LeakOptions()...)
 }
 

@@ -7,12 +7,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/internal/testdb"
 )
+
+func TestMain(m *testing.M) {
+	_ = natstest.EnsureAnchor(natsjs.DefaultURL) // see natstest
+	os.Exit(m.Run())
+}
 
 // TestRunsTwiceExactlyOnce runs the example twice on its own schema and
 // streams: the first run applies the five good payments, the second (on a
