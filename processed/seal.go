@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
+	"strconv"
 	"strings"
 	"time"
 
@@ -168,7 +170,7 @@ type fastClaims struct {
 
 // fastRefresh is how often a store rebuilds its fast claim statements,
 // so that they stop probing partitions sealed since, and are planned
-// again.
+// again once the DEFAULT partition has grown (see buildFast).
 const fastRefresh = time.Minute
 
 // buildFast builds the fast claim statements that insert into the partition
@@ -181,10 +183,12 @@ const fastRefresh = time.Minute
 // read only once a seal has filled it. Only the DEFAULT partition may be
 // empty when a plan is made and grow after, and only while no partition
 // holds the present, when these statements are not used: its rows come
-// from claims that found none. The statements carry the time they were
-// built, so that each rebuild (every fastRefresh) also makes each
-// connection plan them afresh.
-func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, built time.Time) *fastClaims {
+// from claims that found none. The statements carry the DEFAULT
+// partition's size class (defaultClass), so that a rebuild after it grew
+// past a power of two makes each connection plan them afresh, while the
+// text, and each connection's prepared statement, stays the same
+// otherwise.
+func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, defaultClass int) *fastClaims {
 	guard := `statement_timestamp() < ` + pgTime(*cur.upper)
 	if cur.lower != nil {
 		guard = `now() >= ` + pgTime(*cur.lower) + ` AND ` + guard
@@ -205,7 +209,7 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, b
 		unnest = `unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
 	AS u(id, fp, src, part, off, fb, h1, h2)`
 	}
-	head := `/* idemq fast claim, built ` + built.UTC().Format(time.RFC3339Nano) + ` */
+	head := `/* idemq fast claim; DEFAULT partition size class ` + strconv.Itoa(defaultClass) + ` */
 INSERT INTO ` + pgx.Identifier{st.schema, cur.name}.Sanitize() + ` (consumer, message_id, fingerprint, source, partition, "offset")`
 	return &fastClaims{
 		validUntil: *cur.upper,
@@ -262,7 +266,11 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
 		}
 	}
-	f := buildFast(st, *cur, probe, len(sealed) > 0, dbNow)
+	var defaultPages int64
+	if err := q.QueryRow(ctx, `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint`, st.qDefault).Scan(&defaultPages); err != nil {
+		return nil, s.wrap("claim: the DEFAULT partition's size", err)
+	}
+	f := buildFast(st, *cur, probe, len(sealed) > 0, bits.Len64(uint64(max(defaultPages, 0))))
 	// Rebuilt when the present passes into the next partition, by this
 	// process's clock (a late rebuild only makes claims fall back).
 	f.refreshAt = refresh

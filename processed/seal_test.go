@@ -418,3 +418,30 @@ func TestClaimFromBeforeTheCurrentPartition(t *testing.T) {
 		}
 	}
 }
+
+// TestFastClaimTextStable: rebuilding the fast claim statements (every
+// minute) gives the same text while nothing changed, so that a
+// connection's prepared statements do not pile up; a DEFAULT partition that
+// grew past a power of two of pages changes it, so that connections plan
+// the statement again.
+func TestFastClaimTextStable(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Hour)
+	first, err := s.FastInsertSQL(ctx(t))
+	if err != nil || first == "" {
+		t.Fatalf("fast insert: %q, %v", first, err)
+	}
+	again, err := s.FastInsertSQL(ctx(t))
+	if err != nil || again != first {
+		t.Fatalf("rebuilt with nothing changed:\n%s\nthen\n%s\n(%v)", first, again, err)
+	}
+	// Rows of a year ago, which no partition covers, go to the DEFAULT one.
+	if _, err := pool.Exec(ctx(t), `INSERT INTO `+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()+` (consumer, message_id, fingerprint, processed_at)
+SELECT 'c', 'old-' || g, sha256(int8send(g)), now() - interval '1 year' FROM generate_series(1, 2000) g`); err != nil {
+		t.Fatal(err)
+	}
+	grown, err := s.FastInsertSQL(ctx(t))
+	if err != nil || grown == first {
+		t.Fatalf("rebuilt after the DEFAULT partition grew: unchanged text (%v)", err)
+	}
+}
