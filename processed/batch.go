@@ -123,19 +123,13 @@ func (b *batchClaim) insertArgs(pending []consumer.Claim) []any {
 // insert runs the batch INSERT of pending in tx and returns the ids it
 // inserted.
 func (b *batchClaim) insert(ctx context.Context, tx pgx.Tx, pending []consumer.Claim) ([]string, error) {
-	return insertedIDs(ctx, tx, b.st.batchInsert, b.insertArgs(pending), b.s.wrap)
-}
-
-// insertedIDs runs a batch INSERT ... RETURNING message_id and returns the
-// ids, its errors wrapped by wrap.
-func insertedIDs(ctx context.Context, tx pgx.Tx, sql string, args []any, wrap func(string, error) error) ([]string, error) {
-	rows, err := tx.Query(ctx, sql, args...)
+	rows, err := tx.Query(ctx, b.st.batchInsert, b.insertArgs(pending)...)
 	if err != nil {
-		return nil, wrap("claim batch: insert", err)
+		return nil, b.s.wrap("claim batch: insert", err)
 	}
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, wrap("claim batch: insert", err)
+		return nil, b.s.wrap("claim batch: insert", err)
 	}
 	return inserted, nil
 }
@@ -144,21 +138,15 @@ func insertedIDs(ctx context.Context, tx pgx.Tx, sql string, args []any, wrap fu
 // conflicted with, and claims afresh the ids whose rows were purged in
 // between, until every claim has its answer. On a partitioned table it
 // does so with sequential scans off (see partitionedSQL).
-func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string) (res []consumer.ClaimResult, err error) {
 	if !b.st.partitioned || len(inserted) == len(b.claims) {
 		return b.resolve(ctx, tx, inserted)
 	}
-	if _, err := tx.Exec(ctx, noScans); err != nil {
-		return nil, b.s.wrap("claim batch: turn sequential scans off", err)
-	}
-	res, err := b.resolve(ctx, tx, inserted)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := tx.Exec(ctx, b.st.restoreScans); err != nil {
-		return nil, b.s.wrap("claim batch: restore enable_seqscan", err)
-	}
-	return res, nil
+	err = b.s.withoutScans(ctx, tx, b.st, "claim batch", func() error {
+		res, err = b.resolve(ctx, tx, inserted)
+		return err
+	})
+	return res, err
 }
 
 // resolve is finish, once sequential scans are off where they must be.

@@ -105,6 +105,21 @@ RETURNING message_id`
 const noScans = `SELECT set_config('idemq.enable_seqscan', current_setting('enable_seqscan'), true),
 	set_config('enable_seqscan', 'off', true)`
 
+// withoutScans runs f, the full lookup's statements of op in tx, between
+// noScans and restoreScans (see partitionedSQL).
+func (s *Store) withoutScans(ctx context.Context, tx pgx.Tx, st *statements, op string, f func() error) error {
+	if _, err := tx.Exec(ctx, noScans); err != nil {
+		return s.wrap(op+": turn sequential scans off", err)
+	}
+	if err := f(); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
+		return s.wrap(op+": restore enable_seqscan", err)
+	}
+	return nil
+}
+
 // existingNoScans is existing, between noScans and restoreScans, in one
 // round trip.
 func (s *Store) existingNoScans(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {

@@ -325,18 +325,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 }
 
 // fullClaim is claim on a partitioned table, with sequential scans off.
-func (s *Store) fullClaim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
-	if _, err := tx.Exec(ctx, noScans); err != nil {
-		return consumer.ClaimResult{}, s.wrap("claim: turn sequential scans off", err)
-	}
-	res, err := s.claim(ctx, st, tx, c)
-	if err != nil {
-		return res, err
-	}
-	if _, err := tx.Exec(ctx, st.restoreScans); err != nil {
-		return consumer.ClaimResult{}, s.wrap("claim: restore enable_seqscan", err)
-	}
-	return res, nil
+func (s *Store) fullClaim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, err error) {
+	err = s.withoutScans(ctx, tx, st, "claim", func() error {
+		res, err = s.claim(ctx, st, tx, c)
+		return err
+	})
+	return res, err
 }
 
 // claim is Claim's insert and, on a conflict, select.
