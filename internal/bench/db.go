@@ -46,7 +46,7 @@ func (r *runner) setupDB(ctx context.Context) error {
 		return connectErr(err)
 	}
 	if r.cfg.Schema != "" {
-		r.schema, r.tag, r.partitioned = r.cfg.Schema, randomHex(4), false
+		r.schema, r.tag = r.cfg.Schema, randomHex(4)
 		var exists bool
 		if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, r.schema).Scan(&exists); err != nil {
 			return fmt.Errorf("schema %s: %w", r.schema, err)
@@ -88,7 +88,7 @@ func (r *runner) store() (*processed.Store, error) {
 
 // runKey is key, made unique to the run in a schema it does not own.
 func (r *runner) runKey(key string) string {
-	if r.own || r.tag == "" {
+	if r.own {
 		return key
 	}
 	return key + "-" + r.tag
