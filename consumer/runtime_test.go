@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
 )
@@ -46,7 +47,24 @@ func TestConcurrentDuplicatesApplyOnce(t *testing.T) {
 			}
 		}
 		b.publish(all...)
+		// A pool of its own: copies blocked on a claim hold a connection
+		// each, and on the package's shared pool other parallel tests
+		// could leave this one a single connection, serialising it.
+		pcfg, err := pgxpool.ParseConfig(testdb.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcfg.MaxConns = 24
+		pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		b.store = storeOver(pool)
+
 		var concurrent, maxConcurrent atomic.Int64
+		overlapped := make(chan struct{})
+		var overlapOnce sync.Once
 		cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			n := concurrent.Add(1)
 			defer concurrent.Add(-1)
@@ -56,8 +74,18 @@ func TestConcurrentDuplicatesApplyOnce(t *testing.T) {
 					break
 				}
 			}
-			// Hold the claim so that the other copies block on it.
-			time.Sleep(20 * time.Millisecond)
+			if n >= 2 {
+				overlapOnce.Do(func() { close(overlapped) })
+			}
+			// Hold the claim until a second handler runs (distinct ids
+			// must not wait for each other), bounded so that a runtime
+			// that serialises them fails below rather than hanging; the
+			// other copies of this id block on the claim meanwhile.
+			select {
+			case <-overlapped:
+			case <-time.After(3 * time.Second):
+			}
+			time.Sleep(10 * time.Millisecond)
 			return b.insertEffect(ctx, tx, m)
 		})
 		cfg.Concurrency = 16
