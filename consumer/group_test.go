@@ -210,6 +210,10 @@ func TestGroupedDeadlockIsRetriedWhole(t *testing.T) {
 	var deadlocks atomic.Int32
 	var mu sync.Mutex
 	attempts := map[string][]int{}
+	var crossed sync.WaitGroup
+	crossed.Add(2)
+	crossedAll := make(chan struct{})
+	go func() { crossed.Wait(); close(crossedAll) }()
 	gs := &groupSizes{}
 	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		mu.Lock()
@@ -224,7 +228,14 @@ func TestGroupedDeadlockIsRetriedWhole(t *testing.T) {
 			return err
 		}
 		if first && (m.ID == "g1-a" || m.ID == "g2-b") {
-			time.Sleep(500 * time.Millisecond)
+			// Each group waits, bounded, until the other holds its
+			// first row, so that their second updates cross whatever
+			// the machine's load.
+			crossed.Done()
+			select {
+			case <-crossedAll:
+			case <-time.After(5 * time.Second):
+			}
 		}
 		return b.insertEffect(ctx, tx, m)
 	})
