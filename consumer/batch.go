@@ -17,7 +17,9 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
 // BatchAcker is implemented by sources that can settle many deliveries in
 // fewer broker calls than one per delivery (RabbitMQ multiple acks, Kafka
-// offset commits). Batch mode uses it when the Source implements it.
+// offset commits). When the Source implements it, the runtime acks every
+// committed transaction's deliveries through it, a group's or a single
+// one's alike; acks of dead-lettered deliveries go through Delivery.Ack.
 type BatchAcker interface {
 	// AckBatch acks every delivery in ds, which this source delivered,
 	// after their effects committed. It may send the acks later than the

@@ -240,13 +240,17 @@ func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptRe
 	r.ackAll(ack)
 }
 
-// ackAll acks deliveries, in one call if the source supports it.
+// ackAll acks deliveries after their commit, through AckBatch when the
+// source has it, also for a single delivery: a source may hold an ack back
+// to send it with its neighbours', as RabbitMQ does with one multiple ack
+// for the deliveries that concurrent workers committed out of order, which
+// one Ack per delivery cannot.
 func (r *Runtime) ackAll(ds []Delivery) {
 	if len(ds) == 0 {
 		return
 	}
 	ba, ok := r.cfg.Source.(BatchAcker)
-	if !ok || len(ds) == 1 {
+	if !ok {
 		for _, d := range ds {
 			r.ack(d, r.log)
 		}
@@ -256,7 +260,7 @@ func (r *Runtime) ackAll(ds []Delivery) {
 	defer cancel()
 	if err := ba.AckBatch(ctx, ds); err != nil {
 		r.stats.ackFailures.Add(int64(len(ds)))
-		r.log.Warn("idemq: batch ack failed after commit; redeliveries will be skipped as duplicates", "error", err, "size", len(ds))
+		r.log.Warn("idemq: ack failed after commit; redeliveries will be skipped as duplicates", "error", err, "deliveries", len(ds))
 		for _, h := range r.hooks.ackFailed {
 			for _, d := range ds {
 				r.hook("OnAckFailed", func() { h.OnAckFailed(ctx, d.Message(), err) })

@@ -170,55 +170,73 @@ func TestAckBatchDeferredLostWithChannel(t *testing.T) {
 	}
 }
 
-func TestE2EBatchModeMultipleAcks(t *testing.T) {
+// TestE2EMultipleAcks: the runtime's acks go out as multiple acks in batch
+// mode and in strict mode (one message per transaction, whose workers
+// commit out of order), and none waits once every delivery has settled.
+func TestE2EMultipleAcks(t *testing.T) {
 	t.Parallel()
-	e := newE2E(t)
-	ctx := testCtx(t, 60*time.Second)
-	q := newQueue(t)
-	pub := newPublisher(t, rabbitmq.PublisherConfig{})
-	var msgs []*consumer.Message
-	for i := 0; i < 400; i++ {
-		msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
-		if i%4 == 0 {
-			msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
-		}
+	for _, mode := range []struct {
+		name                   string
+		batchSize, concurrency int
+	}{{"batch", 50, 4}, {"strict", 1, 8}} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			e := newE2E(t)
+			ctx := testCtx(t, 60*time.Second)
+			q := newQueue(t)
+			pub := newPublisher(t, rabbitmq.PublisherConfig{})
+			var msgs []*consumer.Message
+			for i := 0; i < 400; i++ {
+				msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
+				if i%4 == 0 {
+					msgs = append(msgs, &consumer.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprint(i))})
+				}
+			}
+			if err := pub.Publish(ctx, "", q, msgs...); err != nil {
+				t.Fatal(err)
+			}
+			cfg := rabbitmq.Config{Queue: q}
+			if mode.batchSize > 1 {
+				cfg.Prefetch = 400
+			}
+			src := newSource(t, cfg)
+			rt, err := consumer.New(consumer.Config{
+				Name: "acks", Source: src, Store: e.store,
+				Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+					_, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", msg.ID, string(msg.Body))
+					return err
+				},
+				DeadLetterer: consumer.DeadLettererFunc(func(_ context.Context, msg *consumer.Message, f consumer.Failure) error {
+					t.Errorf("unexpected dead-letter of %q: %s: %v", msg.ID, f.Class, f.Err)
+					return errors.New("test refuses dead-letters")
+				}),
+				BatchSize: mode.batchSize, Concurrency: mode.concurrency,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- rt.Run(runCtx) }()
+			waitFor(t, 30*time.Second, "all settled", func() bool {
+				s := rt.Stats()
+				return s.Applied+s.Duplicates == int64(len(msgs)) && s.InFlight == 0
+			})
+			// Acked while running: no committed delivery waits for a
+			// multiple ack once nothing is in flight below it.
+			waitFor(t, 5*time.Second, "all acked before shutdown", func() bool { return src.Stats().Acked == int64(len(msgs)) })
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if rows, distinct := e.counts(t); rows != 400 || distinct != 400 {
+				t.Fatalf("effects %d rows, %d distinct; want 400/400", rows, distinct)
+			}
+			if st := src.Stats(); st.MultipleAcks == 0 {
+				t.Fatalf("no multiple acks: %+v", st)
+			}
+			waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
+		})
 	}
-	if err := pub.Publish(ctx, "", q, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	src := newSource(t, rabbitmq.Config{Queue: q, Prefetch: 400})
-	rt, err := consumer.New(consumer.Config{
-		Name: "batch", Source: src, Store: e.store,
-		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-			_, err := tx.Exec(ctx, "INSERT INTO "+e.effects+" (message_id, body) VALUES ($1, $2)", msg.ID, string(msg.Body))
-			return err
-		},
-		DeadLetterer: consumer.DeadLettererFunc(func(_ context.Context, msg *consumer.Message, f consumer.Failure) error {
-			t.Errorf("unexpected dead-letter of %q: %s: %v", msg.ID, f.Class, f.Err)
-			return errors.New("test refuses dead-letters")
-		}),
-		BatchSize: 50, Concurrency: 4,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(runCtx) }()
-	waitFor(t, 30*time.Second, "all settled", func() bool {
-		s := rt.Stats()
-		return s.Applied+s.Duplicates == int64(len(msgs)) && s.InFlight == 0
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if rows, distinct := e.counts(t); rows != 400 || distinct != 400 {
-		t.Fatalf("effects %d rows, %d distinct; want 400/400", rows, distinct)
-	}
-	if st := src.Stats(); st.MultipleAcks == 0 {
-		t.Fatalf("no multiple acks in batch mode: %+v", st)
-	}
-	waitFor(t, 5*time.Second, "queue empty", func() bool { return queueDepth(t, q) == 0 })
 }
