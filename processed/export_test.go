@@ -1,6 +1,9 @@
 package processed
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // BatchSQL exposes ClaimBatch's statements to the plan test.
 func (s *Store) BatchSQL() (insert, existing string) {
@@ -24,4 +27,24 @@ func (s *Store) FastInsertSQL(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return f.insert, nil
+}
+
+// Floor returns the DEFAULT partition's floor (nil if it has none) and the
+// upper bound of the newest range partition.
+func (s *Store) Floor(ctx context.Context) (floor *time.Time, newest time.Time, err error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, newest, err
+	}
+	parts, err := s.partitions(ctx, s.db, st)
+	if err != nil {
+		return nil, newest, err
+	}
+	for _, p := range parts {
+		if p.upper != nil && p.upper.After(newest) {
+			newest = *p.upper
+		}
+	}
+	floor, err = readFloor(ctx, s.db, st, s.cfg.Table+floorSuffix)
+	return floor, newest, err
 }

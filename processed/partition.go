@@ -27,10 +27,24 @@ import (
 // Every partition has its own primary key on (consumer, message_id); the
 // parent has none, since Postgres cannot enforce one without the partition
 // key. Uniqueness across partitions is the claim's: see claimLockKey.
+//
+// The DEFAULT partition has a floor: the constraint Table+"_floor", CHECK
+// (processed_at >= F) NOT VALID, F being the end of the run of range
+// partitions that holds the present (see setFloor). A claim goes to the
+// DEFAULT partition only when no range partition covers its transaction's
+// start, so all the floor refuses is a claim from a transaction that began
+// in a gap of the past (before a partition a purge dropped, or in a lapse
+// of the janitor): it fails with a check violation, and the runtime retries
+// it in a new transaction, which a range partition takes. So while the
+// DEFAULT partition is empty and its floor is at or past the end of the
+// partition that holds the present, no claim can add a row to it before
+// that end, and the fast claims do not look in it (see fast).
 
 const (
 	defaultSuffix = "_default"
 	legacySuffix  = "_legacy"
+	// floorSuffix names the DEFAULT partition's floor constraint.
+	floorSuffix = "_floor"
 	// retentionSuffix names the janitor's table (migration 0002).
 	retentionSuffix = "_retention"
 	// partitionLockTimeout bounds the wait of partition DDL for the
@@ -476,7 +490,101 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 		created++
 		s.forgetFast()
 	}
+	if err := s.setFloor(ctx, st); err != nil {
+		return created, s.wrap("partitions: the DEFAULT partition's floor", err)
+	}
 	return created, nil
+}
+
+// setFloor sets the DEFAULT partition's floor (see the top of this file) to
+// the end of the run of contiguous range partitions that holds the present,
+// by the database's clock read under the table's DDL lock, so that each
+// floor is set at a later present than the one before it. A floor is raised
+// whenever the run grows, and lowered only when no range partition holds
+// the present: to the upper bound of the last one before it (or dropped if
+// there is none), so that the claims of the present, which then go to the
+// DEFAULT partition, are let in. A floor past a present that a range
+// partition holds is never lowered: only dropping partitions ahead by hand
+// could call for it, and EnsurePartitions creates them again.
+//
+// Lowering a floor is safe for the fast claims because they skip the DEFAULT
+// partition only while the present is in the partition they insert into
+// and the floor they read is past that partition's end: a floor lowered
+// later, when no range partition holds the present, is lowered after that
+// end, when they have stopped inserting.
+func (s *Store) setFloor(ctx context.Context, st *statements) error {
+	name := s.cfg.Table + floorSuffix
+	return s.ddlTx(ctx, st, func(tx pgx.Tx) error {
+		now, parts, _, err := s.partitionState(ctx, tx, st, "floor", false)
+		if err != nil {
+			return err
+		}
+		old, err := readFloor(ctx, tx, st, name)
+		if err != nil {
+			return err
+		}
+		floor, present := floorFor(now, parts)
+		switch {
+		case old == nil && floor == nil, old != nil && floor != nil && floor.Equal(*old):
+			return nil
+		case present && old != nil && floor.Before(*old):
+			return nil // never lowered while a range partition holds the present
+		}
+		q := `ALTER TABLE ` + st.qDefault + ` DROP CONSTRAINT IF EXISTS ` + pgx.Identifier{name}.Sanitize()
+		if floor != nil {
+			q += `, ADD CONSTRAINT ` + pgx.Identifier{name}.Sanitize() + ` CHECK (processed_at >= ` + pgTime(*floor) + `) NOT VALID`
+		}
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return err
+		}
+		s.forgetFast()
+		return nil
+	})
+}
+
+// floorFor returns the DEFAULT partition's floor for the partitions parts
+// at now, and whether a range partition holds now: the end of the run of
+// contiguous range partitions that holds now, or, if none does, the upper
+// bound of the last one before now (nil if there is none).
+func floorFor(now time.Time, parts []partitionInfo) (floor *time.Time, present bool) {
+	var ranges []partitionInfo
+	for _, p := range parts {
+		if p.upper != nil { // not the DEFAULT partition
+			ranges = append(ranges, p)
+		}
+	}
+	sort.Slice(ranges, func(i, j int) bool { return ranges[i].upper.Before(*ranges[j].upper) })
+	for i, p := range ranges {
+		if (p.lower != nil && p.lower.After(now)) || !now.Before(*p.upper) {
+			continue
+		}
+		end := *p.upper
+		for _, q := range ranges[i+1:] {
+			if q.lower == nil || !q.lower.Equal(end) {
+				break
+			}
+			end = *q.upper
+		}
+		return &end, true
+	}
+	for _, p := range ranges {
+		if !p.upper.After(now) {
+			floor = p.upper
+		}
+	}
+	return floor, false
+}
+
+// readFloor returns the DEFAULT partition's floor, the constraint name, nil
+// if it has none.
+func readFloor(ctx context.Context, q querier, st *statements, name string) (*time.Time, error) {
+	var floor *time.Time
+	err := q.QueryRow(ctx, `SELECT (regexp_match(pg_get_constraintdef(oid), '''([^'']+)'''))[1]::timestamptz
+FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2`, st.qDefault, name).Scan(&floor)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return floor, err
 }
 
 // purgePartitioned drops the partitions wholly older than now - olderThan

@@ -43,7 +43,8 @@ import (
 // A claim then looks the id up directly only in the partitions the sealed
 // ones do not cover: processed_at at or past the newest sealed partition's
 // upper bound (partition pruning skips the others), and the DEFAULT
-// partition, which may hold rows of any time. For the sealed partitions it
+// partition, which may hold rows of any time (the fast claims skip it while
+// it is empty below its floor: see partition.go). For the sealed partitions it
 // reads the id's filter rows: a Bloom filter has no false negatives, so if
 // no filter has all of the id's bits the id is in no sealed partition, and
 // the claim inserts it. If one has them (the id is there, or, for about one
@@ -150,7 +151,8 @@ func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
 // then every row of a committed claim (whose processed_at, its
 // transaction's start, is before this statement's start) is in the
 // partition they insert into, found by ON CONFLICT; in another partition
-// they probe (the unsealed past ones, the DEFAULT partition); or in a
+// they probe (the unsealed past ones, the DEFAULT partition unless it was
+// empty below a floor past that bound); or in a
 // sealed partition, whose filter they read when any partition was sealed
 // when they were built (one sealed since is still probed by name). Past
 // it, or in a transaction that began before the partition's lower bound,
@@ -174,8 +176,8 @@ type fastClaims struct {
 const fastRefresh = time.Minute
 
 // buildFast builds the fast claim statements that insert into the partition
-// cur, probe the partitions named probe (quoted) and the DEFAULT partition,
-// and read the seals' filter if filter is true.
+// cur, probe the partitions named probe (quoted) and, unless defaultClass is
+// -1, the DEFAULT partition, and read the seals' filter if filter is true.
 //
 // They run with the session's enable_seqscan, unlike the full lookup: the
 // partition that grows (cur) is reached through ON CONFLICT, which always
@@ -187,14 +189,20 @@ const fastRefresh = time.Minute
 // partition's size class (defaultClass), so that a rebuild after it grew
 // past a power of two makes each connection plan them afresh, while the
 // text, and each connection's prepared statement, stays the same
-// otherwise.
+// otherwise. The class is -1 when the DEFAULT partition was empty and its
+// floor at or past cur's upper bound, read in that order: no claim can add
+// a row to it until then (see the top of partition.go), so the statements
+// do not probe it.
 func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, defaultClass int) *fastClaims {
 	guard := `statement_timestamp() < ` + pgTime(*cur.upper)
 	if cur.lower != nil {
 		guard = `now() >= ` + pgTime(*cur.lower) + ` AND ` + guard
 	}
+	if defaultClass >= 0 {
+		probe = append(probe[:len(probe):len(probe)], st.qDefault)
+	}
 	var one, many strings.Builder
-	for _, q := range append(probe, st.qDefault) {
+	for _, q := range probe {
 		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = $2::text)")
 		many.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = u.id)")
 	}
@@ -209,7 +217,11 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, d
 		unnest = `unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::bigint[], $9::bigint[])
 	AS u(id, fp, src, part, off, fb, h1, h2)`
 	}
-	head := `/* idemq fast claim; DEFAULT partition size class ` + strconv.Itoa(defaultClass) + ` */
+	comment := `DEFAULT partition size class ` + strconv.Itoa(defaultClass)
+	if defaultClass < 0 {
+		comment = `DEFAULT partition empty below its floor`
+	}
+	head := `/* idemq fast claim; ` + comment + ` */
 INSERT INTO ` + pgx.Identifier{st.schema, cur.name}.Sanitize() + ` (consumer, message_id, fingerprint, source, partition, "offset")`
 	return &fastClaims{
 		validUntil: *cur.upper,
@@ -266,11 +278,22 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
 		}
 	}
+	// The floor first, then the size: a floor read is one whose claims
+	// below it were refused since it was set, and any row a claim added
+	// before it shows in the size, committed or not.
+	floor, err := readFloor(ctx, q, st, s.cfg.Table+floorSuffix)
+	if err != nil {
+		return nil, s.wrap("claim: the DEFAULT partition's floor", err)
+	}
 	var defaultPages int64
 	if err := q.QueryRow(ctx, `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint`, st.qDefault).Scan(&defaultPages); err != nil {
 		return nil, s.wrap("claim: the DEFAULT partition's size", err)
 	}
-	f := buildFast(st, *cur, probe, len(sealed) > 0, bits.Len64(uint64(max(defaultPages, 0))))
+	defaultClass := bits.Len64(uint64(max(defaultPages, 0)))
+	if defaultPages == 0 && floor != nil && !floor.Before(*cur.upper) {
+		defaultClass = -1 // empty, and stays so until cur's end: not probed
+	}
+	f := buildFast(st, *cur, probe, len(sealed) > 0, defaultClass)
 	// Rebuilt when the present passes into the next partition, by this
 	// process's clock (a late rebuild only makes claims fall back).
 	f.refreshAt = refresh

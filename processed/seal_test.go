@@ -435,13 +435,95 @@ func TestFastClaimTextStable(t *testing.T) {
 	if err != nil || again != first {
 		t.Fatalf("rebuilt with nothing changed:\n%s\nthen\n%s\n(%v)", first, again, err)
 	}
-	// Rows of a year ago, which no partition covers, go to the DEFAULT one.
+	// Rows of next year, which no partition covers, go to the DEFAULT one
+	// (its floor is below them).
+	grow := func(n int) string {
+		t.Helper()
+		if _, err := pool.Exec(ctx(t), `INSERT INTO `+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()+` (consumer, message_id, fingerprint, processed_at)
+SELECT 'c', 'future-' || g || '-' || $1::int, sha256(int8send(g)), now() + interval '1 year' FROM generate_series(1, $1::int) g`, n); err != nil {
+			t.Fatal(err)
+		}
+		sql, err := s.FastInsertSQL(ctx(t))
+		if err != nil || !strings.Contains(sql, s.Table()+"_default") {
+			t.Fatalf("fast insert with rows in the DEFAULT partition does not probe it: %q, %v", sql, err)
+		}
+		return sql
+	}
+	small := grow(1)
+	if again := grow(0); again != small {
+		t.Fatalf("rebuilt with nothing changed:\n%s\nthen\n%s", small, again)
+	}
+	if grown := grow(2000); grown == small {
+		t.Fatal("rebuilt after the DEFAULT partition grew: unchanged text")
+	}
+}
+
+// TestFastClaimSkipsEmptyDefault: with the DEFAULT partition empty and its
+// floor past the current partition, the fast claim does not probe it, and
+// does again once it holds a row.
+func TestFastClaimSkipsEmptyDefault(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Hour)
+	sql, err := s.FastInsertSQL(ctx(t))
+	if err != nil || sql == "" || strings.Contains(sql, s.Table()+"_default") {
+		t.Fatalf("fast insert on an empty DEFAULT partition below its floor probes it: %q, %v", sql, err)
+	}
 	if _, err := pool.Exec(ctx(t), `INSERT INTO `+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()+` (consumer, message_id, fingerprint, processed_at)
-SELECT 'c', 'old-' || g, sha256(int8send(g)), now() - interval '1 year' FROM generate_series(1, 2000) g`); err != nil {
+VALUES ('c', 'future', sha256('x'), now() + interval '1 year')`); err != nil {
 		t.Fatal(err)
 	}
-	grown, err := s.FastInsertSQL(ctx(t))
-	if err != nil || grown == first {
-		t.Fatalf("rebuilt after the DEFAULT partition grew: unchanged text (%v)", err)
+	if sql, err := s.FastInsertSQL(ctx(t)); err != nil || !strings.Contains(sql, s.Table()+"_default") {
+		t.Fatalf("fast insert with a row in the DEFAULT partition does not probe it: %q, %v", sql, err)
+	}
+}
+
+// TestDefaultFloor: the DEFAULT partition refuses rows below its floor, the
+// end of the partitions ahead, so that a claim whose transaction began in a
+// gap of the past (here: its partition was dropped by a purge) fails with a
+// check violation, which the runtime retries, instead of inserting into the
+// DEFAULT partition, which the fast claims do not look in; the floor
+// follows the partitions as they are created.
+func TestDefaultFloor(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Second)
+	floor := func() time.Time {
+		t.Helper()
+		f, newest, err := s.Floor(ctx(t))
+		if err != nil || f == nil || !f.Equal(newest) {
+			t.Fatalf("the DEFAULT partition's floor: %v, %v; want the newest partition's upper bound %s", f, err, newest)
+		}
+		return *f
+	}
+	f0 := floor()
+
+	tx, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var start time.Time
+	if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	// Past the end of the transaction's partition, which a purge drops.
+	time.Sleep(time.Until(start.Truncate(time.Second).Add(1200 * time.Millisecond)))
+	if _, err := s.Purge(ctx(t), 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if f1 := floor(); !f1.After(f0) {
+		t.Fatalf("floor %s after new partitions, want past %s", f1, f0)
+	}
+	_, err = s.Claim(ctx(t), tx, claimOf("c", "from-a-dropped-partition", "p"))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || errors.Is(err, processed.ErrNotMigrated) {
+		t.Fatalf("claim in a transaction that began in a dropped partition: %v; want a check violation", err)
+	}
+	_ = tx.Rollback(ctx(t))
+	// A new transaction claims it, once.
+	if r := claimTx(t, pool, s, claimOf("c", "from-a-dropped-partition", "p")); r.Outcome != consumer.ClaimNew {
+		t.Fatalf("the retry: %v", r.Outcome)
+	}
+	if r := claimTx(t, pool, s, claimOf("c", "from-a-dropped-partition", "p")); r.Outcome != consumer.ClaimDuplicate {
+		t.Fatalf("the redelivery: %v", r.Outcome)
 	}
 }
