@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -122,6 +124,11 @@ func (r *runner) createLedger(ctx context.Context, key string) error {
 
 // topUpPrefill makes sure the prefill consumer has at least n rows, 30 days
 // old, in the dedup table, with one INSERT ... SELECT generate_series.
+// prefillDay is the SQL for the start of the day whose noon the prefilled
+// rows were processed at: 30 days ago, older than any retention the bench
+// purges with.
+const prefillDay = `date_trunc('day', now() - interval '30 days')`
+
 func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	if n == 0 {
 		return nil
@@ -138,11 +145,35 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	if have > 0 {
 		conflict = " ON CONFLICT DO NOTHING"
 	}
+	if r.partitioned {
+		// The DEFAULT partition refuses rows of the past (its floor), so
+		// the prefill's day gets a partition of its own, unless one
+		// already covers it (or a purge dropped it: then again).
+		_, err := r.pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{r.schema, processed.DefaultTable + "_prefill"}.Sanitize()+
+			` PARTITION OF `+r.dedupTable()+` (PRIMARY KEY (consumer, message_id))
+FOR VALUES FROM (`+prefillDay+`) TO (`+prefillDay+` + interval '1 day')`)
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P07" || pgErr.Code == "42P17")) { // exists, overlaps
+			return fmt.Errorf("prefill: its partition: %w", err)
+		}
+	}
 	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.dedupTable()+` (consumer, message_id, fingerprint, processed_at, source)
-SELECT $1, 'p-' || g, sha256(int8send(g)), now() - interval '30 days', 'prefill'
+SELECT $1, 'p-' || g, sha256(int8send(g)), `+prefillDay+` + interval '12 hours', 'prefill'
 FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
+	}
+	if r.partitioned {
+		// Sealed, as the janitor seals a past partition a minute after
+		// its end: claims then read its filter instead of probing it,
+		// and a purge that drops it does not deadlock with them.
+		store, err := r.store()
+		if err != nil {
+			return err
+		}
+		if _, err := store.SealPartitions(ctx); err != nil {
+			return fmt.Errorf("prefill: seal its partition: %w", err)
+		}
 	}
 	// Measure the table in its steady state, not the database digesting a
 	// bulk load: without this, autovacuum's pass over the new rows and
@@ -160,11 +191,12 @@ FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 }
 
 // purgeLoop runs Purge until ctx is done, pausing briefly when there was
-// nothing to delete.
-func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64) {
+// nothing to delete. It counts the errors in errs, and keeps the first.
+func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64, first *atomic.Pointer[error]) {
 	store, err := r.store()
 	if err != nil {
 		errs.Add(1)
+		first.CompareAndSwap(nil, &err)
 		return
 	}
 	for ctx.Err() == nil {
@@ -172,6 +204,7 @@ func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64) {
 		rows.Add(n)
 		if err != nil && ctx.Err() == nil {
 			errs.Add(1)
+			first.CompareAndSwap(nil, &err)
 			r.log.Warn("bench: purge", "error", err)
 		}
 		if n == 0 {

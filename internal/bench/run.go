@@ -139,11 +139,12 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	// The purge loop.
 	var purgeWG sync.WaitGroup
 	var purged, purgeErrs atomic.Int64
+	var firstPurgeErr atomic.Pointer[error]
 	if ph.purge {
 		purgeWG.Add(1)
 		go func() {
 			defer purgeWG.Done()
-			r.purgeLoop(cctx, &purged, &purgeErrs)
+			r.purgeLoop(cctx, &purged, &purgeErrs, &firstPurgeErr)
 		}()
 	}
 
@@ -266,7 +267,11 @@ wait:
 		}
 	}
 	if res.PurgeErrors > 0 {
-		return fail(fmt.Errorf("%w: %d purge errors", ErrVerify, res.PurgeErrors))
+		first := errors.New("unknown")
+		if e := firstPurgeErr.Load(); e != nil {
+			first = *e
+		}
+		return fail(fmt.Errorf("%w: %d purge errors, the first: %w", ErrVerify, res.PurgeErrors, first))
 	}
 	res.Verified = true
 	return res
