@@ -37,3 +37,33 @@ func TestFloorFor(t *testing.T) {
 		}
 	}
 }
+
+// TestFloorDue: a floor is set when there is none, raised when the run
+// grows, kept when unchanged, and lowered only when no range partition
+// holds the present.
+func TestFloorDue(t *testing.T) {
+	at := func(h int) *time.Time {
+		v := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC).Add(time.Duration(h) * time.Hour)
+		return &v
+	}
+	part := func(lo, hi int) partitionInfo { return partitionInfo{name: "p", lower: at(lo), upper: at(hi)} }
+	run := []partitionInfo{part(2, 3), part(3, 4), part(4, 5)}
+	for _, c := range []struct {
+		name  string
+		old   *time.Time
+		now   int
+		parts []partitionInfo
+		due   bool
+	}{
+		{"none yet", nil, 3, run, true},
+		{"unchanged", at(5), 3, run, false},
+		{"the run grew", at(4), 3, run, true},
+		{"not lowered while the present is held", at(7), 3, run, false},
+		{"lowered once the present is in a gap", at(7), 6, run, true},
+		{"none, and no partition before the present", nil, 1, run, false},
+	} {
+		if due := floorDue(c.old, *at(c.now), c.parts); due != c.due {
+			t.Errorf("%s: floorDue = %v, want %v", c.name, due, c.due)
+		}
+	}
+}

@@ -490,6 +490,18 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 		created++
 		s.forgetFast()
 	}
+	if created == 0 {
+		// Most rounds: nothing new. The floor is then moved, under the
+		// DDL lock, only if it looks due, which saves the janitor a
+		// locked transaction per round.
+		old, err := readFloor(ctx, s.db, st, s.cfg.Table+floorSuffix)
+		if err != nil {
+			return 0, s.wrap("partitions: read the DEFAULT partition's floor", err)
+		}
+		if !floorDue(old, now, existing) {
+			return 0, nil
+		}
+	}
 	if err := s.setFloor(ctx, st); err != nil {
 		return created, s.wrap("partitions: the DEFAULT partition's floor", err)
 	}
@@ -523,13 +535,10 @@ func (s *Store) setFloor(ctx context.Context, st *statements) error {
 		if err != nil {
 			return err
 		}
-		floor, present := floorFor(now, parts)
-		switch {
-		case old == nil && floor == nil, old != nil && floor != nil && floor.Equal(*old):
+		if !floorDue(old, now, parts) {
 			return nil
-		case present && old != nil && floor.Before(*old):
-			return nil // never lowered while a range partition holds the present
 		}
+		floor, _ := floorFor(now, parts)
 		q := `ALTER TABLE ` + st.qDefault + ` DROP CONSTRAINT IF EXISTS ` + pgx.Identifier{name}.Sanitize()
 		if floor != nil {
 			q += `, ADD CONSTRAINT ` + pgx.Identifier{name}.Sanitize() + ` CHECK (processed_at >= ` + pgTime(*floor) + `) NOT VALID`
@@ -540,6 +549,19 @@ func (s *Store) setFloor(ctx context.Context, st *statements) error {
 		s.forgetFast()
 		return nil
 	})
+}
+
+// floorDue reports whether the DEFAULT partition's floor, old (nil for
+// none), is to be moved for the partitions parts at now (see setFloor).
+func floorDue(old *time.Time, now time.Time, parts []partitionInfo) bool {
+	floor, present := floorFor(now, parts)
+	switch {
+	case old == nil && floor == nil, old != nil && floor != nil && floor.Equal(*old):
+		return false
+	case present && old != nil && floor.Before(*old):
+		return false // never lowered while a range partition holds the present
+	}
+	return true
 }
 
 // floorFor returns the DEFAULT partition's floor for the partitions parts
