@@ -521,10 +521,11 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	return tx, res, nil
 }
 
-// pipelinedClaim sends BEGIN and the claim (claimOne: the synchronous
-// commit, the INSERT and the read of a conflicting row, in one statement)
-// in one batch, then, if the row it conflicted with was not in the
-// statement's snapshot, reads it as Claim does.
+// pipelinedClaim sends BEGIN and the claim (on a plain table claimOne, the
+// synchronous commit and the INSERT in one statement; on a partitioned one
+// the lock statement and the first insert) in one batch, then, if the
+// insert conflicted, reads the existing row with a new snapshot as Claim
+// does.
 func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
 	if c.Consumer == "" || c.MessageID == "" {
 		tx, err := s.begin(ctx)
