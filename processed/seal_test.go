@@ -304,6 +304,22 @@ func TestClaimInCallersTxBuildsFastClaimsOnIt(t *testing.T) {
 	}
 }
 
+// beginAt begins a transaction, rolled back when the test ends unless it
+// ended before, and returns it with its start time (now()).
+func beginAt(t *testing.T, pool *pgxpool.Pool) (pgx.Tx, time.Time) {
+	t.Helper()
+	tx, err := pool.Begin(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var start time.Time
+	if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	return tx, start
+}
+
 // TestLateClaimIntoSealedPartitionFails: a claim whose transaction started
 // in a partition that has since been sealed fails with a check violation
 // (which the runtime retries in a new transaction) instead of inserting a
@@ -312,15 +328,7 @@ func TestClaimInCallersTxBuildsFastClaimsOnIt(t *testing.T) {
 func TestLateClaimIntoSealedPartitionFails(t *testing.T) {
 	t.Parallel()
 	s, pool := partitionedSetup(t, time.Second)
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	var start time.Time
-	if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
-		t.Fatal(err)
-	}
+	tx, start := beginAt(t, pool)
 	// Past the end of the transaction's partition and the seal delay.
 	time.Sleep(time.Until(start.Truncate(time.Second).Add(2*time.Second + 300*time.Millisecond)))
 	if _, err := s.EnsurePartitions(ctx(t)); err != nil {
@@ -329,7 +337,7 @@ func TestLateClaimIntoSealedPartitionFails(t *testing.T) {
 	if n, err := s.SealPartitions(ctx(t)); err != nil || n == 0 {
 		t.Fatalf("SealPartitions = %d, %v; want the transaction's partition sealed", n, err)
 	}
-	_, err = s.Claim(ctx(t), tx, claimOf("c", "late", "p"))
+	_, err := s.Claim(ctx(t), tx, claimOf("c", "late", "p"))
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || errors.Is(err, processed.ErrNotMigrated) {
 		t.Fatalf("late claim into a sealed partition: %v; want a check violation", err)
@@ -351,14 +359,7 @@ func TestClaimFromBeforeTheCurrentPartition(t *testing.T) {
 	s, pool := partitionedSetup(t, time.Second)
 	for _, batch := range []bool{false, true} {
 		id := fmt.Sprintf("early-%v", batch)
-		tx, err := pool.Begin(ctx(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var start time.Time
-		if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
-			t.Fatal(err)
-		}
+		tx, start := beginAt(t, pool)
 		// Into the next partition, before the seal delay ends.
 		time.Sleep(time.Until(start.Truncate(time.Second).Add(1100 * time.Millisecond)))
 		if _, err := s.EnsurePartitions(ctx(t)); err != nil {
@@ -368,7 +369,10 @@ func TestClaimFromBeforeTheCurrentPartition(t *testing.T) {
 		if r := claimTx(t, pool, s, claimOf("c", id+"-warm", "p")); r.Outcome != consumer.ClaimNew {
 			t.Fatalf("warm-up claim: %v", r.Outcome)
 		}
-		var res []consumer.ClaimResult
+		var (
+			res []consumer.ClaimResult
+			err error
+		)
 		if batch {
 			res, err = s.ClaimBatch(ctx(t), tx, []consumer.Claim{claimOf("c", id, "p"), claimOf("c", id+"-2", "p")})
 		} else {
@@ -496,15 +500,7 @@ func TestDefaultFloor(t *testing.T) {
 	}
 	f0 := floor()
 
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	var start time.Time
-	if err := tx.QueryRow(ctx(t), `SELECT now()`).Scan(&start); err != nil {
-		t.Fatal(err)
-	}
+	tx, start := beginAt(t, pool)
 	// Past the end of the transaction's partition, which a purge drops.
 	time.Sleep(time.Until(start.Truncate(time.Second).Add(1200 * time.Millisecond)))
 	if _, err := s.Purge(ctx(t), 100*time.Millisecond); err != nil {
@@ -513,7 +509,7 @@ func TestDefaultFloor(t *testing.T) {
 	if f1 := floor(); !f1.After(f0) {
 		t.Fatalf("floor %s after new partitions, want past %s", f1, f0)
 	}
-	_, err = s.Claim(ctx(t), tx, claimOf("c", "from-a-dropped-partition", "p"))
+	_, err := s.Claim(ctx(t), tx, claimOf("c", "from-a-dropped-partition", "p"))
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || errors.Is(err, processed.ErrNotMigrated) {
 		t.Fatalf("claim in a transaction that began in a dropped partition: %v; want a check violation", err)
