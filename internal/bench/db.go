@@ -122,13 +122,14 @@ func (r *runner) createLedger(ctx context.Context, key string) error {
 	return nil
 }
 
-// topUpPrefill makes sure the prefill consumer has at least n rows, 30 days
-// old, in the dedup table, with one INSERT ... SELECT generate_series.
 // prefillDay is the SQL for the start of the day whose noon the prefilled
 // rows were processed at: 30 days ago, older than any retention the bench
 // purges with.
 const prefillDay = `date_trunc('day', now() - interval '30 days')`
 
+// topUpPrefill makes sure the prefill consumer has at least n rows, processed
+// at noon 30 days ago (prefillDay), in the dedup table, with one INSERT ...
+// SELECT generate_series.
 func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	if n == 0 {
 		return nil
