@@ -597,8 +597,8 @@ func floorFor(now time.Time, parts []partitionInfo) (floor *time.Time, present b
 	return floor, false
 }
 
-// readFloor returns the DEFAULT partition's floor, the constraint name, nil
-// if it has none.
+// readFloor returns the floor of the DEFAULT partition's constraint name,
+// nil if there is no such constraint.
 func readFloor(ctx context.Context, q querier, st *statements, name string) (*time.Time, error) {
 	var floor *time.Time
 	err := q.QueryRow(ctx, `SELECT (regexp_match(pg_get_constraintdef(oid), '''([^'']+)'''))[1]::timestamptz
