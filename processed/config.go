@@ -96,6 +96,15 @@ type Config struct {
 	// interval, since Purge drops a partition once all of it is older
 	// than the retention. Only with Partitioned. Defaults to 24h.
 	PartitionInterval time.Duration
+	// FilterCacheBytes bounds the memory the store spends holding the
+	// Bloom filters of sealed partitions (see CacheFilters), about 1.75
+	// bytes per sealed id: with all of them held, a claim of a new id
+	// tests them in memory instead of reading the filter table, and costs
+	// about what it costs on a plain table. The cache is used only when
+	// the filters of every sealed partition fit. Only a partitioned table
+	// has them. Defaults to DefaultFilterCacheBytes (256 MiB); -1 turns
+	// the cache off.
+	FilterCacheBytes int64
 
 	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
 	// runtime's Concurrency workers holds one connection for its
@@ -122,6 +131,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PurgeDutyCycle == 0 {
 		c.PurgeDutyCycle = DefaultPurgeDutyCycle
+	}
+	if c.FilterCacheBytes == 0 {
+		c.FilterCacheBytes = DefaultFilterCacheBytes
 	}
 	if c.Partitioned && c.PartitionInterval == 0 {
 		c.PartitionInterval = DefaultPartitionInterval
@@ -152,6 +164,9 @@ func (c Config) validate() error {
 	}
 	if c.Partitioned && (c.PartitionInterval < time.Second || c.PartitionInterval%time.Second != 0) {
 		return &consumer.ConfigError{Field: "PartitionInterval", Reason: fmt.Sprintf("%s: must be a whole number of seconds, at least 1s", c.PartitionInterval)}
+	}
+	if c.FilterCacheBytes < -1 {
+		return &consumer.ConfigError{Field: "FilterCacheBytes", Reason: fmt.Sprintf("%d: must be positive, or -1 for no cache", c.FilterCacheBytes)}
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}

@@ -2,6 +2,7 @@ package processed
 
 import (
 	"context"
+	"sort"
 	"time"
 )
 
@@ -47,4 +48,19 @@ func (s *Store) Floor(ctx context.Context) (floor *time.Time, newest time.Time, 
 	}
 	floor, err = readFloor(ctx, s.db, st, s.cfg.Table+floorSuffix)
 	return floor, newest, err
+}
+
+// CachedFilters returns the partitions whose filters the store holds,
+// sorted.
+func (s *Store) CachedFilters() []string {
+	fs := s.filters.Load()
+	if fs == nil {
+		return nil
+	}
+	var names []string
+	for name := range fs.byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
 }

@@ -147,6 +147,7 @@ func TestConfigValidation(t *testing.T) {
 		{"pause -2ns", processed.Config{PurgePause: -2}, "PurgePause"},
 		{"duty above 1", processed.Config{PurgeDutyCycle: 1.5}, "PurgeDutyCycle"},
 		{"negative duty", processed.Config{PurgeDutyCycle: -0.1}, "PurgeDutyCycle"},
+		{"filter cache below -1", processed.Config{FilterCacheBytes: -2}, "FilterCacheBytes"},
 	} {
 		_, err := processed.New(pool, tc.cfg)
 		var ce *consumer.ConfigError
@@ -157,7 +158,7 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := processed.New(nil, processed.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("New(nil): %v", err)
 	}
-	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}, {PurgePause: -1, PurgeDutyCycle: 1}} {
+	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}, {PurgePause: -1, PurgeDutyCycle: 1}, {FilterCacheBytes: -1}} {
 		s, err := processed.New(pool, cfg)
 		if err != nil {
 			t.Errorf("New(%+v): %v", cfg, err)

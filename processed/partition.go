@@ -181,6 +181,17 @@ func (s *Store) relkind(ctx context.Context, db DB, st *statements) (byte, error
 	return (*kind)[0], nil
 }
 
+// partitionedStatements returns the statements, and whether the table is
+// a partitioned one (also when Config.Partitioned is not set).
+func (s *Store) partitionedStatements(ctx context.Context) (*statements, bool, error) {
+	st, err := s.statements(ctx)
+	if err != nil || st.partitioned {
+		return st, err == nil, err
+	}
+	kind, err := s.relkind(ctx, s.db, st)
+	return st, kind == 'p', err
+}
+
 // Partitioned reports whether the table is a partitioned one.
 func (s *Store) Partitioned(ctx context.Context) (bool, error) {
 	st, err := s.statements(ctx)
@@ -388,9 +399,9 @@ type querier interface {
 }
 
 // partitionState reads the database's clock (the statement's time, also
-// inside a transaction), the table's partitions and, withSealed, the names
-// of the sealed ones, through q; op names the caller in errors.
-func (s *Store) partitionState(ctx context.Context, q querier, st *statements, op string, withSealed bool) (now time.Time, parts []partitionInfo, sealed map[string]bool, err error) {
+// inside a transaction), the table's partitions and, withSealed, the sealed
+// ones, by name, through q; op names the caller in errors.
+func (s *Store) partitionState(ctx context.Context, q querier, st *statements, op string, withSealed bool) (now time.Time, parts []partitionInfo, sealed map[string]sealInfo, err error) {
 	if err = q.QueryRow(ctx, `SELECT statement_timestamp()`).Scan(&now); err != nil {
 		return now, nil, nil, s.wrap(op+": clock", err)
 	}
@@ -400,13 +411,16 @@ func (s *Store) partitionState(ctx context.Context, q querier, st *statements, o
 	if !withSealed {
 		return now, parts, nil, nil
 	}
-	sealed = map[string]bool{}
-	rows, err := q.Query(ctx, `SELECT partition FROM `+st.qSealed)
+	sealed = map[string]sealInfo{}
+	rows, err := q.Query(ctx, `SELECT partition, sealed_at, ids FROM `+st.qSealed)
 	if err != nil {
 		return now, nil, nil, s.wrap(op+": read sealed partitions", err)
 	}
-	var name string
-	if _, err := pgx.ForEachRow(rows, []any{&name}, func() error { sealed[name] = true; return nil }); err != nil {
+	var (
+		name string
+		si   sealInfo
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&name, &si.at, &si.ids}, func() error { sealed[name] = si; return nil }); err != nil {
 		return now, nil, nil, s.wrap(op+": read sealed partitions", err)
 	}
 	return now, parts, sealed, nil

@@ -164,6 +164,10 @@ type fastClaims struct {
 	// filter: the statements read the seals' filter, and take the
 	// filter's keys as arguments.
 	filter bool
+	// cached, when not nil, are the cached filters of every partition
+	// sealed when the statements were built (which do not read the filter
+	// table): the claim tests its ids against them (see filtercache.go).
+	cached cachedFilters
 	// validUntil is when the statements stop inserting (by the
 	// database's clock); refreshAt when the store builds them again (by
 	// this process's).
@@ -274,7 +278,7 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 	}
 	var probe []string
 	for _, p := range parts {
-		if p.name != cur.name && p.upper != nil && !sealed[p.name] && (p.lower == nil || p.lower.Before(*cur.upper)) {
+		if p.name != cur.name && p.upper != nil && !isSealed(sealed, p.name) && (p.lower == nil || p.lower.Before(*cur.upper)) {
 			probe = append(probe, pgx.Identifier{st.schema, p.name}.Sanitize())
 		}
 	}
@@ -293,7 +297,9 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 	if defaultPages == 0 && floor != nil && !floor.Before(*cur.upper) {
 		defaultClass = -1 // empty, and stays so until cur's end: not probed
 	}
-	f := buildFast(st, *cur, probe, len(sealed) > 0, defaultClass)
+	cached := s.filters.Load().cover(sealed)
+	f := buildFast(st, *cur, probe, len(sealed) > 0 && cached == nil, defaultClass)
+	f.cached = cached
 	// Rebuilt when the present passes into the next partition, by this
 	// process's clock (a late rebuild only makes claims fall back).
 	f.refreshAt = refresh
@@ -324,7 +330,8 @@ func (s *Store) firstClaim(ctx context.Context, q querier, st *statements, c con
 	if err != nil {
 		return firstInsert{}, err
 	}
-	if f == nil {
+	if f == nil || (f.cached != nil && f.cached.mayHold(c)) {
+		// No fast statements, or a sealed partition may hold the id.
 		return firstInsert{st: st, sql: st.insert, args: claimArgs(c), full: true, wrap: s.wrap}, nil
 	}
 	return firstInsert{st: st, sql: f.insert, args: f.args(c), wrap: s.wrapFast}, nil
@@ -338,6 +345,12 @@ func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, p
 	}
 	if f == nil {
 		return firstInsert{st: b.st, sql: b.st.batchInsert, args: b.insertArgs(pending), full: true, wrap: s.wrap}, nil
+	}
+	if f.cached != nil {
+		// The ids a sealed partition may hold are left out: finish reads
+		// them, and claims afresh, looking everywhere, those it does not
+		// find.
+		pending = f.cached.unseen(pending)
 	}
 	return firstInsert{st: b.st, sql: f.batchInsert, args: f.batchArgs(b, pending), wrap: s.wrapFast}, nil
 }
@@ -443,15 +456,9 @@ func (s *Store) sealDelay() time.Duration {
 // lock on it. Purge calls it, so the janitor keeps the table sealed. It
 // does nothing on a plain table.
 func (s *Store) SealPartitions(ctx context.Context) (int, error) {
-	st, err := s.statements(ctx)
-	if err != nil {
+	st, partitioned, err := s.partitionedStatements(ctx)
+	if err != nil || !partitioned {
 		return 0, err
-	}
-	if !st.partitioned {
-		kind, err := s.relkind(ctx, s.db, st)
-		if err != nil || kind != 'p' {
-			return 0, err
-		}
 	}
 	now, parts, sealed, err := s.partitionState(ctx, s.db, st, "seal", true)
 	if err != nil {
@@ -463,7 +470,7 @@ func (s *Store) SealPartitions(ctx context.Context) (int, error) {
 		if p.upper == nil || p.upper.After(now.Add(-s.sealDelay())) {
 			break
 		}
-		if sealed[p.name] {
+		if isSealed(sealed, p.name) {
 			continue
 		}
 		if err := s.seal(ctx, st, p); err != nil {
@@ -570,9 +577,9 @@ func (s *Store) seal(ctx context.Context, st *statements, p partitionInfo) error
 }
 
 // Maintain implements consumer.Maintainer, for the runtime's janitor: on a
-// partitioned table it creates the partitions ahead (EnsurePartitions) and
-// seals those behind the clock (SealPartitions); on a plain table it does
-// nothing.
+// partitioned table it creates the partitions ahead (EnsurePartitions),
+// seals those behind the clock (SealPartitions) and caches the sealed
+// partitions' filters (CacheFilters); on a plain table it does nothing.
 func (s *Store) Maintain(ctx context.Context) error {
 	st, err := s.statements(ctx)
 	if err != nil {
@@ -589,7 +596,9 @@ func (s *Store) Maintain(ctx context.Context) error {
 		return err
 	}
 	_, err = s.SealPartitions(ctx)
-	return err
+	// The filters sealed so far are cached even if a seal failed.
+	_, cerr := s.CacheFilters(ctx)
+	return errors.Join(err, cerr)
 }
 
 var _ consumer.Maintainer = (*Store)(nil)

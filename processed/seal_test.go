@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
+	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,14 +46,56 @@ SELECT 'c', 'old-%d-' || g, sha256('p'), date_trunc('hour', now()) - interval '%
 	return s, pool, names
 }
 
+// cacheModes runs f twice: claims reading the sealed partitions' filters
+// from the filter table, and from the store's cache (cache does what it
+// takes to fill it; it is nil in the first run).
+func cacheModes(t *testing.T, f func(t *testing.T, cache func(*processed.Store))) {
+	t.Run("table", func(t *testing.T) {
+		t.Parallel()
+		f(t, nil)
+	})
+	t.Run("cached", func(t *testing.T) {
+		t.Parallel()
+		f(t, func(s *processed.Store) {
+			t.Helper()
+			if _, err := s.CacheFilters(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			sealed, err := s.Sealed(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.CachedFilters(); len(got) != len(sealed) {
+				t.Fatalf("cached filters of %v, want the %d sealed partitions", got, len(sealed))
+			}
+		})
+	})
+}
+
+// readsFilterTable reports whether the store's fast claim statement reads
+// the filter table.
+func readsFilterTable(t *testing.T, s *processed.Store) bool {
+	t.Helper()
+	sql, err := s.FastInsertSQL(ctx(t))
+	if err != nil || sql == "" {
+		t.Fatalf("fast insert: %q, %v", sql, err)
+	}
+	return strings.Contains(sql, s.Table()+"_filter")
+}
+
 // TestSealedPartitionsKeepUniqueness: once past partitions are sealed, a
 // claim of a new id no longer looks them up, yet every id they hold is
 // still found, in every claim path (Claim, the pipelined single claim, the
-// pipelined batch, ClaimBatch), with its fingerprint checked; a sealed
-// partition refuses new rows; and a purge that drops a sealed partition
-// drops its seal.
+// pipelined batch, ClaimBatch), with its fingerprint checked, whether the
+// claims read the filters from the table or from the store's cache; a
+// sealed partition refuses new rows; and a purge that drops a sealed
+// partition drops its seal, and the cache forgets it.
 func TestSealedPartitionsKeepUniqueness(t *testing.T) {
 	t.Parallel()
+	cacheModes(t, testSealedUniqueness)
+}
+
+func testSealedUniqueness(t *testing.T, cache func(*processed.Store)) {
 	const perPart = 700
 	s, pool, names := sealFixture(t, perPart)
 	// A seal cut short after its first step (the constraint, here under
@@ -72,6 +118,12 @@ func TestSealedPartitionsKeepUniqueness(t *testing.T) {
 		if sp.Partition != names[i] || sp.IDs != perPart || !sp.Lo.Before(sp.Hi) {
 			t.Fatalf("sealed[%d] = %+v, want %s with %d ids", i, sp, names[i], perPart)
 		}
+	}
+	if cache != nil {
+		cache(s)
+	}
+	if got := readsFilterTable(t, s); got != (cache == nil) {
+		t.Fatalf("the fast claim reads the filter table: %v, want %v", got, cache == nil)
 	}
 
 	var dup, fresh int
@@ -162,14 +214,31 @@ VALUES ('c', 'late', sha256('p'), date_trunc('hour', now()) - interval '150 minu
 	if r := claimTx(t, pool, s, claimOf("c", "old-2-5", "p")); r.Outcome != consumer.ClaimDuplicate {
 		t.Fatalf("an id of the sealed partition left: %v", r.Outcome)
 	}
+	if cache != nil {
+		cache(s)
+		if got := s.CachedFilters(); len(got) != 1 || got[0] != names[2] {
+			t.Fatalf("after the purge, cached filters of %v; want only %s", got, names[2])
+		}
+		if readsFilterTable(t, s) {
+			t.Fatal("after the purge, the fast claim reads the filter table")
+		}
+		if r := claimTx(t, pool, s, claimOf("c", "old-2-6", "p")); r.Outcome != consumer.ClaimDuplicate {
+			t.Fatalf("an id of the sealed partition left, cached: %v", r.Outcome)
+		}
+	}
 }
 
 // TestSealedFilterFalsePositivesFallBack: when a sealed partition's filter
 // says an id may be there and it is not (a false positive, forced here by
 // setting every bit), the claim looks in every partition and claims the id
-// once, in every claim path.
+// once, in every claim path, with the filters read from the table or from
+// the store's cache.
 func TestSealedFilterFalsePositivesFallBack(t *testing.T) {
 	t.Parallel()
+	cacheModes(t, testFalsePositives)
+}
+
+func testFalsePositives(t *testing.T, cache func(*processed.Store)) {
 	s, pool, names := sealFixture(t, 50)
 	if _, err := s.SealPartitions(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -178,6 +247,9 @@ func TestSealedFilterFalsePositivesFallBack(t *testing.T) {
 SELECT b, $1, decode(repeat('ff', 16), 'hex') FROM generate_series(0, 32767) b
 ON CONFLICT (bucket, partition) DO UPDATE SET bits = decode(repeat('ff', octet_length(excluded.bits)), 'hex')`, names[1]); err != nil {
 		t.Fatal(err)
+	}
+	if cache != nil {
+		cache(s)
 	}
 	for i := 0; i < 20; i++ {
 		c := claimOf("c", fmt.Sprintf("fp-%d", i), "p")
@@ -522,4 +594,172 @@ func TestDefaultFloor(t *testing.T) {
 	if r := claimTx(t, pool, s, claimOf("c", "from-a-dropped-partition", "p")); r.Outcome != consumer.ClaimDuplicate {
 		t.Fatalf("the redelivery: %v", r.Outcome)
 	}
+}
+
+// TestFilterCacheBudget: filters that do not all fit Config.FilterCacheBytes
+// are not cached (the claims read the filter table), a cache turned off
+// reads nothing, and Maintain, the janitor's upkeep, fills the cache when
+// they fit.
+func TestFilterCacheBudget(t *testing.T) {
+	t.Parallel()
+	s, pool, names := sealFixture(t, 20)
+	if _, err := s.SealPartitions(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Each of the three filters has 20 rows of 16 bytes at most.
+	for _, budget := range []int64{-1, 100} {
+		small, err := processed.New(pool, processed.Config{Schema: s.Schema(), Partitioned: true, PartitionInterval: time.Hour, FilterCacheBytes: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := small.CacheFilters(ctx(t)); err != nil || n != 0 || small.CachedFilters() != nil {
+			t.Fatalf("budget %d: CacheFilters = %d, %v; cached %v; want none", budget, n, err, small.CachedFilters())
+		}
+		if !readsFilterTable(t, small) {
+			t.Fatalf("budget %d: the fast claim does not read the filter table", budget)
+		}
+	}
+	if err := s.Maintain(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedFilters(); len(got) != len(names) {
+		t.Fatalf("after Maintain, cached filters of %v; want %v", got, names)
+	}
+	if readsFilterTable(t, s) {
+		t.Fatal("after Maintain, the fast claim reads the filter table")
+	}
+	// A second call reads nothing again.
+	if n, err := s.CacheFilters(ctx(t)); err != nil || n != 0 {
+		t.Fatalf("second CacheFilters = %d, %v; want 0", n, err)
+	}
+}
+
+// TestCachedFiltersUnderRotation: claims of a fixed set of ids, from many
+// goroutines, per message and in batches, while 1s partitions pass, are
+// sealed and have their filters cached (Maintain, looping as a janitor
+// would, much faster): so ids are claimed again once their rows are in
+// partitions sealed and cached, sealed and not yet cached, or not yet
+// sealed. Each id must have one row and one effect.
+func TestCachedFiltersUnderRotation(t *testing.T) {
+	t.Parallel()
+	s, pool := partitionedSetup(t, time.Second)
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	effects := pgx.Identifier{s.Schema(), "effects"}.Sanitize()
+	if _, err := pool.Exec(c, `CREATE TABLE `+effects+` (id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		goroutines = 8
+		minIDs     = 40
+		ids        = 640
+		runFor     = 6 * time.Second
+	)
+	start := time.Now()
+	stop := start.Add(runFor)
+	var (
+		wg                      sync.WaitGroup
+		maintained, claimed     atomic.Int64
+		retried, sawCachedClaim atomic.Int64
+	)
+	errs := make(chan error, goroutines+1)
+	wg.Add(1)
+	go func() { // the janitor
+		defer wg.Done()
+		for time.Now().Before(stop) {
+			if err := s.Maintain(c); err != nil {
+				errs <- fmt.Errorf("maintain: %w", err)
+				return
+			}
+			maintained.Add(1)
+			if len(s.CachedFilters()) > 0 {
+				sawCachedClaim.Store(1)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			rnd := rand.New(rand.NewSource(int64(g)))
+			for time.Now().Before(stop) {
+				n := 1
+				if rnd.Intn(2) == 0 {
+					n = 2 + rnd.Intn(15)
+				}
+				// The ids grow over the run: new ones keep coming, and
+				// older ones, whose rows are by then in past partitions,
+				// come again.
+				hi := minIDs + int(time.Since(start)/(runFor/(ids-minIDs)))
+				picked := map[int]bool{}
+				var claims []consumer.Claim
+				for len(claims) < n {
+					if i := rnd.Intn(min(hi, ids)); !picked[i] {
+						picked[i] = true
+						claims = append(claims, claimOf("c", fmt.Sprintf("id-%03d", i), "p"))
+					}
+				}
+				sort.Slice(claims, func(i, j int) bool { return claims[i].MessageID < claims[j].MessageID })
+				if err := claimApply(c, s, claims, effects); err != nil {
+					var pgErr *pgconn.PgError
+					if errors.As(err, &pgErr) && pgErr.Code == "23514" {
+						retried.Add(1) // a late claim into a partition sealed meanwhile
+						continue
+					}
+					errs <- err
+					return
+				}
+				claimed.Add(int64(n))
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var rowsMany, effectsMany, rowIDs, partitions int
+	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+	if err := pool.QueryRow(c, `SELECT count(*) FILTER (WHERE n > 1), count(*) FROM (SELECT message_id, count(*) AS n FROM `+table+` GROUP BY 1) d`).Scan(&rowsMany, &rowIDs); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(c, `SELECT count(*) FROM (SELECT id FROM `+effects+` GROUP BY 1 HAVING count(*) > 1) d`).Scan(&effectsMany); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(c, `SELECT count(DISTINCT tableoid) FROM `+table).Scan(&partitions); err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := s.Sealed(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d claims, %d upkeep rounds, %d retried after a seal; %d ids in %d partitions, %d sealed, %d cached",
+		claimed.Load(), maintained.Load(), retried.Load(), rowIDs, partitions, len(sealed), len(s.CachedFilters()))
+	if rowsMany != 0 || effectsMany != 0 {
+		t.Fatalf("%d ids with more than one row, %d with more than one effect", rowsMany, effectsMany)
+	}
+	if len(sealed) < 3 || sawCachedClaim.Load() == 0 || partitions < 5 {
+		t.Fatalf("the run did not rotate: %d partitions sealed, cache used %v, rows in %d partitions", len(sealed), sawCachedClaim.Load() != 0, partitions)
+	}
+}
+
+// claimApply claims claims in one transaction, applies an effect for each
+// new one, and commits.
+func claimApply(c context.Context, s *processed.Store, claims []consumer.Claim, effects string) error {
+	tx, res, err := s.BeginClaim(c, claims)
+	if tx != nil {
+		defer func() { _ = tx.Rollback(c) }()
+	}
+	if err != nil {
+		return err
+	}
+	for i, r := range res {
+		if r.Outcome == consumer.ClaimNew {
+			if _, err := tx.Exec(c, `INSERT INTO `+effects+` VALUES ($1)`, claims[i].MessageID); err != nil {
+				return err
+			}
+		}
+	}
+	return tx.Commit(c)
 }

@@ -86,6 +86,10 @@ type Store struct {
 	// first use and refreshed (see fast).
 	fastSQL atomic.Pointer[fastClaims]
 	fastMu  sync.Mutex
+	// filters holds the cached filters of sealed partitions (see
+	// filtercache.go); cacheMu serialises CacheFilters.
+	filters atomic.Pointer[filterSet]
+	cacheMu sync.Mutex
 }
 
 // statements are the store's SQL, for one resolved schema.

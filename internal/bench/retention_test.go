@@ -12,11 +12,12 @@ package bench
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
 // IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3), IDEMQ_RB_GROUP (claims per
 // transaction, 1; the runtime's default groups hold up to 32). Set
-// IDEMQ_RB_KEEP=1 to keep the
-// schemas, IDEMQ_RB_REUSE=<plain>,<partitioned> to measure kept schemas
-// again without a prefill, and IDEMQ_RB_NO_PURGE=1 to stop before the purge
-// (which deletes rows). The defaults need about 25 GB of disk and half an
-// hour.
+// IDEMQ_RB_KEEP=1 to keep the schemas, IDEMQ_RB_REUSE=<plain>,<partitioned>
+// to measure kept schemas again without a prefill, IDEMQ_RB_NO_PURGE=1 to
+// stop before the purge (which deletes rows), and
+// IDEMQ_RB_NO_FILTER_CACHE=1 to have the claims read the sealed
+// partitions' filters from their table instead of the store's cache. The
+// defaults need about 25 GB of disk and half an hour.
 //
 // The prefill spreads over IDEMQ_RB_DAYS past days (a partition each on the
 // partitioned store), which the store then seals, as its janitor would.
@@ -81,6 +82,9 @@ func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string,
 	cfg := processed.Config{Schema: schema}
 	if partitioned {
 		cfg.Partitioned, cfg.PartitionInterval = true, 24*time.Hour
+		if os.Getenv("IDEMQ_RB_NO_FILTER_CACHE") != "" {
+			cfg.FilterCacheBytes = -1
+		}
 	}
 	s, err := processed.New(pool, cfg)
 	if err != nil {
@@ -284,6 +288,13 @@ func TestRetentionBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("RESULT sealed %d partitions in %s", sealed, time.Since(sealStart).Round(time.Second))
+	// As the janitor's upkeep does after sealing.
+	cacheStart := time.Now()
+	cached, err := part.store.CacheFilters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RESULT cached the filters of %d sealed partitions in %s", cached, time.Since(cacheStart).Round(time.Millisecond))
 
 	var size [2]string
 	for i, rb := range []*rbTable{plain, part} {

@@ -102,6 +102,12 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 			if err != nil {
 				return err
 			}
+			// A partitioned store's sealed filters in memory, as a
+			// consumer's janitor has them after its first round
+			// (nothing on a plain table).
+			if _, err := store.CacheFilters(cctx); err != nil {
+				return err
+			}
 			rcfg := consumer.Config{
 				Name:        name,
 				Source:      src,
