@@ -51,19 +51,19 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 	}
 	var inserted []string
 	if b.st.partitioned {
-		fi, err := s.firstBatchClaim(ctx, tx, b, claims)
+		fis, err := s.firstBatchClaim(ctx, tx, b, claims)
 		if err != nil {
 			return nil, err
 		}
 		bt := &pgx.Batch{}
 		bt.Queue(b.st.batchLock, claimLockKeys(claims))
-		fi.queue(bt).Query(func(rows pgx.Rows) error {
-			var err error
-			inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		fis.queue(bt, func(rows pgx.Rows) error {
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			inserted = append(inserted, ids...)
 			return err
 		})
 		if err := tx.SendBatch(ctx, bt).Close(); err != nil {
-			return nil, fi.wrap("claim batch: lock and insert", err)
+			return nil, fis.wrap("claim batch: lock and insert", err)
 		}
 	} else if inserted, err = b.insert(ctx, tx, claims); err != nil {
 		return nil, err

@@ -90,14 +90,14 @@ type Config struct {
 	// A claim of a new id probes the index of the current partition, of
 	// any past one the janitor has not sealed yet, and of the DEFAULT
 	// partition, and a Bloom filter of each sealed one (see
-	// SealPartitions); a partition should hold fewer than about 48
+	// SealPartitions); a partition should hold fewer than about 34
 	// million ids for its filter to stay accurate.
 	// Rows live between the retention and the retention plus one
 	// interval, since Purge drops a partition once all of it is older
 	// than the retention. Only with Partitioned. Defaults to 24h.
 	PartitionInterval time.Duration
 	// FilterCacheBytes bounds the memory the store spends holding the
-	// Bloom filters of sealed partitions (see CacheFilters), about 1.75
+	// Bloom filters of sealed partitions (see CacheFilters), about 2.5
 	// bytes per sealed id: with all of them held, a claim of a new id
 	// tests them in memory instead of reading the filter table, and costs
 	// about what it costs on a plain table. The cache is used only when

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -38,7 +39,7 @@ import (
 // table, as without a cache.
 
 // DefaultFilterCacheBytes is Config.FilterCacheBytes's default: the filters
-// of about 150 million sealed ids.
+// of about 100 million sealed ids.
 const DefaultFilterCacheBytes = 256 << 20
 
 // sealInfo is a sealed partition's row in Table+"_sealed": when it was
@@ -130,15 +131,37 @@ func (fs *filterSet) cover(sealed map[string]sealInfo) []*sealedFilter {
 // cachedFilters are the filters a fast claim tests ids against.
 type cachedFilters []*sealedFilter
 
-// mayHold reports whether one of the partitions may hold the id of c.
-func (cf cachedFilters) mayHold(c consumer.Claim) bool {
+// matching returns the filters that may hold the id of c; nil if none does.
+func (cf cachedFilters) matching(c consumer.Claim) []*sealedFilter {
 	k := newFilterKey(c.Consumer, c.MessageID)
+	var out []*sealedFilter
 	for _, f := range cf {
 		if f.mayHave(k) {
-			return true
+			out = append(out, f)
 		}
 	}
-	return false
+	return out
+}
+
+// split splits claims into those whose ids no filter holds (none) and
+// those one may hold (maybe), and returns the filters that may hold one of
+// the latter.
+func (cf cachedFilters) split(claims []consumer.Claim) (none, maybe []consumer.Claim, matched []*sealedFilter) {
+	none = make([]consumer.Claim, 0, len(claims))
+	for _, c := range claims {
+		m := cf.matching(c)
+		if m == nil {
+			none = append(none, c)
+			continue
+		}
+		maybe = append(maybe, c)
+		for _, f := range m {
+			if !slices.Contains(matched, f) {
+				matched = append(matched, f)
+			}
+		}
+	}
+	return none, maybe, matched
 }
 
 // CacheFilters reads into memory the filters of the sealed partitions of a
@@ -214,17 +237,6 @@ func (s *Store) CacheFilters(ctx context.Context) (int, error) {
 func isSealed(sealed map[string]sealInfo, name string) bool {
 	_, ok := sealed[name]
 	return ok
-}
-
-// unseen returns the claims whose ids none of the partitions holds.
-func (cf cachedFilters) unseen(claims []consumer.Claim) []consumer.Claim {
-	out := make([]consumer.Claim, 0, len(claims))
-	for _, c := range claims {
-		if !cf.mayHold(c) {
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // get returns the filter of the named partition, nil if fs has none.

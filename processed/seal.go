@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,13 +62,16 @@ const (
 	// filterBuckets is the number of filter rows per sealed partition.
 	filterBuckets = 1 << 15
 	// filterBitsPerID and filterHashes set the filter's false-positive
-	// rate: (1-e^(-10/14))^10 is 0.12%; measured, with the spread of ids
-	// over buckets, 0.15-0.25% per sealed partition (TestFilterRates). A
-	// row holds filterBitsPerID/8 bytes per id of its bucket, and must fit
-	// an index entry (maxFilterBytes): past about 48 million ids in one
-	// partition the rows are capped and the false-positive rate rises, so
-	// a partition should hold fewer (use a shorter PartitionInterval).
-	filterBitsPerID = 14
+	// rate: (1-e^(-10/20))^10 is 0.009%; measured, with the spread of ids
+	// over buckets, 0.010% per sealed partition of ten million ids and
+	// 0.027% of one million (TestFilterRates). A row holds
+	// filterBitsPerID/8 bytes per id of its bucket, and must fit an index
+	// entry (maxFilterBytes): past about 34 million ids in one partition
+	// the rows are capped and the false-positive rate rises, so a
+	// partition should hold fewer (use a shorter PartitionInterval).
+	// Partitions sealed with another size (earlier versions used 14
+	// bits per id) keep their rows: a row's bit count is its length.
+	filterBitsPerID = 20
 	filterHashes    = 10
 	// minFilterBytes and maxFilterBytes bound a filter row's bits.
 	minFilterBytes = 16
@@ -172,6 +177,39 @@ type fastClaims struct {
 	// database's clock); refreshAt when the store builds them again (by
 	// this process's).
 	validUntil, refreshAt time.Time
+	// cur, probe and defaultClass are what they were built from (see
+	// buildFast), for their variants.
+	cur          partitionInfo
+	probe        []string
+	defaultClass int
+	// variants holds, by the names of the sealed partitions they also
+	// probe, the statements for ids those partitions' cached filters may
+	// hold (see variant).
+	variants sync.Map
+}
+
+// variant returns the statements of f that also probe the sealed
+// partitions of the filters m, by name: the statements for ids that one
+// of them may hold. Every other sealed partition's filter says the ids are
+// not there; the statements find them anywhere else f's do. They run with
+// sequential scans off, since they probe partitions whose plans were not
+// made for them.
+func (f *fastClaims) variant(st *statements, m []*sealedFilter) *fastClaims {
+	names := make([]string, len(m))
+	for i, sf := range m {
+		names[i] = sf.partition
+	}
+	sort.Strings(names)
+	key := strings.Join(names, "\x00")
+	if v, ok := f.variants.Load(key); ok {
+		return v.(*fastClaims)
+	}
+	probe := append([]string(nil), f.probe...)
+	for _, n := range names {
+		probe = append(probe, pgx.Identifier{st.schema, n}.Sanitize())
+	}
+	v, _ := f.variants.LoadOrStore(key, buildFast(st, f.cur, probe, false, f.defaultClass))
+	return v.(*fastClaims)
 }
 
 // fastRefresh is how often a store rebuilds its fast claim statements,
@@ -202,6 +240,7 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, d
 	if cur.lower != nil {
 		guard = `now() >= ` + pgTime(*cur.lower) + ` AND ` + guard
 	}
+	given := probe
 	if defaultClass >= 0 {
 		probe = append(probe[:len(probe):len(probe)], st.qDefault)
 	}
@@ -228,8 +267,11 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, d
 	head := `/* idemq fast claim; ` + comment + ` */
 INSERT INTO ` + pgx.Identifier{st.schema, cur.name}.Sanitize() + ` (consumer, message_id, fingerprint, source, partition, "offset")`
 	return &fastClaims{
-		validUntil: *cur.upper,
-		filter:     filter,
+		validUntil:   *cur.upper,
+		filter:       filter,
+		cur:          cur,
+		probe:        given,
+		defaultClass: defaultClass,
 		insert: head + `
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
 WHERE ` + guard + one.String() + `
@@ -311,14 +353,15 @@ func (s *Store) fast(ctx context.Context, q querier, st *statements) (*fastClaim
 }
 
 // firstInsert is the first insert of a claim, or of a batch of claims, on
-// a partitioned table, after the lock: the fast statement when there is one,
+// a partitioned table, after the lock: a fast statement when there is one,
 // else the full lookup's insert, between noScans and restoreScans.
 type firstInsert struct {
 	st   *statements
 	sql  string
 	args []any
-	// full: the full lookup's insert, with sequential scans off.
-	full bool
+	// scansOff: the insert runs between noScans and restoreScans (the full
+	// lookup's, and a fast one that probes sealed partitions by name).
+	scansOff bool
 	// wrap wraps the errors of the insert: wrapFast for a fast one.
 	wrap func(op string, err error) error
 }
@@ -330,38 +373,69 @@ func (s *Store) firstClaim(ctx context.Context, q querier, st *statements, c con
 	if err != nil {
 		return firstInsert{}, err
 	}
-	if f == nil || (f.cached != nil && f.cached.mayHold(c)) {
-		// No fast statements, or a sealed partition may hold the id.
-		return firstInsert{st: st, sql: st.insert, args: claimArgs(c), full: true, wrap: s.wrap}, nil
+	if f == nil {
+		return firstInsert{st: st, sql: st.insert, args: claimArgs(c), scansOff: true, wrap: s.wrap}, nil
+	}
+	if f.cached != nil {
+		if m := f.cached.matching(c); m != nil {
+			// A sealed partition may hold the id: probe those that may.
+			return firstInsert{st: st, sql: f.variant(st, m).insert, args: claimArgs(c), scansOff: true, wrap: s.wrapFast}, nil
+		}
 	}
 	return firstInsert{st: st, sql: f.insert, args: f.args(c), wrap: s.wrapFast}, nil
 }
 
-// firstBatchClaim returns the first insert of the pending claims of b.
-func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, pending []consumer.Claim) (firstInsert, error) {
+// firstBatchClaim returns the first inserts of the pending claims of b: one,
+// or, with cached filters, one for the ids no sealed partition may hold and
+// one for the others, which probes the sealed partitions that may hold them
+// by name.
+func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, pending []consumer.Claim) (firstInserts, error) {
 	f, err := s.fast(ctx, q, b.st)
 	if err != nil {
-		return firstInsert{}, err
+		return firstInserts{}, err
 	}
 	if f == nil {
-		return firstInsert{st: b.st, sql: b.st.batchInsert, args: b.insertArgs(pending), full: true, wrap: s.wrap}, nil
+		return firstInserts{wrap: s.wrap, inserts: []firstInsert{{st: b.st, sql: b.st.batchInsert, args: b.insertArgs(pending), scansOff: true}}}, nil
 	}
+	fis := firstInserts{wrap: s.wrapFast}
+	var (
+		maybe   []consumer.Claim
+		matched []*sealedFilter
+	)
 	if f.cached != nil {
-		// The ids a sealed partition may hold are left out: finish reads
-		// them, and claims afresh, looking everywhere, those it does not
-		// find.
-		pending = f.cached.unseen(pending)
+		pending, maybe, matched = f.cached.split(pending)
 	}
-	return firstInsert{st: b.st, sql: f.batchInsert, args: f.batchArgs(b, pending), wrap: s.wrapFast}, nil
+	if len(pending) > 0 {
+		fis.inserts = append(fis.inserts, firstInsert{st: b.st, sql: f.batchInsert, args: f.batchArgs(b, pending)})
+	}
+	if len(maybe) > 0 {
+		fis.inserts = append(fis.inserts, firstInsert{st: b.st, sql: f.variant(b.st, matched).batchInsert, args: b.insertArgs(maybe), scansOff: true})
+	}
+	return fis, nil
+}
+
+// firstInserts are the first inserts of a batch of claims, each returning
+// the ids it inserted.
+type firstInserts struct {
+	inserts []firstInsert
+	// wrap wraps their errors.
+	wrap func(op string, err error) error
+}
+
+// queue queues the inserts on bt, each with the callback collect.
+func (fis firstInserts) queue(bt *pgx.Batch, collect func(pgx.Rows) error) {
+	for _, fi := range fis.inserts {
+		fi.queue(bt).Query(collect)
+	}
 }
 
 // queue queues the insert on bt, and returns it for its result's callback.
 func (fi firstInsert) queue(bt *pgx.Batch) *pgx.QueuedQuery {
-	if fi.full {
+	if fi.scansOff {
 		bt.Queue(noScans)
 	}
 	q := bt.Queue(fi.sql, fi.args...)
-	if fi.full {
+	if fi.scansOff {
 		bt.Queue(fi.st.restoreScans)
 	}
 	return q
@@ -508,9 +582,9 @@ func (s *Store) seal(ctx context.Context, st *statements, p partitionInfo) error
 	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+ident).Scan(&count); err != nil {
 		return fmt.Errorf("count ids: %w", err)
 	}
-	// Capped to fit an index entry: past about 48 million ids the
+	// Capped to fit an index entry: past about 34 million ids the
 	// false-positive rate rises instead.
-	rowBytes := min(maxFilterBytes, max(minFilterBytes, int((count*filterBitsPerID/filterBuckets+7)/8)))
+	rowBytes := filterRowBytes(count)
 	bits := make([]byte, filterBuckets*rowBytes)
 	nbits := int64(rowBytes * 8)
 	rows, err := s.db.Query(ctx, `SELECT consumer, message_id FROM `+ident)

@@ -480,26 +480,26 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		return nil, nil, err
 	}
 	var (
-		inserted []string
-		ran      bool
+		inserted  []string
+		ran, want = 0, 1
 	)
 	collect := func(rows pgx.Rows) error {
-		ran = true
-		var err error
-		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		ran++
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		inserted = append(inserted, ids...)
 		return err
 	}
 	wrap := s.wrap
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if bc.st.partitioned {
-		fi, err := s.firstBatchClaim(ctx, s.db, bc, claims)
+		fis, err := s.firstBatchClaim(ctx, s.db, bc, claims)
 		if err != nil {
 			return nil, nil, err
 		}
 		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
-		fi.queue(b).Query(collect)
-		wrap = fi.wrap
+		fis.queue(b, collect)
+		wrap, want = fis.wrap, len(fis.inserts)
 	} else {
 		b.Queue(setSyncCommit)
 		b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(collect)
@@ -515,8 +515,8 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	switch {
 	case tx == nil:
 		return nil, nil, errors.New("processed: claim batch: the batch began no transaction")
-	case !ran:
-		return tx, nil, errors.New("processed: claim batch: the queued insert did not run")
+	case ran != want:
+		return tx, nil, fmt.Errorf("processed: claim batch: %d of the %d queued inserts ran", ran, want)
 	}
 	res, err := bc.finish(ctx, tx, inserted)
 	if err != nil {
