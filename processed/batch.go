@@ -65,10 +65,12 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 		if err := tx.SendBatch(ctx, bt).Close(); err != nil {
 			return nil, fis.wrap("claim batch: lock and insert", err)
 		}
-	} else if inserted, err = b.insert(ctx, tx, claims); err != nil {
+		return b.finish(ctx, tx, inserted, fis.existing, fis.wrap)
+	}
+	if inserted, err = b.insert(ctx, tx, claims); err != nil {
 		return nil, err
 	}
-	return b.finish(ctx, tx, inserted)
+	return b.finish(ctx, tx, inserted, "", nil)
 }
 
 // batchClaim is one ClaimBatch in progress.
@@ -121,36 +123,49 @@ func (b *batchClaim) insertArgs(pending []consumer.Claim) []any {
 }
 
 // insert runs the batch INSERT of pending in tx and returns the ids it
-// inserted.
+// inserted; on a partitioned table, the full lookup's, between noScans and
+// restoreScans, in one round trip.
 func (b *batchClaim) insert(ctx context.Context, tx pgx.Tx, pending []consumer.Claim) ([]string, error) {
-	rows, err := tx.Query(ctx, b.st.batchInsert, b.insertArgs(pending)...)
-	if err != nil {
-		return nil, b.s.wrap("claim batch: insert", err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var inserted []string
+	err := b.query(ctx, tx, b.st.batchInsert, b.insertArgs(pending), func(rows pgx.Rows) error {
+		var err error
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
 	if err != nil {
 		return nil, b.s.wrap("claim batch: insert", err)
 	}
 	return inserted, nil
 }
 
-// finish records the first INSERT's inserted ids, reads the rows the others
-// conflicted with, and claims afresh the ids whose rows were purged in
-// between, until every claim has its answer. On a partitioned table it
-// does so with sequential scans off (see partitionedSQL).
-func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string) (res []consumer.ClaimResult, err error) {
-	if !b.st.partitioned || len(inserted) == len(b.claims) {
-		return b.resolve(ctx, tx, inserted)
+// query runs sql with args in tx, its rows to f; on a partitioned table
+// between noScans and restoreScans (see partitionedSQL), in one round trip.
+func (b *batchClaim) query(ctx context.Context, tx pgx.Tx, sql string, args []any, f func(pgx.Rows) error) error {
+	if !b.st.partitioned {
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if err := f(rows); err != nil {
+			return err
+		}
+		return rows.Err()
 	}
-	err = b.s.withoutScans(ctx, tx, b.st, "claim batch", func() error {
-		res, err = b.resolve(ctx, tx, inserted)
-		return err
-	})
-	return res, err
+	bt := &pgx.Batch{}
+	bt.Queue(noScans)
+	bt.Queue(sql, args...).Query(f)
+	bt.Queue(b.st.restoreScans)
+	return tx.SendBatch(ctx, bt).Close()
 }
 
-// resolve is finish, once sequential scans are off where they must be.
-func (b *batchClaim) resolve(ctx context.Context, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+// finish records the first inserts' inserted ids, reads the rows the others
+// conflicted with, and claims afresh the ids whose rows were purged in
+// between, until every claim has its answer. After fast inserts (see
+// seal.go), fastExisting is their batch read of the rows where they
+// looked, which finds most rows more cheaply than the full lookup; the ids
+// it does not find take the full lookup (wrap wraps its errors).
+func (b *batchClaim) finish(ctx context.Context, tx pgx.Tx, inserted []string, fastExisting string, wrap func(op string, err error) error) ([]consumer.ClaimResult, error) {
 	pending := b.claims
 	for attempt := 1; ; attempt++ {
 		claimed := make(map[string]bool, len(inserted))
@@ -170,17 +185,49 @@ func (b *batchClaim) resolve(ctx context.Context, tx pgx.Tx, inserted []string) 
 		// A new statement, so a new snapshot: it sees the rows of the
 		// transactions the insert waited for. Its shape fixes the plan, so
 		// it can be a cached prepared statement (see batchSQL).
-		rows, err := tx.Query(ctx, b.st.batchExisting, b.name, conflicted)
-		if err != nil {
-			return nil, b.s.wrap("claim batch: select existing", err)
+		if attempt == 1 && fastExisting != "" {
+			var err error
+			if conflicted, err = b.existing(ctx, tx, fastExisting, conflicted); err != nil {
+				return nil, wrap("claim batch: select existing", err)
+			}
 		}
-		found := map[string]bool{}
+		var missing []string
+		if len(conflicted) > 0 {
+			var err error
+			if missing, err = b.existing(ctx, tx, b.st.batchExisting, conflicted); err != nil {
+				return nil, b.s.wrap("claim batch: select existing", err)
+			}
+		}
+		// Rows purged between the two statements are claimed afresh.
+		pending = pending[:0:0]
+		for _, id := range missing {
+			pending = append(pending, b.claims[b.index[id]])
+		}
+		if len(pending) == 0 {
+			return b.results, nil
+		}
+		if attempt >= maxClaimAttempts {
+			return nil, fmt.Errorf("processed: claim batch: %d rows conflicted but vanished %d times", len(pending), attempt)
+		}
+		var err error
+		if inserted, err = b.insert(ctx, tx, pending); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// existing reads, with sql (batchExisting or a fast one), the rows of ids,
+// records them as duplicates or mismatches, and returns the ids it did not
+// find.
+func (b *batchClaim) existing(ctx context.Context, tx pgx.Tx, sql string, ids []string) ([]string, error) {
+	found := make(map[string]bool, len(ids))
+	err := b.query(ctx, tx, sql, []any{b.name, ids}, func(rows pgx.Rows) error {
 		var (
 			id string
 			fp []byte
 			at time.Time
 		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &fp, &at}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &fp, &at}, func() error {
 			i := b.index[id]
 			out := consumer.ClaimDuplicate
 			if !bytes.Equal(fp, b.claims[i].Fingerprint[:]) {
@@ -190,24 +237,16 @@ func (b *batchClaim) resolve(ctx context.Context, tx pgx.Tx, inserted []string) 
 			found[id] = true
 			return nil
 		})
-		if err != nil {
-			return nil, b.s.wrap("claim batch: select existing", err)
-		}
-		// Rows purged between the two statements are claimed afresh.
-		pending = pending[:0:0]
-		for _, id := range conflicted {
-			if !found[id] {
-				pending = append(pending, b.claims[b.index[id]])
-			}
-		}
-		if len(pending) == 0 {
-			return b.results, nil
-		}
-		if attempt >= maxClaimAttempts {
-			return nil, fmt.Errorf("processed: claim batch: %d rows conflicted but vanished %d times", len(pending), attempt)
-		}
-		if inserted, err = b.insert(ctx, tx, pending); err != nil {
-			return nil, err
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, id := range ids {
+		if !found[id] {
+			missing = append(missing, id)
 		}
 	}
+	return missing, nil
 }

@@ -135,15 +135,16 @@ func (s *Store) withoutScans(ctx context.Context, tx pgx.Tx, st *statements, op 
 }
 
 // existingNoScans is existing, between noScans and restoreScans, in one
-// round trip.
-func (s *Store) existingNoScans(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
+// round trip, with sql: st.existing, or a fast insert's existing, which
+// looks only where that insert did; wrap wraps its errors.
+func (s *Store) existingNoScans(ctx context.Context, st *statements, tx pgx.Tx, sql string, wrap func(op string, err error) error, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
 	var (
 		fp []byte
 		at time.Time
 	)
 	b := &pgx.Batch{}
 	b.Queue(noScans)
-	b.Queue(st.existing, c.Consumer, c.MessageID).QueryRow(func(row pgx.Row) error {
+	b.Queue(sql, c.Consumer, c.MessageID).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&fp, &at)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -153,7 +154,7 @@ func (s *Store) existingNoScans(ctx context.Context, st *statements, tx pgx.Tx, 
 	})
 	b.Queue(st.restoreScans)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return consumer.ClaimResult{}, false, s.wrap("claim: select existing", err)
+		return consumer.ClaimResult{}, false, wrap("claim: select existing", err)
 	}
 	if !found {
 		return consumer.ClaimResult{}, false, nil
@@ -690,4 +691,17 @@ func (s *Store) purgePartitioned(ctx context.Context, st *statements, olderThan 
 		return total, s.wrap(string(step)+" (default partition)", err)
 	}
 	return total, nil
+}
+
+// existingAfter reads, after the first insert fi of c inserted nothing, the
+// row it conflicted with: first where a fast insert looked, then, if not
+// there (a filter's false positive, or a guard that stopped the insert),
+// everywhere. found is false if the row is in no partition.
+func (s *Store) existingAfter(ctx context.Context, st *statements, tx pgx.Tx, fi firstInsert, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
+	if fi.existing != "" {
+		if res, found, err = s.existingNoScans(ctx, st, tx, fi.existing, fi.wrap, c); err != nil || found {
+			return res, found, err
+		}
+	}
+	return s.existingNoScans(ctx, st, tx, st.existing, s.wrap, c)
 }

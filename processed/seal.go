@@ -166,6 +166,10 @@ func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
 // are then built again, and the claim retried.
 type fastClaims struct {
 	insert, batchInsert string
+	// existing and batchExisting read a row where insert and batchInsert
+	// look (the partition they insert into, and those they probe), for
+	// the ids they did not insert.
+	existing, batchExisting string
 	// filter: the statements read the seals' filter, and take the
 	// filter's keys as arguments.
 	filter bool
@@ -244,10 +248,16 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, d
 	if defaultClass >= 0 {
 		probe = append(probe[:len(probe):len(probe)], st.qDefault)
 	}
+	qCur := pgx.Identifier{st.schema, cur.name}.Sanitize()
 	var one, many strings.Builder
+	var ex, batchEx []string
 	for _, q := range probe {
 		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = $2::text)")
 		many.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + q + " p WHERE p.consumer = $1::text AND p.message_id = u.id)")
+	}
+	for _, q := range append([]string{qCur}, probe...) {
+		ex = append(ex, "SELECT fingerprint, processed_at FROM "+q+" WHERE consumer = $1::text AND message_id = $2::text")
+		batchEx = append(batchEx, "SELECT message_id, fingerprint, processed_at FROM "+q+" WHERE consumer = $1::text AND message_id = u.id")
 	}
 	if filter {
 		one.WriteString("\nAND NOT EXISTS (SELECT 1 FROM " + st.qFilter + " f WHERE f.bucket = $7::integer\n\tAND " + filterMatch("f", "$8::bigint", "$9::bigint") + ")")
@@ -265,13 +275,20 @@ func buildFast(st *statements, cur partitionInfo, probe []string, filter bool, d
 		comment = `DEFAULT partition empty below its floor`
 	}
 	head := `/* idemq fast claim; ` + comment + ` */
-INSERT INTO ` + pgx.Identifier{st.schema, cur.name}.Sanitize() + ` (consumer, message_id, fingerprint, source, partition, "offset")`
+INSERT INTO ` + qCur + ` (consumer, message_id, fingerprint, source, partition, "offset")`
 	return &fastClaims{
 		validUntil:   *cur.upper,
 		filter:       filter,
 		cur:          cur,
 		probe:        given,
 		defaultClass: defaultClass,
+		existing:     "/* idemq fast existing */\n" + strings.Join(ex, "\nUNION ALL\n") + "\nLIMIT 1",
+		batchExisting: `/* idemq fast existing */
+SELECT p.message_id, p.fingerprint, p.processed_at
+FROM unnest($2::text[]) AS u(id)
+CROSS JOIN LATERAL (
+` + strings.Join(batchEx, "\nUNION ALL\n") + `
+LIMIT 1) AS p`,
 		insert: head + `
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint
 WHERE ` + guard + one.String() + `
@@ -362,6 +379,9 @@ type firstInsert struct {
 	// scansOff: the insert runs between noScans and restoreScans (the full
 	// lookup's, and a fast one that probes sealed partitions by name).
 	scansOff bool
+	// existing reads the row of an id a fast insert did not insert, where
+	// that insert looked; empty for the full lookup's.
+	existing string
 	// wrap wraps the errors of the insert: wrapFast for a fast one.
 	wrap func(op string, err error) error
 }
@@ -379,10 +399,11 @@ func (s *Store) firstClaim(ctx context.Context, q querier, st *statements, c con
 	if f.cached != nil {
 		if m := f.cached.matching(c); m != nil {
 			// A sealed partition may hold the id: probe those that may.
-			return firstInsert{st: st, sql: f.variant(st, m).insert, args: claimArgs(c), scansOff: true, wrap: s.wrapFast}, nil
+			v := f.variant(st, m)
+			return firstInsert{st: st, sql: v.insert, args: claimArgs(c), scansOff: true, existing: v.existing, wrap: s.wrapFast}, nil
 		}
 	}
-	return firstInsert{st: st, sql: f.insert, args: f.args(c), wrap: s.wrapFast}, nil
+	return firstInsert{st: st, sql: f.insert, args: f.args(c), existing: f.existing, wrap: s.wrapFast}, nil
 }
 
 // firstBatchClaim returns the first inserts of the pending claims of b: one,
@@ -397,7 +418,7 @@ func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, p
 	if f == nil {
 		return firstInserts{wrap: s.wrap, inserts: []firstInsert{{st: b.st, sql: b.st.batchInsert, args: b.insertArgs(pending), scansOff: true}}}, nil
 	}
-	fis := firstInserts{wrap: s.wrapFast}
+	fis := firstInserts{wrap: s.wrapFast, existing: f.batchExisting}
 	var (
 		maybe   []consumer.Claim
 		matched []*sealedFilter
@@ -409,7 +430,10 @@ func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, p
 		fis.inserts = append(fis.inserts, firstInsert{st: b.st, sql: f.batchInsert, args: f.batchArgs(b, pending)})
 	}
 	if len(maybe) > 0 {
-		fis.inserts = append(fis.inserts, firstInsert{st: b.st, sql: f.variant(b.st, matched).batchInsert, args: b.insertArgs(maybe), scansOff: true})
+		// Its reads look where both inserts did.
+		v := f.variant(b.st, matched)
+		fis.inserts = append(fis.inserts, firstInsert{st: b.st, sql: v.batchInsert, args: b.insertArgs(maybe), scansOff: true})
+		fis.existing = v.batchExisting
 	}
 	return fis, nil
 }
@@ -418,6 +442,9 @@ func (s *Store) firstBatchClaim(ctx context.Context, q querier, b *batchClaim, p
 // the ids it inserted.
 type firstInserts struct {
 	inserts []firstInsert
+	// existing reads the rows of the ids they did not insert, where they
+	// looked; empty for the full lookup's.
+	existing string
 	// wrap wraps their errors.
 	wrap func(op string, err error) error
 }

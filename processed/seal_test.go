@@ -763,3 +763,52 @@ func claimApply(c context.Context, s *processed.Store, claims []consumer.Claim, 
 	}
 	return tx.Commit(c)
 }
+
+// TestDuplicateInCurrentPartitionSkipsSealed: a duplicate of an id claimed
+// in the current partition is read where the fast claim looked, so neither
+// a single claim nor a batch touches the sealed partitions: here one is
+// held locked by another transaction, which would block the full lookup
+// (it goes through the parent, so every partition).
+func TestDuplicateInCurrentPartitionSkipsSealed(t *testing.T) {
+	t.Parallel()
+	cacheModes(t, func(t *testing.T, cache func(*processed.Store)) {
+		s, pool, names := sealFixture(t, 20)
+		if _, err := s.SealPartitions(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if cache != nil {
+			cache(s)
+		}
+		if r := claimTx(t, pool, s, claimOf("c", "x", "p")); r.Outcome != consumer.ClaimNew {
+			t.Fatalf("first claim: %v", r.Outcome)
+		}
+		locker, err := pool.Begin(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = locker.Rollback(context.Background()) }()
+		if _, err := locker.Exec(ctx(t), `LOCK TABLE `+pgx.Identifier{s.Schema(), names[1]}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, claims := range [][]consumer.Claim{
+			{claimOf("c", "x", "p")},
+			{claimOf("c", "x", "other")},
+			{claimOf("c", "x", "p"), claimOf("c", "y", "p")},
+		} {
+			tx, res, err := s.BeginClaim(c, claims)
+			if err != nil {
+				t.Fatalf("claim %v with a sealed partition locked: %v", claims[0].MessageID, err)
+			}
+			want := consumer.ClaimDuplicate
+			if claims[0].Fingerprint != claimOf("c", "x", "p").Fingerprint {
+				want = consumer.ClaimMismatch
+			}
+			if res[0].Outcome != want || (len(res) > 1 && res[1].Outcome != consumer.ClaimNew) {
+				t.Fatalf("claims %v: %+v", claims, res)
+			}
+			_ = tx.Rollback(c)
+		}
+	})
+}

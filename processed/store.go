@@ -319,7 +319,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
 		}
 		// Most often a duplicate: read it first, as pipelinedClaim does.
-		res, found, err := s.existingNoScans(ctx, st, tx, c)
+		res, found, err := s.existingAfter(ctx, st, tx, fi, c)
 		if err != nil || found {
 			return res, err
 		}
@@ -490,11 +490,11 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 		return err
 	}
 	wrap := s.wrap
+	var fis firstInserts
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if bc.st.partitioned {
-		fis, err := s.firstBatchClaim(ctx, s.db, bc, claims)
-		if err != nil {
+		if fis, err = s.firstBatchClaim(ctx, s.db, bc, claims); err != nil {
 			return nil, nil, err
 		}
 		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
@@ -518,7 +518,7 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	case ran != want:
 		return tx, nil, fmt.Errorf("processed: claim batch: %d of the %d queued inserts ran", ran, want)
 	}
-	res, err := bc.finish(ctx, tx, inserted)
+	res, err := bc.finish(ctx, tx, inserted, fis.existing, fis.wrap)
 	if err != nil {
 		return tx, nil, err
 	}
@@ -543,7 +543,10 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	if err != nil {
 		return nil, consumer.ClaimResult{}, err
 	}
-	var ran, inserted, seen bool
+	var (
+		ran, inserted, seen bool
+		first               firstInsert
+	)
 	wrap := s.wrap
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -552,13 +555,12 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		return nil
 	}
 	if st.partitioned {
-		fi, err := s.firstClaim(ctx, s.db, st, c)
-		if err != nil {
+		if first, err = s.firstClaim(ctx, s.db, st, c); err != nil {
 			return nil, consumer.ClaimResult{}, err
 		}
 		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
-		fi.queue(b).Exec(record)
-		wrap = fi.wrap
+		first.queue(b).Exec(record)
+		wrap = first.wrap
 	} else {
 		b.Queue(st.claimOne, claimArgs(c)...).Exec(record)
 	}
@@ -588,7 +590,7 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		found bool
 	)
 	if st.partitioned {
-		res, found, err = s.existingNoScans(ctx, st, tx, c)
+		res, found, err = s.existingAfter(ctx, st, tx, first, c)
 	} else {
 		res, found, err = s.existing(ctx, st, tx, c)
 	}

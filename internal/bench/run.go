@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
 )
 
 // runMode measures one mode: a fresh queue or topic and ledger, the
@@ -61,6 +62,20 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	name := "bench-" + r.runKey(key)
 	ledger := r.ledgerTable(key)
 
+	// The runtime's store, made before the clock starts: with a
+	// partitioned table, its sealed partitions' filters are read into
+	// memory, as a running consumer's janitor has them after its first
+	// round (nothing on a plain table).
+	var store *processed.Store
+	if db && m != ModeNaive && m != ModeNaive1 {
+		if store, err = r.store(); err != nil {
+			return fail(err)
+		}
+		if _, err := store.CacheFilters(mctx); err != nil {
+			return fail(err)
+		}
+	}
+
 	// The consumer.
 	cctx, stopConsumer := context.WithCancel(mctx)
 	defer stopConsumer()
@@ -96,16 +111,6 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 		default:
 			src, err := tgt.source(cctx, m)
 			if err != nil {
-				return err
-			}
-			store, err := r.store()
-			if err != nil {
-				return err
-			}
-			// A partitioned store's sealed filters in memory, as a
-			// consumer's janitor has them after its first round
-			// (nothing on a plain table).
-			if _, err := store.CacheFilters(cctx); err != nil {
 				return err
 			}
 			rcfg := consumer.Config{
