@@ -105,7 +105,8 @@ type Config struct {
 	Retention time.Duration
 	// JanitorInterval is the time between purges, and between the
 	// Store's upkeep (Maintainer: on a partitioned dedup table, creating
-	// the partitions ahead and sealing those behind). Defaults to 10m.
+	// the partitions ahead, sealing those behind and reading their
+	// filters into memory). Defaults to 10m.
 	JanitorInterval time.Duration
 	// HorizonMargin is how much older than the Source's redelivery horizon
 	// a row must be to be purged: room for the skew between the broker's

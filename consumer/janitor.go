@@ -58,7 +58,8 @@ type RetentionReport struct {
 // Maintainer is a Store with upkeep of its own, which the janitor runs
 // every JanitorInterval before it purges, whether or not it purges then;
 // processed.Store implements it (on a partitioned table: the partitions
-// ahead of the clock, and the seals of those behind it).
+// ahead of the clock, the seals of those behind it, and their filters in
+// memory).
 type Maintainer interface {
 	Maintain(ctx context.Context) error
 }
