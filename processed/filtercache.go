@@ -30,9 +30,9 @@ import (
 // claim statements (see fast) are built from the sealed partitions at one
 // time: if the cache holds the filter of every one of them, identified by
 // name and seal time, the statements do not read the filter table, and the
-// claim tests the id against the cached filters instead; an id that one of
-// them may hold (a duplicate, or a false positive) takes the full lookup of
-// every partition, as it does when the filter table says so. A partition
+// claim tests the id against the cached filters instead; an id that some
+// of them may hold (a duplicate, or a false positive) is looked up in those
+// partitions only, by name (see fastClaims.variant). A partition
 // sealed after the statements were built is probed by name, as before. If
 // the cache does not cover every sealed partition (one sealed since the last
 // CacheFilters, or more than the budget), the statements read the filter

@@ -159,7 +159,9 @@ func sealedSQL(st *statements, qDefault, qSealed, qFilter string) {
 // they probe (the unsealed past ones, the DEFAULT partition unless it was
 // empty below a floor past that bound); or in a
 // sealed partition, whose filter they read when any partition was sealed
-// when they were built (one sealed since is still probed by name). Past
+// when they were built, or the claim tests in memory when the store holds
+// the filters of all of those (see filtercache.go; one sealed since is
+// still probed by name). Past
 // it, or in a transaction that began before the partition's lower bound,
 // they insert nothing, so the claim falls back to the full lookup. A purge
 // that drops a partition they name makes them fail (undefined_table): they
