@@ -191,9 +191,11 @@ FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	return nil
 }
 
-// purgeLoop runs Purge until ctx is done, pausing briefly when there was
-// nothing to delete. It counts the errors in errs, and keeps the first.
-func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64, first *atomic.Pointer[error]) {
+// purgeLoop runs Purge until stop is closed (a pass in progress then
+// finishes, so that its rows count) or ctx is done, pausing briefly when
+// there was nothing to delete. It counts the errors in errs, and keeps the
+// first.
+func (r *runner) purgeLoop(ctx context.Context, stop <-chan struct{}, rows, errs *atomic.Int64, first *atomic.Pointer[error]) {
 	store, err := r.store()
 	if err != nil {
 		errs.Add(1)
@@ -201,6 +203,11 @@ func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64, first 
 		return
 	}
 	for ctx.Err() == nil {
+		select {
+		case <-stop:
+			return
+		default:
+		}
 		n, err := store.Purge(ctx, purgeOlderThan)
 		rows.Add(n)
 		if err != nil && ctx.Err() == nil {
@@ -209,7 +216,11 @@ func (r *runner) purgeLoop(ctx context.Context, rows, errs *atomic.Int64, first 
 			r.log.Warn("bench: purge", "error", err)
 		}
 		if n == 0 {
-			sleepCtx(ctx, 20*time.Millisecond)
+			select {
+			case <-stop:
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
 	}
 }

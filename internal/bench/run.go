@@ -151,11 +151,19 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	var purgeWG sync.WaitGroup
 	var purged, purgeErrs atomic.Int64
 	var firstPurgeErr atomic.Pointer[error]
+	stopPurge := make(chan struct{})
+	defer func() {
+		select {
+		case <-stopPurge:
+		default:
+			close(stopPurge)
+		}
+	}()
 	if ph.purge {
 		purgeWG.Add(1)
 		go func() {
 			defer purgeWG.Done()
-			r.purgeLoop(cctx, &purged, &purgeErrs, &firstPurgeErr)
+			r.purgeLoop(mctx, stopPurge, &purged, &purgeErrs, &firstPurgeErr)
 		}()
 	}
 
@@ -242,6 +250,8 @@ wait:
 			runErr = fmt.Errorf("consumer: %w", err)
 		}
 	}
+	// The purge's pass in progress, if any, finishes: its rows count.
+	close(stopPurge)
 	purgeWG.Wait()
 	cancel() // stops a publisher still running after a failure
 
