@@ -173,7 +173,7 @@ func (cf cachedFilters) split(claims []consumer.Claim) (none, maybe []consumer.C
 // test new ids against the cached filters once the cache holds the filter
 // of every sealed partition: see the comment of filtercache.go. Maintain,
 // and so the runtime's janitor, calls it after sealing; reading a partition
-// of ten million ids reads about 17 MB. It does nothing on a plain table.
+// of ten million ids reads about 25 MB. It does nothing on a plain table.
 func (s *Store) CacheFilters(ctx context.Context) (int, error) {
 	if s.cfg.FilterCacheBytes < 0 {
 		return 0, nil

@@ -47,11 +47,13 @@ import (
 // upper bound (partition pruning skips the others), and the DEFAULT
 // partition, which may hold rows of any time (the fast claims skip it while
 // it is empty below its floor: see partition.go). For the sealed partitions it
-// reads the id's filter rows: a Bloom filter has no false negatives, so if
-// no filter has all of the id's bits the id is in no sealed partition, and
-// the claim inserts it. If one has them (the id is there, or, for about one
-// new id in 500 per sealed partition, a false positive), the claim falls
-// back to the full lookup of every partition. Since partitions are sealed
+// reads the id's filter rows (or tests the store's copy of them: see
+// filtercache.go): a Bloom filter has no false negatives, so if no filter
+// has all of the id's bits the id is in no sealed partition, and the claim
+// inserts it. If one has them (the id is there, or, for about one new id in
+// 10,000 per sealed partition of ten million ids, a false positive), the
+// claim falls back to the full lookup of every partition (with the copy in
+// memory, to a probe of the partitions whose filters have them). Since partitions are sealed
 // oldest first, every range partition below the newest sealed one's upper
 // bound is sealed; the claim reads that bound and the filters in one
 // snapshot, and the filter rows commit with the partition's sealed row.
