@@ -165,7 +165,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		return attemptResult{out: outInfraErr, err: err}
 	}
 	res := attemptResult{claims: claims, handler: make([]time.Duration, len(items))}
-	htx := &handlerTx{Tx: tx}
+	htx := &handlerTx{guardTx: guardTx{tx}}
 
 	if r.cfg.BatchHandler != nil && len(items) > 1 {
 		var msgs []*Message
@@ -178,10 +178,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		if len(msgs) > 0 {
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
-			err := r.callBatchHandler(hctx, htx, msgs)
-			if err == nil {
-				err = handlerMisuse(htx)
-			}
+			err := handlerMisuse(htx, r.callBatchHandler(hctx, htx, msgs))
 			d := time.Since(hstart)
 			for i := range res.handler {
 				res.handler[i] = d
@@ -201,10 +198,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 			it.msg.Attempt = attemptNo
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
-			err := r.callHandler(hctx, htx, it.msg)
-			if err == nil {
-				err = handlerMisuse(htx)
-			}
+			err := handlerMisuse(htx, r.callHandler(hctx, htx, it.msg))
 			res.handler[i] = time.Since(hstart)
 			if err != nil {
 				fail := classifyHandlerErr(ctx, hctx, tx, err, i)
@@ -242,12 +236,20 @@ var errStatementIgnored = errors.New("a statement in the handler's transaction f
 var errTxEnded = errors.New("the handler called tx.Commit or tx.Rollback on the runtime's transaction, which the runtime refused: " +
 	"handlers must leave that to the runtime (return nil to commit, an error to roll back); nothing was committed")
 
+// errTxEndedBySQL is the handler error of a handler that ended the
+// runtime's transaction with SQL of its own.
+var errTxEndedBySQL = errors.New("the handler ended the runtime's transaction itself, with SQL (COMMIT, ROLLBACK, END, ABORT or PREPARE TRANSACTION): " +
+	"what it ran after that was outside the transaction that holds the message's claim, so the runtime did not apply the message; " +
+	"leave ending the transaction to the runtime (return nil to commit, an error to roll back)")
+
 // handlerTx is the transaction handlers see: the runtime's own, except that
-// Commit and Rollback are refused and remembered. Ending the transaction is
-// the runtime's job; a handler that ended it would also hand its
-// connection back to the pool while the runtime still uses it.
+// Commit and Rollback are refused and remembered, and that it runs no
+// statement once the handler has ended the transaction with SQL (see
+// guardTx). Ending the transaction is the runtime's job; a handler that
+// ended it would also hand its connection back to the pool while the
+// runtime still uses it.
 type handlerTx struct {
-	pgx.Tx
+	guardTx
 	ended bool
 }
 
@@ -263,23 +265,129 @@ func (t *handlerTx) Rollback(context.Context) error {
 	return Permanent(errTxEnded)
 }
 
-// handlerMisuse checks, after a handler returned nil, that it left the
-// transaction usable: not aborted by a failed statement whose error it
-// ignored (COMMIT would only answer ROLLBACK), and not ended by the handler
-// itself. Both are the handler's fault, and definite: nothing the handler
-// did in tx is committed.
-func handlerMisuse(tx *handlerTx) error {
+// guardTx is a transaction, or a savepoint in one (tx.Begin), that refuses
+// to run a statement once the connection has left the transaction: after a
+// handler's own COMMIT, ROLLBACK or the like, the statements it runs next
+// would be autocommitted one by one, outside the transaction that holds
+// the claims, and nothing could take them back. The check reads the
+// transaction status the server reported with its last answer, so it costs
+// no round trip.
+type guardTx struct{ pgx.Tx }
+
+// ended returns errTxEndedBySQL, as a permanent error, once the connection
+// is outside any transaction.
+func (g guardTx) ended() error {
+	if c := g.Tx.Conn(); c != nil && !c.IsClosed() && c.PgConn().TxStatus() == 'I' {
+		return Permanent(errTxEndedBySQL)
+	}
+	return nil
+}
+
+// Begin starts a savepoint, guarded the same way.
+func (g guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := g.ended(); err != nil {
+		return nil, err
+	}
+	sp, err := g.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return guardTx{sp}, nil
+}
+
+// Exec runs sql unless the transaction has ended.
+func (g guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := g.ended(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return g.Tx.Exec(ctx, sql, args...)
+}
+
+// Query runs sql unless the transaction has ended.
+func (g guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := g.ended(); err != nil {
+		return nil, err
+	}
+	return g.Tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql unless the transaction has ended.
+func (g guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := g.ended(); err != nil {
+		return errRow{err}
+	}
+	return g.Tx.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sends b unless the transaction has ended.
+func (g guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := g.ended(); err != nil {
+		return errBatch{err}
+	}
+	return g.Tx.SendBatch(ctx, b)
+}
+
+// CopyFrom copies unless the transaction has ended.
+func (g guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if err := g.ended(); err != nil {
+		return 0, err
+	}
+	return g.Tx.CopyFrom(ctx, table, cols, src)
+}
+
+// Prepare prepares sql unless the transaction has ended.
+func (g guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := g.ended(); err != nil {
+		return nil, err
+	}
+	return g.Tx.Prepare(ctx, name, sql)
+}
+
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is a pgx.BatchResults of a batch that was not sent.
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }
+
+// handlerMisuse checks, after each handler and before the next one runs,
+// that the handler left the transaction usable, and returns the error the
+// attempt fails with: err, the handler's own, unless the handler misused
+// the transaction. A handler that returned nil must not have left it
+// aborted by a failed statement whose error it ignored (COMMIT would only
+// answer ROLLBACK). And no handler may have ended it, through tx.Commit or
+// tx.Rollback (refused) or with SQL: the connection is then outside the
+// transaction, and what runs next would be autocommitted without a claim
+// (guardTx refuses it); this is permanent, whatever the handler returned.
+// A transaction the handler ended and began anew with SQL is still open
+// here: the Store's commit refuses it (see Store).
+func handlerMisuse(tx *handlerTx, err error) error {
 	if tx.ended {
 		return Permanent(errTxEnded)
 	}
 	c := tx.Conn()
 	if c == nil || c.IsClosed() {
-		return nil // a lost connection is found by the commit
+		return err // a lost connection is found by the classifier or the commit
 	}
-	if c.PgConn().TxStatus() == 'E' {
-		return errStatementIgnored
+	switch c.PgConn().TxStatus() {
+	case 'E':
+		if err == nil {
+			return errStatementIgnored
+		}
+	case 'I':
+		if err != nil {
+			return Permanent(fmt.Errorf("%w (the handler returned: %w)", errTxEndedBySQL, err))
+		}
+		return Permanent(errTxEndedBySQL)
 	}
-	return nil
+	return err
 }
 
 // classifyHandlerErr says what a handler error (of item i, or -1) means.
@@ -302,6 +410,11 @@ func classifyCommitErr(err error) attemptResult {
 	switch {
 	case errors.As(err, &pgErr) && isConflict(err):
 		return attemptResult{out: outConflict, err: fmt.Errorf("commit: %w", err), failed: -1}
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "25"):
+		// Invalid transaction state: the Store refused to commit a
+		// transaction other than the one it began (a handler ended it
+		// with SQL and began another; see Store). Nothing was committed.
+		return attemptResult{out: outHandlerErr, err: Permanent(fmt.Errorf("commit: %w: %w", errTxEndedBySQL, err)), failed: -1}
 	case errors.As(err, &pgErr):
 		// The server answered: the transaction definitely rolled back
 		// (a deferred constraint, say).

@@ -10,7 +10,12 @@ import (
 
 // Handler applies one message's effect inside tx, the transaction that also
 // holds the message's dedup claim. It must make its changes through tx only
-// and must not commit or roll it back: the runtime does. Any side effect
+// and must not commit or roll it back: the runtime does. A handler that
+// ends tx, with tx.Commit, tx.Rollback or SQL (COMMIT, ROLLBACK, END,
+// ABORT, PREPARE TRANSACTION), has its message dead-lettered as permanent,
+// and tx runs no statement after that. Savepoints (tx.Begin) are fine. In
+// a processed store's transaction, SET CONSTRAINTS ALL IMMEDIATE fails (it
+// would fire the store's commit guard): name your constraints instead. Any side effect
 // outside tx (an HTTP call, a publish) is not covered by the exactly-once
 // guarantee; use an outbox for those.
 //

@@ -67,9 +67,16 @@ type ClaimResult struct {
 // Another implementation must give processed's guarantees: BeginClaim's
 // transaction is READ COMMITTED and its commit is durable when Commit
 // returns (the runtime acks then); a claim is an insert in that transaction,
-// so it commits or rolls back with the handler's effect; and a concurrent
-// claim of the same id waits for the first transaction to end rather than
-// both succeeding.
+// so it commits or rolls back with the handler's effect; a concurrent claim
+// of the same id waits for the first transaction to end rather than both
+// succeeding; and only the runtime commits the transaction. The runtime
+// refuses a handler's tx.Commit and tx.Rollback, and any statement once the
+// connection has left the transaction. The Store must also make the tx's
+// Commit fail, committing nothing, with an error of SQLSTATE class 25
+// (invalid transaction state) when the transaction open on the connection
+// is no longer the one BeginClaim began, and make a COMMIT that a handler
+// runs as SQL fail (processed does both, with a token per transaction and
+// a deferred trigger).
 //
 // [processed.Open]: https://pkg.go.dev/github.com/idemq/idemq/processed#Open
 type Store interface {

@@ -56,7 +56,7 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []consumer.Cla
 			return nil, err
 		}
 		bt := &pgx.Batch{}
-		bt.Queue(b.st.batchLock, claimLockKeys(claims))
+		bt.Queue(b.st.batchLock, claimLockKeys(claims), "")
 		fis.queue(bt, func(rows pgx.Rows) error {
 			ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			inserted = append(inserted, ids...)

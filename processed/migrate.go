@@ -30,7 +30,8 @@ func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
 		return pgmigrate.Target{}, err
 	}
 	return pgmigrate.Target{Schema: st.schema, Table: s.cfg.Table,
-		Indexes: map[string]string{"processed_at_index": "_processed_at", "retention_table": retentionSuffix}}, nil
+		Indexes: map[string]string{"processed_at_index": "_processed_at", "retention_table": retentionSuffix,
+			"commit_check": commitCheckSuffix, "commit_guard": "_commit_guard"}}, nil
 }
 
 // Migrate creates the schema if it is missing, then applies the pending

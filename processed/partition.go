@@ -85,10 +85,10 @@ func partitionedSQL(st *statements) {
 	st.partitioned = true
 	// The lock statements also make the commit synchronous, as claimOne
 	// does.
-	st.lock = `SELECT set_config('synchronous_commit', 'on', true), pg_advisory_xact_lock($1::bigint)`
+	st.lock = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $2, true), pg_advisory_xact_lock($1::bigint)`
 	// unnest scans the array in order: the locks are taken in the order
 	// of the sorted keys.
-	st.batchLock = `SELECT set_config('synchronous_commit', 'on', true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
+	st.batchLock = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $2, true), (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS u(k))`
 	// The full lookup (insert, existing, batchInsert, batchExisting)
 	// probes every partition's primary key through the parent. It runs
 	// between noScans and restoreScans, with sequential scans off, since

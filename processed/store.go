@@ -29,6 +29,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,7 +92,15 @@ type Store struct {
 	// filtercache.go); cacheMu serialises CacheFilters.
 	filters atomic.Pointer[filterSet]
 	cacheMu sync.Mutex
+	// tokens numbers the transactions BeginClaim begins, after
+	// tokenPrefix, random per store (see txOptions).
+	tokens      atomic.Uint64
+	tokenPrefix string
 }
+
+// commitCheckSuffix names the function that checks a claim transaction's
+// token before its commit (migration 0003).
+const commitCheckSuffix = "_commit_check"
 
 // statements are the store's SQL, for one resolved schema.
 type statements struct {
@@ -102,6 +112,10 @@ type statements struct {
 	// claimOne is the pipelined single claim on a plain table: see
 	// newStatements.
 	claimOne string
+	// syncCommit makes the transaction's commit synchronous and records
+	// its token (see Store.token); commitCheck is the function that checks
+	// the token before the commit (migration 0003).
+	syncCommit, commitCheck string
 	// partitioned: the claims take the advisory locks lock (one key) or
 	// batchLock (sorted keys) before their inserts; see partition.go.
 	partitioned     bool
@@ -137,7 +151,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg}
+	s := &Store{db: db, cfg: cfg, tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}
 	if cfg.Schema != "" {
 		s.st.Store(newStatements(cfg.Schema, cfg.Table, cfg.Partitioned))
 	}
@@ -161,6 +175,7 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 	// (see existing), with a new snapshot.
 	st.claimOne = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
 SELECT $1, $2, $3, $4, $5, $6 WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
+	AND set_config('idemq.tx', $7, true) IS NOT NULL
 ON CONFLICT (consumer, message_id) DO NOTHING`
 	// No FOR UPDATE: row locks need the UPDATE privilege, and the
 	// runtime's role needs only SELECT, INSERT and DELETE. A row another
@@ -173,6 +188,8 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.batchInsert, st.batchExisting = batchSQL(t)
+	st.syncCommit = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $1, true)`
+	st.commitCheck = pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize()
 	// Named whatever the store was told: a store configured for a plain
 	// table may find a partitioned one (Purge, SealPartitions, Sealed).
 	sealedSQL(st, pgx.Identifier{schema, table + defaultSuffix}.Sanitize(),
@@ -307,7 +324,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consume
 		}
 		inserted := false
 		b := &pgx.Batch{}
-		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
+		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID), "")
 		fi.queue(b).Exec(func(tag pgconn.CommandTag) error {
 			inserted = tag.RowsAffected() == 1
 			return nil
@@ -416,10 +433,34 @@ type batchBeginner interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// txOptions returns a new token and the options of a transaction that
+// carries it: READ COMMITTED, and committed only after the token's check.
+//
+// The token (idemq.tx, set in the transaction's first statement) marks the
+// transaction as the one BeginClaim began. Its commit first runs the
+// table's commit check (migration 0003), which fails unless the
+// transaction open then still carries the token (a handler may have ended
+// it with SQL and begun another, which must not commit) and allows the
+// claims' rows to commit: the table's commit guard makes every other
+// COMMIT of a transaction with a token fail (a handler's own COMMIT, END
+// or PREPARE TRANSACTION), rolling it back. Both checks and the COMMIT
+// go in one simple-protocol query, one round trip as before.
+func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
+	token = s.tokenPrefix + strconv.FormatUint(s.tokens.Add(1), 36)
+	return token, pgx.TxOptions{IsoLevel: pgx.ReadCommitted,
+		CommitQuery: "SELECT " + st.commitCheck + "('" + token + "'); COMMIT"}
+}
+
 // begin starts a READ COMMITTED transaction with a synchronous commit.
 func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
 	if b, ok := s.db.(beginTxer); ok {
-		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: syncBegin})
+		st, err := s.statements(ctx)
+		if err != nil {
+			return nil, err
+		}
+		token, opts := s.txOptions(st)
+		opts.BeginQuery = syncBegin + "; SELECT set_config('idemq.tx', '" + token + "', true)"
+		tx, err := b.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, s.wrap("begin", err)
 		}
@@ -492,16 +533,17 @@ func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claim
 	wrap := s.wrap
 	var fis firstInserts
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	token, opts := s.txOptions(bc.st)
+	b.BeginTx(opts)
 	if bc.st.partitioned {
 		if fis, err = s.firstBatchClaim(ctx, s.db, bc, claims); err != nil {
 			return nil, nil, err
 		}
-		b.Queue(bc.st.batchLock, claimLockKeys(claims)) // synchronous commit too
+		b.Queue(bc.st.batchLock, claimLockKeys(claims), token) // synchronous commit too
 		fis.queue(b, collect)
 		wrap, want = fis.wrap, len(fis.inserts)
 	} else {
-		b.Queue(setSyncCommit)
+		b.Queue(bc.st.syncCommit, token)
 		b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(collect)
 	}
 	br := db.SendBatch(ctx, b)
@@ -549,7 +591,8 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 	)
 	wrap := s.wrap
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	token, opts := s.txOptions(st)
+	b.BeginTx(opts)
 	record := func(tag pgconn.CommandTag) error {
 		ran, seen, inserted = true, true, tag.RowsAffected() == 1
 		return nil
@@ -558,11 +601,11 @@ func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer
 		if first, err = s.firstClaim(ctx, s.db, st, c); err != nil {
 			return nil, consumer.ClaimResult{}, err
 		}
-		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID))
+		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID), token)
 		first.queue(b).Exec(record)
 		wrap = first.wrap
 	} else {
-		b.Queue(st.claimOne, claimArgs(c)...).Exec(record)
+		b.Queue(st.claimOne, append(claimArgs(c), token)...).Exec(record)
 	}
 	br := db.SendBatch(ctx, b)
 	tx := br.Tx()
