@@ -295,8 +295,14 @@ func (p *Proxy) pumpPostgres(pp *proxyPair) error {
 	}
 }
 
+// isCommit reports whether a simple-protocol query ends with COMMIT (or
+// END): alone, or after the statements that check the transaction before
+// it, as processed's commit does ("SELECT ...; COMMIT").
 func isCommit(body []byte) bool {
 	q := strings.TrimSpace(strings.TrimRight(string(body), "\x00"))
 	q = strings.TrimSpace(strings.TrimSuffix(q, ";"))
+	if i := strings.LastIndexByte(q, ';'); i >= 0 {
+		q = strings.TrimSpace(q[i+1:])
+	}
 	return strings.EqualFold(q, "commit") || strings.EqualFold(q, "end")
 }

@@ -66,3 +66,17 @@ func TestTxnProducerCommitsAndAborts(t *testing.T) {
 		t.Fatalf("read_committed consumer got %v, want exactly the committed c1 c2 c3", got)
 	}
 }
+
+// TestIsCommit: the proxy finds a COMMIT alone and at the end of a query
+// that checks the transaction first, as processed commits.
+func TestIsCommit(t *testing.T) {
+	for q, want := range map[string]bool{
+		"commit\x00": true, " COMMIT; \x00": true, "end\x00": true,
+		`SELECT "s"."processed_messages_commit_check"('k.1'); COMMIT` + "\x00": true,
+		"SELECT 1\x00": false, "commit and chain\x00": false, "BEGIN; SELECT 1\x00": false,
+	} {
+		if got := isCommit([]byte(q)); got != want {
+			t.Errorf("isCommit(%q) = %v, want %v", q, got, want)
+		}
+	}
+}
