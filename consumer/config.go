@@ -104,9 +104,8 @@ type Config struct {
 	// status` to weigh the retention against.
 	Retention time.Duration
 	// JanitorInterval is the time between purges, and between the
-	// Store's upkeep (Maintainer: on a partitioned dedup table, creating
-	// the partitions ahead, sealing those behind and reading their
-	// filters into memory). Defaults to 10m.
+	// Store's upkeep (Maintainer: on the partitioned layout of the dedup
+	// table, retiring and rotating its generations). Defaults to 10m.
 	JanitorInterval time.Duration
 	// HorizonMargin is how much older than the Source's redelivery horizon
 	// a row must be to be purged: room for the skew between the broker's

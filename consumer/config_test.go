@@ -23,9 +23,9 @@ type nopStore struct{ conns int }
 func (nopStore) BeginClaim(context.Context, []Claim) (pgx.Tx, []ClaimResult, error) {
 	return nil, nil, errors.New("nop")
 }
-func (nopStore) Ping(context.Context) error                          { return nil }
-func (nopStore) Purge(context.Context, time.Duration) (int64, error) { return 0, nil }
-func (s nopStore) MaxConns() int                                     { return s.conns }
+func (nopStore) Ping(context.Context) error                                  { return nil }
+func (nopStore) Purge(context.Context, string, time.Duration) (int64, error) { return 0, nil }
+func (s nopStore) MaxConns() int                                             { return s.conns }
 
 type hookOnlyRetry struct{ HookDefaults }
 

@@ -57,9 +57,8 @@ type RetentionReport struct {
 
 // Maintainer is a Store with upkeep of its own, which the janitor runs
 // every JanitorInterval before it purges, whether or not it purges then;
-// processed.Store implements it (on a partitioned table: the partitions
-// ahead of the clock, the seals of those behind it, and their filters in
-// memory).
+// processed.Store implements it (on the partitioned layout: retiring and
+// rotating the generations).
 type Maintainer interface {
 	Maintain(ctx context.Context) error
 }
@@ -205,7 +204,7 @@ func (r *Runtime) janitor(ctx context.Context) {
 		if older > 0 {
 			var err error
 			err = r.upkeep("Store.Purge", func() (err error) {
-				n, err = r.cfg.Store.Purge(ctx, older)
+				n, err = r.cfg.Store.Purge(ctx, r.cfg.Name, older)
 				return err
 			})
 			switch {

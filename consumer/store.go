@@ -90,9 +90,11 @@ type Store interface {
 	// Ping reports whether the database answers: the runtime tells a lost
 	// connection that is the message's fault from a database outage by it.
 	Ping(ctx context.Context) error
-	// Purge deletes claims older than olderThan and returns how many it
-	// deleted. The janitor that Config.Retention starts calls it.
-	Purge(ctx context.Context, olderThan time.Duration) (int64, error)
+	// Purge deletes the claims of the consumer named consumerName older
+	// than olderThan, and never another consumer's, and returns how many
+	// it deleted. It may keep some longer, never delete one sooner. The
+	// janitor that Config.Retention starts calls it with Config.Name.
+	Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error)
 	// MaxConns is the most transactions the store can have open at once:
 	// its pool's size, 1 for a single connection, 0 if unknown. With 1,
 	// New refuses a Concurrency above 1 and a Retention (a single

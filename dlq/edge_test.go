@@ -71,7 +71,7 @@ func edgeMismatchAfterPurge(t *testing.T, e *rmqEnv, withProcessedAt bool) strin
 	}
 	e.waitDepth(e.dlqName, 1)
 
-	if n, err := e.store.Purge(e.ctx, edgeRetention); err != nil || n != 1 {
+	if n, err := e.store.Purge(e.ctx, rmqConsumerName, edgeRetention); err != nil || n != 1 {
 		t.Fatalf("purge: %d rows, %v; want the original's row", n, err)
 	}
 	if _, err := e.store.Lookup(e.ctx, rmqConsumerName, orig.ID); !errors.Is(err, processed.ErrNotFound) {
@@ -265,9 +265,9 @@ type edgePurger struct {
 	calls atomic.Int64
 }
 
-func (p *edgePurger) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+func (p *edgePurger) Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error) {
 	p.calls.Add(1)
-	return p.Store.Purge(ctx, olderThan)
+	return p.Store.Purge(ctx, consumerName, olderThan)
 }
 
 // TestEdgeReplayWithRetentionReturnsWithoutPurging is issue 14 item 2 seen
@@ -405,7 +405,7 @@ func TestEdgeRuntimeMismatchAfterPurge(t *testing.T) {
 		edgeSinceDeadLetter.String(), rmqConsumerName); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := e.store.Purge(e.ctx, edgeRetention); err != nil || n != 1 {
+	if n, err := e.store.Purge(e.ctx, rmqConsumerName, edgeRetention); err != nil || n != 1 {
 		t.Fatalf("purge: %d rows, %v", n, err)
 	}
 

@@ -14,13 +14,13 @@ import (
 
 // TestPartitionedStoreDryRunAndHorizon: the dry run and the replay-horizon
 // guard find a mismatch's original on the partitioned store (converted
-// from a plain table, the original in its legacy partition), and the replay
+// from a plain table, the original in the generation before the first), and the replay
 // applies nothing twice.
 func TestPartitionedStoreDryRunAndHorizon(t *testing.T) {
 	t.Parallel()
 	e := newMemEnv(t)
 	ctx := context.Background()
-	part, err := processed.New(e.pool, processed.Config{Schema: e.store.Schema(), Partitioned: true, PartitionInterval: time.Hour})
+	part, err := processed.New(e.pool, processed.Config{Schema: e.store.Schema(), Partitioned: true})
 	if err != nil {
 		t.Fatal(err)
 	}

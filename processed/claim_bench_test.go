@@ -7,96 +7,75 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
 
 // benchStore returns a migrated store in a fresh schema.
-func benchStore(b *testing.B) (*processed.Store, *pgxpool.Pool) {
+func benchStore(b *testing.B, cfg processed.Config) *processed.Store {
 	b.Helper()
-	pool := testdb.Pool(b)
-	store, err := processed.New(pool, processed.Config{Schema: testdb.Schema(b)})
+	cfg.Schema = testdb.Schema(b)
+	store, err := processed.New(testdb.Pool(b), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	if err := store.Migrate(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	return store, pool
+	return store
 }
 
 func benchClaim(id string) consumer.Claim {
 	return consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Source: "q", Partition: -1, Offset: -1}
 }
 
-// BenchmarkClaim measures one transaction per claim, the per-message path,
-// both ways the runtime can take it: "separate" sends BEGIN (with SET LOCAL
-// synchronous_commit) and then Claim, two round trips; "queued" sends both
-// in one pipelined batch with BeginClaim. Each op then commits. "new" claims
-// fresh ids; "duplicate" claims an id already committed (an INSERT that
-// conflicts, then the SELECT of the existing row).
+// BenchmarkClaim measures one transaction per claim, the per-message path:
+// BEGIN, the synchronous commit and the claim's INSERT in one pipelined
+// round trip (BeginClaim), then COMMIT. "new" claims fresh ids;
+// "duplicate" claims an id already committed (an INSERT that conflicts,
+// then the SELECT of the existing row).
 func BenchmarkClaim(b *testing.B) {
-	ctx := context.Background()
-	store, pool := benchStore(b)
-	const setSync = "SET LOCAL synchronous_commit = on"
-	paths := []struct {
-		name  string
-		claim func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error)
-	}{
-		{"separate", func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
-			tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSync})
-			if err != nil {
-				return nil, consumer.ClaimResult{}, err
+	for _, layout := range []processed.Config{{}, {Partitioned: true}} {
+		name := map[bool]string{false: "plain", true: "partitioned"}[layout.Partitioned]
+		ctx := context.Background()
+		store := benchStore(b, layout)
+		run := func(b *testing.B, id func(i int) string, want consumer.ClaimOutcome) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				tx, res, err := store.BeginClaim(ctx, []consumer.Claim{benchClaim(id(i))})
+				if err != nil || res[0].Outcome != want {
+					b.Fatalf("claim: %v %v, want %v", res, err, want)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Fatal(err)
+				}
 			}
-			res, err := store.Claim(ctx, tx, c)
-			return tx, res, err
-		}},
-		{"queued", func(c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
-			tx, res, err := store.BeginClaim(ctx, []consumer.Claim{c})
-			if err != nil {
-				return tx, consumer.ClaimResult{}, err
-			}
-			return tx, res[0], nil
-		}},
-	}
-	run := func(b *testing.B, claim func(consumer.Claim) (pgx.Tx, consumer.ClaimResult, error), id func(i int) string, want consumer.ClaimOutcome) {
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			tx, res, err := claim(benchClaim(id(i)))
-			if err != nil || res.Outcome != want {
-				b.Fatalf("claim: %v %v, want %v", res.Outcome, err, want)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				b.Fatal(err)
-			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
 		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "claims/s")
-	}
-	for _, p := range paths {
-		b.Run(p.name+"/new", func(b *testing.B) {
-			prefix := p.name + "-new-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // fresh per round (-count)
-			run(b, p.claim, func(i int) string { return prefix + strconv.Itoa(i) }, consumer.ClaimNew)
+		b.Run(name+"/new", func(b *testing.B) {
+			prefix := "new-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // fresh per round (-count)
+			run(b, func(i int) string { return prefix + strconv.Itoa(i) }, consumer.ClaimNew)
 		})
-		b.Run(p.name+"/duplicate", func(b *testing.B) {
-			dup := p.name + "-dup"
-			if tx, _, err := p.claim(benchClaim(dup)); err != nil || tx.Commit(ctx) != nil {
-				b.Fatalf("claim %s: %v", dup, err)
+		b.Run(name+"/duplicate", func(b *testing.B) {
+			tx, _, err := store.BeginClaim(ctx, []consumer.Claim{benchClaim("dup")}) // new, or a duplicate already
+			if err == nil {
+				err = tx.Commit(ctx)
 			}
-			run(b, p.claim, func(int) string { return dup }, consumer.ClaimDuplicate)
+			if err != nil {
+				b.Fatalf("claim dup: %v", err)
+			}
+			run(b, func(int) string { return "dup" }, consumer.ClaimDuplicate)
 		})
 	}
 }
 
-// BenchmarkClaimBatch measures the batch path: BEGIN, ClaimBatch of size
-// ids, COMMIT. One op is one batch; claims/s is the rate per id. "mixed"
+// BenchmarkClaimBatch measures the batch path: BeginClaim of size ids,
+// COMMIT. One op is one batch; claims/s is the rate per id. "mixed"
 // batches have a fifth of their ids already committed.
 func BenchmarkClaimBatch(b *testing.B) {
 	ctx := context.Background()
-	store, pool := benchStore(b)
+	store := benchStore(b, processed.Config{})
 	for _, size := range []int{10, 100, 1000} {
 		for _, mixed := range []bool{false, true} {
 			name := strconv.Itoa(size)
@@ -119,11 +98,8 @@ func BenchmarkClaimBatch(b *testing.B) {
 						claims[j] = benchClaim(name + "-" + strconv.Itoa(next))
 						next++
 					}
-					tx, err := pool.Begin(ctx)
+					tx, _, err := store.BeginClaim(ctx, claims)
 					if err != nil {
-						b.Fatal(err)
-					}
-					if _, err := store.ClaimBatch(ctx, tx, claims); err != nil {
 						b.Fatal(err)
 					}
 					if err := tx.Commit(ctx); err != nil {

@@ -21,12 +21,6 @@ const (
 	DefaultPurgeBatchSize = 1000
 	DefaultPurgePause     = 10 * time.Millisecond
 	DefaultPurgeDutyCycle = 0.25
-	// DefaultPartitionInterval is the time range of one partition of a
-	// partitioned table.
-	DefaultPartitionInterval = 24 * time.Hour
-	// DefaultPartitionsAhead is how many partitions past the current one
-	// Migrate and EnsurePartitions create.
-	DefaultPartitionsAhead = 2
 )
 
 // MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
@@ -70,41 +64,24 @@ type Config struct {
 	// with PurgePause -1 as well, Purge runs flat out.
 	PurgeDutyCycle float64
 
-	// Partitioned makes the dedup table a range-partitioned table, one
-	// partition per PartitionInterval of claim time (processed_at), so
-	// that Purge drops whole partitions instead of deleting rows.
-	// Uniqueness across partitions, which Postgres cannot enforce without
-	// the partition key in the index, is kept by the claim: it takes a
-	// transaction-scoped advisory lock on a hash of (consumer, message id)
-	// before it looks the id up in every partition and inserts it, so two
-	// claims of one id serialise and the second finds the first; past
-	// partitions are sealed and looked up through Bloom filters of their
-	// ids (SealPartitions). Migrate
-	// creates the partitioned table (converting a plain one: see
-	// Migrate) and a DEFAULT partition, so a claim never fails for want of
-	// a partition; the janitor creates partitions ahead (EnsurePartitions).
-	// Defaults to false: one plain table with a primary key.
+	// Partitioned asks Migrate for the partitioned layout, in which old
+	// rows go a generation at a time instead of row by row: the rows live
+	// in three generations, tables with a primary key each; every claim
+	// inserts into the current one, after finding its id in neither of the
+	// others, and the janitor's upkeep (Maintain) retires the oldest with
+	// a TRUNCATE and makes a fresh one current, once every consumer with
+	// rows in it has purged past its end (see Purge). A generation stays
+	// current for half the longest purge age the consumers record, so rows
+	// live between their consumer's retention and about one and a half
+	// times the longest. Migrate converts a plain table, which becomes the
+	// generation before the first, keeping its rows. The upkeep needs to
+	// own the tables. Defaults to false: one plain table, whose purge
+	// deletes rows in batches.
+	//
+	// The store reads the table's layout once, when first used: a store
+	// without Partitioned refuses a partitioned table, and one with it
+	// reports a plain table as not migrated until Migrate converts it.
 	Partitioned bool
-	// PartitionInterval is the time range of one partition: at least a
-	// second, a whole number of seconds; an hour or more in production.
-	// A claim of a new id probes the index of the current partition, of
-	// any past one the janitor has not sealed yet, and of the DEFAULT
-	// partition, and a Bloom filter of each sealed one (see
-	// SealPartitions); a partition should hold fewer than about 34
-	// million ids for its filter to stay accurate.
-	// Rows live between the retention and the retention plus one
-	// interval, since Purge drops a partition once all of it is older
-	// than the retention. Only with Partitioned. Defaults to 24h.
-	PartitionInterval time.Duration
-	// FilterCacheBytes bounds the memory the store spends holding the
-	// Bloom filters of sealed partitions (see CacheFilters), about 2.5
-	// bytes per sealed id: with all of them held, a claim of a new id
-	// tests them in memory instead of reading the filter table, and costs
-	// about what it costs on a plain table. The cache is used only when
-	// the filters of every sealed partition fit. Only a partitioned table
-	// has them. Defaults to DefaultFilterCacheBytes (256 MiB); -1 turns
-	// the cache off.
-	FilterCacheBytes int64
 
 	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
 	// runtime's Concurrency workers holds one connection for its
@@ -132,12 +109,6 @@ func (c Config) withDefaults() Config {
 	if c.PurgeDutyCycle == 0 {
 		c.PurgeDutyCycle = DefaultPurgeDutyCycle
 	}
-	if c.FilterCacheBytes == 0 {
-		c.FilterCacheBytes = DefaultFilterCacheBytes
-	}
-	if c.Partitioned && c.PartitionInterval == 0 {
-		c.PartitionInterval = DefaultPartitionInterval
-	}
 	return c
 }
 
@@ -158,15 +129,6 @@ func (c Config) validate() error {
 	}
 	if !(c.PurgeDutyCycle > 0 && c.PurgeDutyCycle <= 1) {
 		return &consumer.ConfigError{Field: "PurgeDutyCycle", Reason: fmt.Sprintf("%g: must be in (0, 1]; 1 turns it off", c.PurgeDutyCycle)}
-	}
-	if c.PartitionInterval != 0 && !c.Partitioned {
-		return &consumer.ConfigError{Field: "PartitionInterval", Reason: "set without Partitioned"}
-	}
-	if c.Partitioned && (c.PartitionInterval < time.Second || c.PartitionInterval%time.Second != 0) {
-		return &consumer.ConfigError{Field: "PartitionInterval", Reason: fmt.Sprintf("%s: must be a whole number of seconds, at least 1s", c.PartitionInterval)}
-	}
-	if c.FilterCacheBytes < -1 {
-		return &consumer.ConfigError{Field: "FilterCacheBytes", Reason: fmt.Sprintf("%d: must be positive, or -1 for no cache", c.FilterCacheBytes)}
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}

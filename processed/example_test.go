@@ -19,14 +19,14 @@ import (
 
 // exampleDB connects to DATABASE_URL and returns a migrated store in a fresh
 // schema, and a cleanup function that drops the schema and closes the pool.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, *processed.Store, func(), error) {
+func exampleDB(ctx context.Context) (*processed.Store, func(), error) {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -41,14 +41,14 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, *processed.Store, func(), er
 	}
 	if err != nil {
 		cleanup()
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return pool, store, cleanup, nil
+	return store, cleanup, nil
 }
 
-func ExampleStore_Claim() {
+func ExampleStore_BeginClaim() {
 	ctx := context.Background()
-	pool, store, cleanup, err := exampleDB(ctx)
+	store, cleanup, err := exampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -56,26 +56,23 @@ func ExampleStore_Claim() {
 	defer cleanup()
 
 	claim := func(id, body string) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			fmt.Println(err)
-			return
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		res, err := store.Claim(ctx, tx, consumer.Claim{
+		tx, res, err := store.BeginClaim(ctx, []consumer.Claim{{
 			Consumer:    "billing",
 			MessageID:   id,
 			Fingerprint: sha256.Sum256([]byte(body)),
 			Source:      "payments",
 			Partition:   -1,
 			Offset:      -1,
-		})
+		}})
+		if tx != nil {
+			defer func() { _ = tx.Rollback(ctx) }()
+		}
 		if err != nil {
 			fmt.Println(err)
 			return
 		}
-		fmt.Println(id, res.Outcome)
-		// ... apply the effect in tx only if res.Outcome == consumer.ClaimNew ...
+		fmt.Println(id, res[0].Outcome)
+		// ... apply the effect in tx only if the outcome is consumer.ClaimNew ...
 		if err := tx.Commit(ctx); err != nil {
 			fmt.Println(err)
 		}
@@ -91,27 +88,31 @@ func ExampleStore_Claim() {
 	// m-2 new
 }
 
+// commitClaim claims c alone and commits it.
+func commitClaim(ctx context.Context, store *processed.Store, c consumer.Claim) error {
+	tx, _, err := store.BeginClaim(ctx, []consumer.Claim{c})
+	if tx != nil {
+		defer func() { _ = tx.Rollback(ctx) }()
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
 func ExampleStore_Lookup() {
 	ctx := context.Background()
-	pool, store, cleanup, err := exampleDB(ctx)
+	store, cleanup, err := exampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer cleanup()
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	_, err = store.Claim(ctx, tx, consumer.Claim{
+	err = commitClaim(ctx, store, consumer.Claim{
 		Consumer: "billing", MessageID: "m-1", Fingerprint: sha256.Sum256([]byte("x")),
 		Source: "payments", Partition: 2, Offset: 1234,
 	})
-	if err == nil {
-		err = tx.Commit(ctx)
-	}
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -133,29 +134,20 @@ func ExampleStore_Lookup() {
 
 func ExampleStore_Purge() {
 	ctx := context.Background()
-	pool, store, cleanup, err := exampleDB(ctx)
+	store, cleanup, err := exampleDB(ctx)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer cleanup()
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
+	if err := commitClaim(ctx, store, consumer.Claim{Consumer: "billing", MessageID: "m-1", Partition: -1, Offset: -1}); err != nil {
 		fmt.Println(err)
 		return
 	}
-	_, err = store.Claim(ctx, tx, consumer.Claim{Consumer: "billing", MessageID: "m-1", Partition: -1, Offset: -1})
-	if err == nil {
-		err = tx.Commit(ctx)
-	}
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	// The row is fresh: a 72-hour retention keeps it.
-	n, err := store.Purge(ctx, 72*time.Hour)
+	// The row is fresh: a 72-hour retention keeps it. Only billing's
+	// rows are purged: another consumer's are its own janitor's.
+	n, err := store.Purge(ctx, "billing", 72*time.Hour)
 	fmt.Println(n, err)
 	// Output:
 	// 0 <nil>

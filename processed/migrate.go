@@ -3,14 +3,20 @@ package processed
 import (
 	"context"
 	"embed"
+	"strconv"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/gen/*.sql
 var migrationFS embed.FS
 
-var migrations = pgmigrate.Load("processed", migrationFS, "migrations")
+var (
+	migrations = pgmigrate.Load("processed", migrationFS, "migrations")
+	// genMigrations make the partitioned layout (Config.Partitioned): a
+	// line of their own, applied after the main line's.
+	genMigrations = pgmigrate.Load("processed", migrationFS, "migrations/gen")
+)
 
 // Migration is one embedded schema migration.
 type Migration = pgmigrate.Migration
@@ -18,20 +24,35 @@ type Migration = pgmigrate.Migration
 // AppliedMigration is a row of the migrations-tracking table.
 type AppliedMigration = pgmigrate.Applied
 
-// Migrations returns the embedded migrations, oldest first.
+// Migrations returns the embedded migrations of the main line, oldest first.
 func Migrations() []Migration { return migrations.Migrations() }
 
-// LatestVersion is the version Migrate brings the table to.
+// LatestVersion is the version Migrate brings the main line to.
 func LatestVersion() int { return migrations.Latest() }
 
-func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
-	st, err := s.statements(ctx)
+// target is the table the migrations apply to, line being "" for the main
+// line and "gen" for the partitioned layout's.
+func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, error) {
+	schema, err := s.resolveSchema(ctx)
 	if err != nil {
 		return pgmigrate.Target{}, err
 	}
-	return pgmigrate.Target{Schema: st.schema, Table: s.cfg.Table,
-		Indexes: map[string]string{"processed_at_index": "_processed_at", "retention_table": retentionSuffix,
-			"commit_check": commitCheckSuffix, "commit_guard": "_commit_guard"}}, nil
+	names := map[string]string{
+		"processed_at_index":          "_processed_at",
+		"consumer_processed_at_index": "_consumer_age",
+		"retention_table":             retentionSuffix,
+		"horizons_table":              horizonsSuffix,
+		"commit_check":                commitCheckSuffix,
+		"commit_guard":                "_commit_guard",
+		"generations_table":           "_generations",
+		"old_partitioned":             "_old_parent",
+		"old_sealed":                  "_sealed",
+		"old_filter":                  "_filter",
+	}
+	for i := range genCount {
+		names["g"+strconv.Itoa(i)] = "_g" + strconv.Itoa(i)
+	}
+	return pgmigrate.Target{Schema: schema, Table: s.cfg.Table, Line: line, Indexes: names}, nil
 }
 
 // Migrate creates the schema if it is missing, then applies the pending
@@ -40,15 +61,14 @@ func (s *Store) target(ctx context.Context) (pgmigrate.Target, error) {
 // idempotent, and safe to run from several processes at once: the others wait
 // and then find nothing to do.
 //
-// With Config.Partitioned, Migrate then makes the table partitioned, in a
-// second transaction: a missing or empty table is created partitioned; a
-// plain table with rows is renamed Table+"_legacy" and attached as the
-// partition of everything up to the end of the current interval, which
-// takes an exclusive lock on it and scans it once (claims wait meanwhile),
-// and its grants are copied to the new parent. The legacy partition is
-// dropped whole once its upper bound is older than the retention. Then it
-// creates the partitions of the current interval and the next ones
-// (EnsurePartitions).
+// With Config.Partitioned it then applies the partitioned layout's own
+// migrations (recorded in Config.Table+"_gen_migrations") in a second
+// transaction: they convert the plain table, keeping its rows, which
+// become the generation before the first (see Config.Partitioned). A
+// table of the partitioned layout of earlier versions is made plain again
+// first, with its rows (migration 0003), then converted. Convert with the
+// consumers stopped: a store that read the plain layout refuses to claim
+// into the converted table (ErrNotMigrated), and a runtime using it stops.
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.migrate(ctx)
 	return err
@@ -56,31 +76,36 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // migrate is Migrate, returning the migrations it applied.
 func (s *Store) migrate(ctx context.Context) ([]Migration, error) {
-	t, err := s.target(ctx)
+	t, err := s.target(ctx, "")
 	if err != nil {
 		return nil, err
 	}
 	applied, err := migrations.Migrate(ctx, s.db, t)
-	if err != nil || !s.cfg.Partitioned {
-		return applied, err
+	if err == nil && s.cfg.Partitioned {
+		t.Line = "gen"
+		var more []Migration
+		more, err = genMigrations.Migrate(ctx, s.db, t)
+		applied = append(applied, more...)
 	}
-	return applied, s.migratePartitioned(ctx)
+	// The layout is read again at the next use.
+	s.st.Store(nil)
+	return applied, err
 }
 
-// Version returns the highest applied migration version, or 0 if Migrate
-// has never run.
+// Version returns the highest applied migration version of the main line,
+// or 0 if Migrate has never run.
 func (s *Store) Version(ctx context.Context) (int, error) {
-	t, err := s.target(ctx)
+	t, err := s.target(ctx, "")
 	if err != nil {
 		return 0, err
 	}
 	return migrations.Version(ctx, s.db, t)
 }
 
-// Applied returns the rows of the migrations-tracking table, oldest first,
-// or none if Migrate has never run.
+// Applied returns the rows of the main line's migrations-tracking table,
+// oldest first, or none if Migrate has never run.
 func (s *Store) Applied(ctx context.Context) ([]AppliedMigration, error) {
-	t, err := s.target(ctx)
+	t, err := s.target(ctx, "")
 	if err != nil {
 		return nil, err
 	}

@@ -119,8 +119,8 @@ func TestMigrateConcurrent(t *testing.T) {
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n2); err != nil {
 		t.Fatal(err)
 	}
-	if n2 != 6 { // two tables, each with its _migrations and _retention
-		t.Errorf("%d tables in %s, want 6", n2, schema)
+	if n2 != 8 { // two tables, each with its _migrations, _retention and _horizons
+		t.Errorf("%d tables in %s, want 8", n2, schema)
 	}
 }
 
@@ -147,7 +147,6 @@ func TestConfigValidation(t *testing.T) {
 		{"pause -2ns", processed.Config{PurgePause: -2}, "PurgePause"},
 		{"duty above 1", processed.Config{PurgeDutyCycle: 1.5}, "PurgeDutyCycle"},
 		{"negative duty", processed.Config{PurgeDutyCycle: -0.1}, "PurgeDutyCycle"},
-		{"filter cache below -1", processed.Config{FilterCacheBytes: -2}, "FilterCacheBytes"},
 	} {
 		_, err := processed.New(pool, tc.cfg)
 		var ce *consumer.ConfigError
@@ -158,7 +157,7 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := processed.New(nil, processed.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("New(nil): %v", err)
 	}
-	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}, {PurgePause: -1, PurgeDutyCycle: 1}, {FilterCacheBytes: -1}} {
+	for _, cfg := range []processed.Config{{}, {Schema: "S_1", Table: "_t"}, {Table: long[:48]}, {PurgePause: -1}, {PurgePause: -1, PurgeDutyCycle: 1}} {
 		s, err := processed.New(pool, cfg)
 		if err != nil {
 			t.Errorf("New(%+v): %v", cfg, err)
@@ -181,14 +180,14 @@ func TestCustomNames(t *testing.T) {
 	if v, err := s.Version(ctx(t)); err != nil || v != processed.LatestVersion() {
 		t.Fatalf("Version: %d, %v", v, err)
 	}
-	if got := claimTx(t, pool, s, claimOf("a", "1", "x")); got.Outcome != consumer.ClaimNew {
+	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != consumer.ClaimNew {
 		t.Fatalf("claim: %v", got.Outcome)
 	}
-	if got := claimTx(t, pool, s, claimOf("a", "1", "x")); got.Outcome != consumer.ClaimDuplicate {
+	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != consumer.ClaimDuplicate {
 		t.Fatalf("claim again: %v", got.Outcome)
 	}
 	var names []string
-	rows, err := pool.Query(ctx(t), "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND (c.relkind = 'r' OR c.relname = $2) ORDER BY relname", schema, table+"_processed_at")
+	rows, err := pool.Query(ctx(t), "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND (c.relkind = 'r' OR c.relname = $2) ORDER BY relname", schema, table+"_consumer_age")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,8 +195,85 @@ func TestCustomNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{table, table + "_migrations", table + "_processed_at", table + "_retention"}
+	want := []string{table, table + "_consumer_age", table + "_horizons", table + "_migrations", table + "_retention"}
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("relations in %s:\n got %v\nwant %v", schema, names, want)
+	}
+}
+
+// TestMigrateFromEarlierPartitionedLayout: a table of the range-partitioned
+// layout that earlier versions made from Go code (at migration 2) is made
+// plain by Migrate, with its rows and grants, and its seal tables dropped;
+// Migrate with Partitioned then converts it to generations.
+func TestMigrateFromEarlierPartitionedLayout(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	retention := processed.Migrations()[1].SQL
+	retention = strings.NewReplacer("{{schema}}", pgx.Identifier{schema}.Sanitize(), "{{table}}", q("processed_messages"),
+		"{{retention_table}}", pgx.Identifier{"processed_messages_retention"}.Sanitize(), "{{processed_at_index}}", `"pm_at"`).Replace(retention)
+	for _, sql := range []string{
+		`CREATE TABLE ` + q("processed_messages_migrations") + ` (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+		`INSERT INTO ` + q("processed_messages_migrations") + ` (version, name) VALUES (1, 'create'), (2, 'retention')`,
+		`CREATE TABLE ` + q("processed_messages") + ` (
+	consumer text NOT NULL, message_id text NOT NULL, fingerprint bytea NOT NULL,
+	processed_at timestamptz NOT NULL DEFAULT now(), source text NOT NULL DEFAULT '', partition integer, "offset" bigint,
+	CONSTRAINT processed_messages_fingerprint_check CHECK (octet_length(fingerprint) = 32)) PARTITION BY RANGE (processed_at)`,
+		`CREATE TABLE ` + q("processed_messages_default") + ` PARTITION OF ` + q("processed_messages") + ` (PRIMARY KEY (consumer, message_id)) DEFAULT`,
+		`CREATE TABLE ` + q("processed_messages_p1") + ` PARTITION OF ` + q("processed_messages") + ` (PRIMARY KEY (consumer, message_id))
+	FOR VALUES FROM ('2026-01-01 00:00:00+00') TO ('2026-02-01 00:00:00+00')`,
+		`CREATE TABLE ` + q("processed_messages_sealed") + ` (partition text PRIMARY KEY)`,
+		`CREATE TABLE ` + q("processed_messages_filter") + ` (bucket integer, partition text, bits bytea, PRIMARY KEY (bucket, partition))`,
+		retention,
+		`INSERT INTO ` + q("processed_messages") + ` (consumer, message_id, fingerprint, processed_at)
+	VALUES ('c', 'in-january', sha256('x'), '2026-01-15 00:00:00+00'), ('c', 'recent', sha256('x'), now())`,
+		`GRANT SELECT ON ` + q("processed_messages") + ` TO PUBLIC`,
+	} {
+		if _, err := pool.Exec(ctx(t), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	s, err := processed.New(pool, processed.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "x", "x")}); !errors.Is(err, processed.ErrNotMigrated) {
+		t.Fatalf("claim before Migrate: %v, want ErrNotMigrated", err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var kind string
+	var public bool
+	if err := pool.QueryRow(ctx(t), `SELECT relkind::text, has_table_privilege('public', oid, 'SELECT') FROM pg_class WHERE oid = to_regclass($1)`,
+		q("processed_messages")).Scan(&kind, &public); err != nil || kind != "r" || !public {
+		t.Fatalf("after Migrate: relkind %q, public SELECT %v (%v); want a plain table with the grant", kind, public, err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx(t), `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname IN ('processed_messages_sealed', 'processed_messages_filter', 'processed_messages_default', 'processed_messages_p1')`, schema).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d tables of the earlier layout left (%v)", left, err)
+	}
+	for _, id := range []string{"in-january", "recent"} {
+		if r := claim(t, s, claimOf("c", id, "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+			t.Fatalf("%s after Migrate: %v, want duplicate", id, r.Outcome)
+		}
+	}
+	part, err := processed.New(pool, processed.Config{Schema: schema, Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := part.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"in-january", "recent"} {
+		if r := claim(t, part, claimOf("c", id, "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+			t.Fatalf("%s after the conversion to generations: %v, want duplicate", id, r.Outcome)
+		}
+	}
+	if err := pool.QueryRow(ctx(t), `SELECT has_table_privilege('public', $1, 'SELECT') AND has_table_privilege('public', $2, 'SELECT')`,
+		q("processed_messages"), q("processed_messages_g0")).Scan(&public); err != nil || !public {
+		t.Fatalf("grants after the conversion to generations: %v (%v)", public, err)
 	}
 }

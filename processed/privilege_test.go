@@ -21,15 +21,17 @@ import (
 )
 
 // leastPrivilegeGrants are the statements the README gives for the runtime's
-// role: USAGE on the schema, and SELECT, INSERT, DELETE on the dedup table
-// and on the business tables. No CREATE, no UPDATE, no TRUNCATE, no
-// ownership. %[1]s is the schema, %[2]s the dedup table, %[3]s a business
-// table and %[4]s the role, all quoted.
+// role: USAGE on the schema, SELECT, INSERT, DELETE on the dedup table and
+// on the business tables, and SELECT, INSERT, UPDATE on the table of purge
+// horizons. No CREATE, no UPDATE of claims, no TRUNCATE, no ownership.
+// %[1]s is the schema, %[2]s the dedup table, %[3]s a business table, %[4]s
+// the role and %[5]s the horizons table, all quoted.
 var leastPrivilegeGrants = []string{
 	`CREATE ROLE %[4]s LOGIN`,
 	`GRANT USAGE ON SCHEMA %[1]s TO %[4]s`,
 	`GRANT SELECT, INSERT, DELETE ON %[2]s TO %[4]s`,
 	`GRANT SELECT, INSERT, DELETE ON %[3]s TO %[4]s`,
+	`GRANT SELECT, INSERT, UPDATE ON %[5]s TO %[4]s`,
 }
 
 // limitedRole creates a uniquely named role with the least-privilege grants
@@ -43,7 +45,7 @@ func limitedRole(t *testing.T, admin *pgxpool.Pool, store *processed.Store, busi
 	role := "idemq_app_" + hex.EncodeToString(b[:])
 	q := func(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 	for _, stmt := range leastPrivilegeGrants {
-		sql := fmt.Sprintf(stmt, q(store.Schema()), q(store.Schema(), store.Table()), q(store.Schema(), business), q(role))
+		sql := fmt.Sprintf(stmt, q(store.Schema()), q(store.Schema(), store.Table()), q(store.Schema(), business), q(role), q(store.Schema(), store.Table()+"_horizons"))
 		if _, err := admin.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
@@ -79,8 +81,9 @@ func limitedRole(t *testing.T, admin *pgxpool.Pool, store *processed.Store, busi
 }
 
 // TestLeastPrivilegeRole runs the runtime end to end, in per-message and in
-// batch mode, as a role that holds only USAGE on the schema and
-// SELECT/INSERT/DELETE on the dedup and business tables: claims,
+// batch mode, as a role that holds only USAGE on the schema,
+// SELECT/INSERT/DELETE on the dedup and business tables and
+// SELECT/INSERT/UPDATE on the purge horizons: claims,
 // duplicates, a fingerprint mismatch, Lookup, Stats and Purge all work.
 // Migrate, which creates tables, fails with a clear permission error.
 func TestLeastPrivilegeRole(t *testing.T) {
@@ -221,7 +224,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		" SET processed_at = now() - interval '2 hours' WHERE message_id LIKE 'batch-%'"); err != nil {
 		t.Fatal(err)
 	}
-	purged, err := store.Purge(ctx, time.Hour)
+	purged, err := store.Purge(ctx, "ledger", time.Hour)
 	if err != nil || purged != 40 {
 		t.Fatalf("Purge as the limited role: %d rows, %v; want 40", purged, err)
 	}
@@ -267,13 +270,11 @@ func TestHostileIdentifiersRejected(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate with table name select: %v", err)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	tx, res, err := s.BeginClaim(ctx, []consumer.Claim{{Consumer: "c", MessageID: "'; DROP TABLE x; --", Partition: -1, Offset: -1}})
+	if err != nil || res[0].Outcome != consumer.ClaimNew {
+		t.Fatalf("BeginClaim: %+v, %v", res, err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	res, err := s.Claim(ctx, tx, consumer.Claim{Consumer: "c", MessageID: "'; DROP TABLE x; --", Partition: -1, Offset: -1})
-	if err != nil || res.Outcome != consumer.ClaimNew {
-		t.Fatalf("Claim: %+v, %v", res, err)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,27 +1,24 @@
 // Package processed is the Postgres dedup store: the table that records which
 // message ids each consumer has applied.
 //
-// [Store.Claim] inserts a row in the caller's transaction, with
-// INSERT ... ON CONFLICT DO NOTHING, so the claim commits or rolls back
-// together with the handler's effect. A concurrent claim of the same id waits
-// on the primary key until the first transaction ends: if it committed, the
-// second claim reports a duplicate; if it rolled back, the second claim
-// inserts. Each row keeps the sha256 fingerprint of the payload, so the same
-// id carrying a different payload is reported as a mismatch rather than
-// skipped silently.
+// [Store.BeginClaim] begins a transaction and inserts a row per message in
+// it, with INSERT ... ON CONFLICT DO NOTHING, so each claim commits or rolls
+// back together with the handler's effect. A concurrent claim of the same id
+// waits on the primary key until the first transaction ends: if it
+// committed, the second claim reports a duplicate; if it rolled back, the
+// second claim inserts. Each row keeps the sha256 fingerprint of the
+// payload, so the same id carrying a different payload is reported as a
+// mismatch rather than skipped silently.
 //
-// The table is created by [Store.Migrate] (or `idemq migrate`) from embedded,
-// numbered SQL migrations, and old rows are deleted by [Store.Purge].
+// The schema is created by [Store.Migrate] (or `idemq migrate`) from
+// embedded, numbered SQL migrations. Old rows go by [Store.Purge], each
+// consumer's by its own retention. The table has one of two layouts: a
+// plain table, whose purge deletes rows in batches, or, with
+// [Config.Partitioned], three generations of rows whose upkeep
+// ([Store.Maintain]) retires the oldest whole (see generations.go).
 //
-// With [Config.Partitioned] the table is range-partitioned by claim time
-// instead, and Purge drops whole partitions; a claim then takes an advisory
-// lock on its id before it looks for it in every partition, which keeps ids
-// unique across partitions (see Config.Partitioned and partition.go).
-//
-// Claim's duplicate detection relies on READ COMMITTED, Postgres's default
-// isolation level. Under REPEATABLE READ or SERIALIZABLE a claim that races a
-// concurrent commit fails with a serialization error instead, which the
-// caller must retry in a new transaction.
+// A claim's duplicate detection relies on READ COMMITTED, which BeginClaim
+// sets whatever the session's default.
 package processed
 
 import (
@@ -31,6 +28,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,10 +44,11 @@ import (
 
 // DB is a database handle a Store can be made from with New: a
 // *pgxpool.Pool (what Open makes), or a *pgx.Conn for one goroutine at a
-// time. A pgx.Tx satisfies the interface but New refuses it: its Begin starts
-// a savepoint, whose release is not a durable commit.
+// time.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -60,15 +59,23 @@ var (
 	// ErrNotFound is returned by Lookup when no row matches.
 	ErrNotFound = errors.New("processed: not found")
 	// ErrNotMigrated is wrapped by errors caused by the dedup table (or its
-	// schema) not existing: run Store.Migrate or `idemq migrate`. It wraps
+	// schema) not existing, or not yet having the layout the Config asks
+	// for: run Store.Migrate or `idemq migrate`. It wraps
 	// consumer.ErrNotMigrated, on which the runtime stops instead of
 	// retrying.
 	ErrNotMigrated = fmt.Errorf("processed: table does not exist (run migrations): %w", consumer.ErrNotMigrated)
 )
 
-// maxClaimAttempts bounds the insert/select loop of Claim when the
+// maxClaimAttempts bounds the insert/select loop of a claim whose
 // conflicting row disappears (is purged) between the two statements.
 const maxClaimAttempts = 3
+
+// Table name suffixes.
+const (
+	retentionSuffix   = "_retention"    // the janitor's reports (migration 0002)
+	commitCheckSuffix = "_commit_check" // the commit's check (migration 0004)
+	horizonsSuffix    = "_horizons"     // each consumer's purge horizon (migration 0005)
+)
 
 // Store is the Postgres dedup store and the runtime's database handle: it
 // implements consumer.Store, so a consumer.Config takes it as its one
@@ -80,69 +87,52 @@ type Store struct {
 	// pool is the handle Open made, which Close closes; nil for New.
 	pool *pgxpool.Pool
 	cfg  Config
-	// st holds the statements, built once the schema is known: in New
-	// when Config.Schema is set, otherwise on first use (see statements).
+	// schema is the resolved schema; st the statements, built once the
+	// table's layout is known (see statements).
+	schema    atomic.Pointer[string]
 	st        atomic.Pointer[statements]
 	resolveMu sync.Mutex
-	// fastSQL holds a partitioned table's fast claim statements, built on
-	// first use and refreshed (see fast).
-	fastSQL atomic.Pointer[fastClaims]
-	fastMu  sync.Mutex
-	// filters holds the cached filters of sealed partitions (see
-	// filtercache.go); cacheMu serialises CacheFilters.
-	filters atomic.Pointer[filterSet]
-	cacheMu sync.Mutex
 	// tokens numbers the transactions BeginClaim begins, after
 	// tokenPrefix, random per store (see txOptions).
 	tokens      atomic.Uint64
 	tokenPrefix string
 }
 
-// commitCheckSuffix names the function that checks a claim transaction's
-// token before its commit (migration 0003).
-const commitCheckSuffix = "_commit_check"
-
-// statements are the store's SQL, for one resolved schema.
+// statements are the store's SQL, for one resolved schema and layout.
 type statements struct {
 	schema string
-	// qTable is the quoted, schema-qualified table name.
-	qTable                                 string
-	insert, existing, purge, lookup, stats string
-	batchInsert, batchExisting             string
-	// claimOne is the pipelined single claim on a plain table: see
-	// newStatements.
-	claimOne string
+	// qTable is the quoted, schema-qualified table: the plain table, or
+	// the view of the generations.
+	qTable string
+	// gen is the partitioned layout's, nil for a plain table.
+	gen *generations
+	// insert claims a batch (RETURNING the ids it inserted); existing
+	// reads the rows of the ids it did not insert.
+	insert, existing string
 	// syncCommit makes the transaction's commit synchronous and records
-	// its token (see Store.token); commitCheck is the function that checks
-	// the token before the commit (migration 0003).
+	// its token; commitCheck is the function that checks the token before
+	// the commit (see txOptions).
 	syncCommit, commitCheck string
-	// partitioned: the claims take the advisory locks lock (one key) or
-	// batchLock (sorted keys) before their inserts; see partition.go.
-	partitioned     bool
-	lock, batchLock string
-	// restoreScans ends the claim's statements on a partitioned table:
-	// see partitionedSQL.
-	restoreScans string
-	// qDefault is a partitioned table's DEFAULT partition, qSealed and
-	// qFilter the tables of its seals: see seal.go.
-	qDefault, qSealed, qFilter string
+	lookup, stats           string
+	// horizons is the table of purge horizons, recordHorizon its upsert.
+	horizons, recordHorizon string
 }
 
-var _ consumer.Store = (*Store)(nil)
+var (
+	_ consumer.Store      = (*Store)(nil)
+	_ consumer.Maintainer = (*Store)(nil)
+)
 
 // New returns a store for the table cfg names, over db: a *pgxpool.Pool (the
 // caller keeps owning it: Close does not close it) or a *pgx.Conn, which is
 // one connection, so a runtime using it must have Concurrency 1 and no
 // Retention. To have the store make and own its pool, use Open. New does not
-// touch the database, except to learn the schema from db's search_path when
-// Config.Schema is empty, which it does on first use; call Migrate to create
-// the table.
+// touch the database: the store learns the schema (from db's search_path
+// when Config.Schema is empty) and the table's layout on first use. Call
+// Migrate to create the table.
 func New(db DB, cfg Config) (*Store, error) {
-	switch db.(type) {
-	case nil:
+	if db == nil {
 		return nil, &consumer.ConfigError{Field: "db", Reason: "required"}
-	case pgx.Tx:
-		return nil, &consumer.ConfigError{Field: "db", Reason: "a pgx.Tx: its commits are savepoint releases, which are not durable; pass the pool (or connection) the transaction came from"}
 	}
 	if cfg.MaxConns != 0 {
 		return nil, &consumer.ConfigError{Field: "MaxConns", Reason: "sizes the pool Open makes; with New the pool you pass decides"}
@@ -153,56 +143,38 @@ func New(db DB, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, cfg: cfg, tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}
 	if cfg.Schema != "" {
-		s.st.Store(newStatements(cfg.Schema, cfg.Table, cfg.Partitioned))
+		s.schema.Store(&cfg.Schema)
 	}
 	return s, nil
 }
 
-func newStatements(schema, table string, partitioned bool) *statements {
-	t := pgx.Identifier{schema, table}.Sanitize()
-	st := &statements{schema: schema, qTable: t}
-	st.insert = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (consumer, message_id) DO NOTHING`
-	st.existing = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
-	// claimOne is the claim BeginClaim pipelines after BEGIN: the
-	// claim's INSERT, which also makes the transaction's commit
-	// synchronous (set_config, local to the transaction), so that a new
-	// message costs the statements of the hand-written recipe and nothing
-	// more. Measured side by side, one statement that also read the
-	// conflicting row (a CTE with UNION ALL) cost new messages more than
-	// it saved duplicates; a conflict is read by a statement of its own
-	// (see existing), with a new snapshot.
-	st.claimOne = `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, source, partition, "offset")
-SELECT $1, $2, $3, $4, $5, $6 WHERE set_config('synchronous_commit', 'on', true) IS NOT NULL
-	AND set_config('idemq.tx', $7, true) IS NOT NULL
-ON CONFLICT (consumer, message_id) DO NOTHING`
-	// No FOR UPDATE: row locks need the UPDATE privilege, and the
-	// runtime's role needs only SELECT, INSERT and DELETE. A row another
-	// purge is deleting is waited for, then skipped.
-	st.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + `
-	WHERE processed_at < $1
-	LIMIT $2))`
-	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
-FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`
-	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
-	st.batchInsert, st.batchExisting = batchSQL(t)
-	st.syncCommit = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $1, true)`
-	st.commitCheck = pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize()
-	// Named whatever the store was told: a store configured for a plain
-	// table may find a partitioned one (Purge, SealPartitions, Sealed).
-	sealedSQL(st, pgx.Identifier{schema, table + defaultSuffix}.Sanitize(),
-		pgx.Identifier{schema, table + sealedSuffix}.Sanitize(), pgx.Identifier{schema, table + filterSuffix}.Sanitize())
-	if partitioned {
-		partitionedSQL(st)
+// resolveSchema returns the schema: Config.Schema, or the database's
+// current_schema() (the first existing schema of the search_path), learned
+// once. A failed lookup is retried on the next call.
+func (s *Store) resolveSchema(ctx context.Context) (string, error) {
+	if p := s.schema.Load(); p != nil {
+		return *p, nil
 	}
-	return st
+	var schema *string
+	if err := s.db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return "", fmt.Errorf("processed: %s: read the schema from search_path: %w", s.cfg.Table, err)
+	}
+	if schema == nil {
+		return "", &consumer.ConfigError{Field: "Schema", Reason: "empty, and the connection's search_path names no existing schema: create one, fix search_path, or set Config.Schema"}
+	}
+	if err := validIdent("Schema", *schema); err != nil {
+		return "", fmt.Errorf("processed: the search_path's schema: %w", err)
+	}
+	s.schema.Store(schema)
+	return *schema, nil
 }
 
-// statements returns the store's SQL, first learning the schema from the
-// database's current_schema() (the first existing schema of the search_path)
-// if Config.Schema was empty. A failed lookup is retried on the next call.
+// statements returns the store's SQL, reading the table's layout once: a
+// plain table, or the view of a partitioned layout's generations. A table
+// that does not exist yet, or has not the layout the Config asks for but
+// can be migrated to it, is ErrNotMigrated, and is read again on the next
+// call; a partitioned table with a Config that does not ask for it is a
+// *consumer.ConfigError.
 func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if st := s.st.Load(); st != nil {
 		return st, nil
@@ -212,37 +184,103 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if st := s.st.Load(); st != nil {
 		return st, nil
 	}
-	schema, err := currentSchema(ctx, s.db)
+	schema, err := s.resolveSchema(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("processed: %s: %w", s.cfg.Table, err)
+		return nil, err
 	}
-	st := newStatements(schema, s.cfg.Table, s.cfg.Partitioned)
+	t := pgx.Identifier{schema, s.cfg.Table}.Sanitize()
+	gen := newGenerations(schema, s.cfg.Table)
+	var (
+		kind    *string
+		hasGens bool
+	)
+	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL`,
+		t, gen.meta).Scan(&kind, &hasGens); err != nil {
+		return nil, s.wrap("read the table's layout", err)
+	}
+	notMigrated := func(why string) error {
+		return fmt.Errorf("processed: %s %s: %w", s, why, ErrNotMigrated)
+	}
+	switch {
+	case kind == nil:
+		return nil, notMigrated("does not exist")
+	case *kind == "r" && s.cfg.Partitioned:
+		return nil, notMigrated("is a plain table, and Config.Partitioned asks for the partitioned layout: Migrate converts it")
+	case *kind == "r":
+		gen = nil
+	case *kind == "v" && hasGens && !s.cfg.Partitioned:
+		return nil, &consumer.ConfigError{Field: "Partitioned", Reason: fmt.Sprintf("not set, and %s has the partitioned layout", s)}
+	case *kind == "v" && hasGens:
+	case *kind == "p":
+		return nil, notMigrated("has the partitioned layout of earlier versions: Migrate converts it")
+	default:
+		return nil, fmt.Errorf("processed: %s is not a table of idemq's (relkind %q)", s, *kind)
+	}
+	st := newStatements(schema, s.cfg.Table, gen)
 	s.st.Store(st)
 	return st, nil
 }
 
-// currentSchema returns the schema unqualified names resolve to.
-func currentSchema(ctx context.Context, db DB) (string, error) {
-	var schema *string
-	if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		return "", fmt.Errorf("read the schema from search_path: %w", err)
+func newStatements(schema, table string, gen *generations) *statements {
+	t := pgx.Identifier{schema, table}.Sanitize()
+	st := &statements{schema: schema, qTable: t, gen: gen,
+		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
+		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
 	}
-	if schema == nil {
-		return "", &consumer.ConfigError{Field: "Schema", Reason: "empty, and the connection's search_path names no existing schema: create one, fix search_path, or set Config.Schema"}
+	st.syncCommit = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $1, true)`
+	// The plain table takes the rows; the partitioned layout's current
+	// generation takes them when no other generation has them.
+	into, others := t, []string(nil)
+	if gen != nil {
+		into, others = gen.tables[0], gen.tables[1:]
 	}
-	if err := validIdent("Schema", *schema); err != nil {
-		return "", fmt.Errorf("the search_path's schema: %w", err)
+	var notElsewhere strings.Builder
+	for i, g := range others {
+		if i == 0 {
+			notElsewhere.WriteString("\nWHERE ")
+		} else {
+			notElsewhere.WriteString("\n\tAND ")
+		}
+		notElsewhere.WriteString("NOT EXISTS (SELECT 1 FROM " + g + " g WHERE g.consumer = $1 AND g.message_id = u.id)")
 	}
-	return *schema, nil
+	st.insert = `INSERT INTO ` + into + ` (consumer, message_id, fingerprint, source, partition, "offset")
+SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
+FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)` + notElsewhere.String() + `
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id`
+	// One primary-key probe per id (per generation), whatever the planner
+	// believes. The plain form, WHERE consumer = $1 AND message_id =
+	// ANY($2), is planned as an index scan on consumer alone that filters
+	// message_id whenever the statistics do not know the consumer (a new
+	// consumer, stale statistics, or a generic plan made while the table
+	// was small): it then reads every row the consumer has, per batch.
+	// LIMIT 1 keeps the lateral subquery from being flattened into such a
+	// join. (The purge's index on consumer and processed_at would be
+	// another such scan; its collation keeps it out: migration 0005.)
+	st.existing = `SELECT p.message_id, p.fingerprint, p.processed_at
+FROM unnest($2::text[]) AS u(id)
+CROSS JOIN LATERAL (
+	SELECT message_id, fingerprint, processed_at FROM ` + t + `
+	WHERE consumer = $1 AND message_id = u.id
+	LIMIT 1) AS p`
+	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
+FROM ` + t + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
+	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
+	st.recordHorizon = `INSERT INTO ` + st.horizons + ` AS h (consumer, purge_before, older_than_ms)
+VALUES ($1, now() - $2::bigint * interval '1 microsecond', $2::bigint / 1000)
+ON CONFLICT (consumer) DO UPDATE SET purge_before = excluded.purge_before,
+	older_than_ms = excluded.older_than_ms, recorded_at = now()
+RETURNING purge_before`
+	return st
 }
 
 // Schema returns the schema holding the table: Config.Schema, or the one the
 // search_path names once the store has asked the database ("" until then).
 func (s *Store) Schema() string {
-	if st := s.st.Load(); st != nil {
-		return st.schema
+	if p := s.schema.Load(); p != nil {
+		return *p
 	}
-	return s.cfg.Schema
+	return ""
 }
 
 // Table returns the table's name, without its schema.
@@ -257,8 +295,8 @@ func (s *Store) String() string {
 }
 
 // Pool returns the pool the store uses: the one Open made, or the one New
-// was given; nil if New was given something else. Use it for the queries
-// of your own that belong beside the store's.
+// was given; nil if New was given a connection. Use it for the queries of
+// your own that belong beside the store's.
 func (s *Store) Pool() *pgxpool.Pool {
 	if s.pool != nil {
 		return s.pool
@@ -296,391 +334,301 @@ func (s *Store) Close() {
 	}
 }
 
-// Claim records in tx that c.Consumer is applying c.MessageID. It reports
-// ClaimNew if the row was inserted (it commits or rolls back with tx),
-// ClaimDuplicate if the id was already committed with the same fingerprint,
-// and ClaimMismatch if it was committed with a different one. If another
-// transaction holds an uncommitted claim of the same id, Claim waits for it to
-// end.
-//
-// The common case, a new message, costs one round trip.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
-	if tx == nil {
-		return consumer.ClaimResult{}, errors.New("processed: claim: nil transaction")
-	}
-	if c.Consumer == "" || c.MessageID == "" {
-		return consumer.ClaimResult{}, fmt.Errorf("processed: claim: empty consumer (%q) or message id (%q)", c.Consumer, c.MessageID)
-	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		return consumer.ClaimResult{}, err
-	}
-	if st.partitioned {
-		// First skipping the sealed partitions (see seal.go); if that
-		// inserts nothing, as claim does, looking everywhere.
-		fi, err := s.firstClaim(ctx, tx, st, c)
-		if err != nil {
-			return consumer.ClaimResult{}, err
-		}
-		inserted := false
-		b := &pgx.Batch{}
-		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID), "")
-		fi.queue(b).Exec(func(tag pgconn.CommandTag) error {
-			inserted = tag.RowsAffected() == 1
-			return nil
-		})
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return consumer.ClaimResult{}, fi.wrap("claim: lock and insert", err)
-		}
-		if inserted {
-			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
-		}
-		// Most often a duplicate: read it first, as pipelinedClaim does.
-		res, found, err := s.existingAfter(ctx, st, tx, fi, c)
-		if err != nil || found {
-			return res, err
-		}
-		return s.fullClaim(ctx, st, tx, c)
-	}
-	return s.claim(ctx, st, tx, c)
-}
-
-// fullClaim is claim on a partitioned table, with sequential scans off.
-func (s *Store) fullClaim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, err error) {
-	err = s.withoutScans(ctx, tx, st, "claim", func() error {
-		res, err = s.claim(ctx, st, tx, c)
-		return err
-	})
-	return res, err
-}
-
-// claim is Claim's insert and, on a conflict, select.
-func (s *Store) claim(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (consumer.ClaimResult, error) {
-	args := claimArgs(c)
-	for attempt := 1; ; attempt++ {
-		tag, err := tx.Exec(ctx, st.insert, args...)
-		if err != nil {
-			return consumer.ClaimResult{}, s.wrap("claim: insert", err)
-		}
-		if tag.RowsAffected() == 1 {
-			return consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
-		}
-		res, found, err := s.existing(ctx, st, tx, c)
-		if err != nil || found {
-			return res, err
-		}
-		// Purged between the two statements: claim it afresh.
-		if attempt >= maxClaimAttempts {
-			return consumer.ClaimResult{}, fmt.Errorf("processed: claim: row for %q/%q conflicted but vanished %d times", c.Consumer, c.MessageID, attempt)
-		}
-	}
-}
-
-// existing reads the committed row that made c's insert conflict and tells a
-// duplicate from a mismatch. found is false if the row is gone (purged since).
-// A separate statement takes a new snapshot under READ COMMITTED, so it sees
-// the row of the transaction the insert waited for.
-func (s *Store) existing(ctx context.Context, st *statements, tx pgx.Tx, c consumer.Claim) (res consumer.ClaimResult, found bool, err error) {
-	var (
-		fp []byte
-		at time.Time
-	)
-	err = tx.QueryRow(ctx, st.existing, c.Consumer, c.MessageID).Scan(&fp, &at)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return consumer.ClaimResult{}, false, nil
-	}
-	if err != nil {
-		return consumer.ClaimResult{}, false, s.wrap("claim: select existing", err)
-	}
-	out := consumer.ClaimDuplicate
-	if !bytes.Equal(fp, c.Fingerprint[:]) {
-		out = consumer.ClaimMismatch
-	}
-	return consumer.ClaimResult{Outcome: out, ProcessedAt: at}, true, nil
-}
-
-// claimArgs are the arguments of the claim INSERT; a negative partition or
-// offset is stored as NULL.
-func claimArgs(c consumer.Claim) []any {
-	var partition, offset any // nil is NULL
-	if c.Partition >= 0 {
-		partition = c.Partition
-	}
-	if c.Offset >= 0 {
-		offset = c.Offset
-	}
-	return []any{c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset}
-}
-
-// syncBegin starts a transaction whose commit is synchronous whatever the
-// server or role default: the runtime acks once the commit returns, so the
-// commit must be durable. Sent as one simple-protocol query, it costs one
-// round trip.
-const syncBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; " + setSyncCommit
-
-// setSyncCommit makes the current transaction's commit synchronous.
-const setSyncCommit = "SET LOCAL synchronous_commit = on"
-
-// beginTxer is implemented by *pgxpool.Pool and *pgx.Conn.
-type beginTxer interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-// batchBeginner is implemented by *pgxpool.Pool and *pgx.Conn: a batch sent
-// on it can begin a transaction (pgx.Batch.BeginTx).
-type batchBeginner interface {
-	beginTxer
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // txOptions returns a new token and the options of a transaction that
 // carries it: READ COMMITTED, and committed only after the token's check.
 //
-// The token (idemq.tx, set in the transaction's first statement) marks the
-// transaction as the one BeginClaim began. Its commit first runs the
-// table's commit check (migration 0003), which fails unless the
-// transaction open then still carries the token (a handler may have ended
-// it with SQL and begun another, which must not commit) and allows the
-// claims' rows to commit: the table's commit guard makes every other
+// The token (the setting idemq.tx, set in the transaction's first
+// statement) marks the transaction as the one BeginClaim began. Its commit
+// first runs the table's commit check (migration 0004), which fails unless
+// the transaction open then still carries the token (a handler may have
+// ended it with SQL and begun another, which must not commit) and allows
+// the claims' rows to commit: the table's commit guard makes every other
 // COMMIT of a transaction with a token fail (a handler's own COMMIT, END
-// or PREPARE TRANSACTION), rolling it back. Both checks and the COMMIT
-// go in one simple-protocol query, one round trip as before.
+// or PREPARE TRANSACTION), rolling it back. The check and the COMMIT go in
+// one simple-protocol query: one round trip, as a plain COMMIT.
 func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
 	token = s.tokenPrefix + strconv.FormatUint(s.tokens.Add(1), 36)
 	return token, pgx.TxOptions{IsoLevel: pgx.ReadCommitted,
 		CommitQuery: "SELECT " + st.commitCheck + "('" + token + "'); COMMIT"}
 }
 
-// begin starts a READ COMMITTED transaction with a synchronous commit.
-func (s *Store) begin(ctx context.Context) (pgx.Tx, error) {
-	if b, ok := s.db.(beginTxer); ok {
-		st, err := s.statements(ctx)
-		if err != nil {
-			return nil, err
-		}
-		token, opts := s.txOptions(st)
-		opts.BeginQuery = syncBegin + "; SELECT set_config('idemq.tx', '" + token + "', true)"
-		tx, err := b.BeginTx(ctx, opts)
-		if err != nil {
-			return nil, s.wrap("begin", err)
-		}
-		return tx, nil
-	}
-	tx, err := s.db.Begin(ctx)
-	if err != nil {
-		return nil, s.wrap("begin", err)
-	}
-	// The first statement of the transaction, so the isolation level can
-	// still be set whatever the session's default.
-	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "+setSyncCommit); err != nil {
-		_ = tx.Rollback(ctx)
-		return nil, s.wrap("begin: set isolation and synchronous_commit", err)
-	}
-	return tx, nil
-}
-
 // BeginClaim implements consumer.Store: it begins a READ COMMITTED
 // transaction whose commit is synchronous (the runtime acks once it
-// returns), and claims claims in it, with Claim's semantics for one claim and
-// ClaimBatch's for several. For one claim, BEGIN and the INSERT go to the
-// server in one pipelined round trip. A non-nil tx must be rolled back by
-// the caller if it does not commit, also when err is not nil.
+// returns) and claims every element of claims in it, which must share a
+// non-empty Consumer and have distinct, non-empty message ids. results[i]
+// is ClaimNew if claims[i]'s row was inserted (it commits or rolls back
+// with tx), ClaimDuplicate if the id was already committed with the same
+// fingerprint, and ClaimMismatch if with a different one. If another
+// transaction holds an uncommitted claim of one of the ids, BeginClaim
+// waits for it to end; callers that claim concurrently should sort their
+// claims by id, so that two batches never wait on each other's ids in
+// opposite orders.
+//
+// BEGIN, the claims' INSERT and the synchronous commit go to the server in
+// one round trip; ids that conflicted cost one more, which reads their
+// rows. A non-nil tx must be rolled back by the caller if it does not
+// commit, also when err is not nil. Only the runtime's Commit of tx
+// commits: see consumer.Store.
 func (s *Store) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
-	if bb, ok := s.db.(batchBeginner); ok {
-		if len(claims) == 1 {
-			tx, res, err := s.pipelinedClaim(ctx, bb, claims[0])
-			if err != nil {
-				return tx, nil, err
-			}
-			return tx, []consumer.ClaimResult{res}, nil
-		}
-		if len(claims) > 1 {
-			return s.pipelinedClaimBatch(ctx, bb, claims)
-		}
-	}
-	tx, err := s.begin(ctx)
+	b, err := newBatch(claims)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(claims) == 1 {
-		res, err := s.Claim(ctx, tx, claims[0])
-		if err != nil {
-			return tx, nil, err
-		}
-		return tx, []consumer.ClaimResult{res}, nil
-	}
-	res, err := s.ClaimBatch(ctx, tx, claims)
-	return tx, res, err
-}
-
-// pipelinedClaimBatch sends BEGIN, SET LOCAL and the batch INSERT of
-// ClaimBatch in one round trip, then finishes as ClaimBatch does.
-func (s *Store) pipelinedClaimBatch(ctx context.Context, db batchBeginner, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
-	bc, err := s.newBatchClaim(ctx, claims)
+	st, err := s.statements(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	var (
-		inserted  []string
-		ran, want = 0, 1
-	)
-	collect := func(rows pgx.Rows) error {
-		ran++
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		inserted = append(inserted, ids...)
+	var inserted []string
+	token, opts := s.txOptions(st)
+	bt := &pgx.Batch{}
+	bt.BeginTx(opts)
+	bt.Queue(st.syncCommit, token)
+	bt.Queue(st.insert, b.insertArgs(claims)...).Query(func(rows pgx.Rows) error {
+		var err error
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
-	}
-	wrap := s.wrap
-	var fis firstInserts
-	b := &pgx.Batch{}
-	token, opts := s.txOptions(bc.st)
-	b.BeginTx(opts)
-	if bc.st.partitioned {
-		if fis, err = s.firstBatchClaim(ctx, s.db, bc, claims); err != nil {
-			return nil, nil, err
-		}
-		b.Queue(bc.st.batchLock, claimLockKeys(claims), token) // synchronous commit too
-		fis.queue(b, collect)
-		wrap, want = fis.wrap, len(fis.inserts)
-	} else {
-		b.Queue(bc.st.syncCommit, token)
-		b.Queue(bc.st.batchInsert, bc.insertArgs(claims)...).Query(collect)
-	}
-	br := db.SendBatch(ctx, b)
+	})
+	br := s.db.SendBatch(ctx, bt)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		if tx == nil {
-			return nil, nil, s.wrap("claim batch: begin", err)
+			return nil, nil, s.wrap("claim: begin", err)
 		}
-		return tx, nil, wrap("claim batch: begin and insert", err)
+		return tx, nil, s.wrap("claim: begin and insert", err)
 	}
-	switch {
-	case tx == nil:
-		return nil, nil, errors.New("processed: claim batch: the batch began no transaction")
-	case ran != want:
-		return tx, nil, fmt.Errorf("processed: claim batch: %d of the %d queued inserts ran", ran, want)
+	if tx == nil {
+		return nil, nil, errors.New("processed: claim: the batch began no transaction")
 	}
-	res, err := bc.finish(ctx, tx, inserted, fis.existing, fis.wrap)
+	res, err := b.finish(ctx, s, st, tx, inserted)
 	if err != nil {
 		return tx, nil, err
 	}
 	return tx, res, nil
 }
 
-// pipelinedClaim sends BEGIN and the claim (on a plain table claimOne, the
-// synchronous commit and the INSERT in one statement; on a partitioned one
-// the lock statement and the first insert) in one batch, then, if the
-// insert conflicted, reads the existing row with a new snapshot as Claim
-// does.
-func (s *Store) pipelinedClaim(ctx context.Context, db batchBeginner, c consumer.Claim) (pgx.Tx, consumer.ClaimResult, error) {
-	if c.Consumer == "" || c.MessageID == "" {
-		tx, err := s.begin(ctx)
-		if err != nil {
-			return nil, consumer.ClaimResult{}, err
-		}
-		res, err := s.Claim(ctx, tx, c) // reports the error
-		return tx, res, err
-	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		return nil, consumer.ClaimResult{}, err
-	}
-	var (
-		ran, inserted, seen bool
-		first               firstInsert
-	)
-	wrap := s.wrap
-	b := &pgx.Batch{}
-	token, opts := s.txOptions(st)
-	b.BeginTx(opts)
-	record := func(tag pgconn.CommandTag) error {
-		ran, seen, inserted = true, true, tag.RowsAffected() == 1
-		return nil
-	}
-	if st.partitioned {
-		if first, err = s.firstClaim(ctx, s.db, st, c); err != nil {
-			return nil, consumer.ClaimResult{}, err
-		}
-		b.Queue(st.lock, claimLockKey(c.Consumer, c.MessageID), token)
-		first.queue(b).Exec(record)
-		wrap = first.wrap
-	} else {
-		b.Queue(st.claimOne, append(claimArgs(c), token)...).Exec(record)
-	}
-	br := db.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		if tx == nil {
-			return nil, consumer.ClaimResult{}, s.wrap("claim: begin", err)
-		}
-		return tx, consumer.ClaimResult{}, wrap("claim: begin and insert", err)
-	}
-	switch {
-	case tx == nil:
-		return nil, consumer.ClaimResult{}, errors.New("processed: claim: the batch began no transaction")
-	case !ran:
-		return tx, consumer.ClaimResult{}, errors.New("processed: claim: the queued insert did not run")
-	case seen && inserted:
-		return tx, consumer.ClaimResult{Outcome: consumer.ClaimNew}, nil
-	}
-	// The insert conflicted with a committed row (or, on a partitioned
-	// table, a sealed partition's filter has the id): read it with a new
-	// snapshot, as Claim does. If it is not there (purged meanwhile, or
-	// the filter's false positive), Claim claims the id afresh, looking in
-	// every partition.
-	var (
-		res   consumer.ClaimResult
-		found bool
-	)
-	if st.partitioned {
-		res, found, err = s.existingAfter(ctx, st, tx, first, c)
-	} else {
-		res, found, err = s.existing(ctx, st, tx, c)
-	}
-	if err != nil || found {
-		return tx, res, err
-	}
-	if st.partitioned {
-		res, err = s.fullClaim(ctx, st, tx, c) // the lock is held
-	} else {
-		res, err = s.claim(ctx, st, tx, c)
-	}
-	return tx, res, err
+// batch is one BeginClaim in progress.
+type batch struct {
+	name    string
+	claims  []consumer.Claim
+	index   map[string]int
+	results []consumer.ClaimResult
 }
 
-// Purge deletes the rows processed more than olderThan ago (by the database's
-// clock) and returns how many it deleted. It deletes in batches of
-// Config.PurgeBatchSize rows, each its own statement and transaction, so it
-// never holds many locks for long. It needs only the SELECT and DELETE
-// privileges. It stops when a batch deletes fewer rows than the batch size, or
-// when ctx is done.
+// newBatch checks claims and prepares their claim.
+func newBatch(claims []consumer.Claim) (*batch, error) {
+	if len(claims) == 0 {
+		return nil, errors.New("processed: claim: no claims")
+	}
+	b := &batch{name: claims[0].Consumer, claims: claims, index: make(map[string]int, len(claims)),
+		results: make([]consumer.ClaimResult, len(claims))}
+	for i, c := range claims {
+		if c.Consumer != b.name || c.Consumer == "" || c.MessageID == "" {
+			return nil, fmt.Errorf("processed: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
+		}
+		if _, dup := b.index[c.MessageID]; dup {
+			return nil, fmt.Errorf("processed: claim: message id %q appears twice", c.MessageID)
+		}
+		b.index[c.MessageID] = i
+	}
+	return b, nil
+}
+
+// insertArgs are the arguments of the claim INSERT for pending; a negative
+// partition or offset is stored as NULL.
+func (b *batch) insertArgs(pending []consumer.Claim) []any {
+	ids := make([]string, len(pending))
+	fps := make([][]byte, len(pending))
+	srcs := make([]string, len(pending))
+	parts := make([]int32, len(pending))
+	offs := make([]int64, len(pending))
+	for i, c := range pending {
+		ids[i], fps[i], srcs[i] = c.MessageID, c.Fingerprint[:], c.Source
+		parts[i], offs[i] = max(c.Partition, -1), max(c.Offset, -1)
+	}
+	return []any{b.name, ids, fps, srcs, parts, offs}
+}
+
+// finish records the ids the INSERT inserted, reads the rows the others
+// conflicted with, and claims afresh the ids whose rows were purged in
+// between, until every claim has its answer.
+func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+	pending := b.claims
+	for attempt := 1; ; attempt++ {
+		claimed := make(map[string]bool, len(inserted))
+		for _, id := range inserted {
+			claimed[id] = true
+			b.results[b.index[id]] = consumer.ClaimResult{Outcome: consumer.ClaimNew}
+		}
+		if len(inserted) == len(pending) {
+			return b.results, nil
+		}
+		var conflicted []string
+		for _, c := range pending {
+			if !claimed[c.MessageID] {
+				conflicted = append(conflicted, c.MessageID)
+			}
+		}
+		// A new statement, so a new snapshot under READ COMMITTED: it sees
+		// the rows of the transactions the insert waited for.
+		missing, err := b.existing(ctx, tx, st, conflicted)
+		if err != nil {
+			return nil, s.wrap("claim: select existing", err)
+		}
+		// Rows purged between the two statements are claimed afresh.
+		pending = pending[:0:0]
+		for _, id := range missing {
+			pending = append(pending, b.claims[b.index[id]])
+		}
+		if len(pending) == 0 {
+			return b.results, nil
+		}
+		if attempt >= maxClaimAttempts {
+			return nil, fmt.Errorf("processed: claim: %d rows conflicted but vanished %d times", len(pending), attempt)
+		}
+		rows, err := tx.Query(ctx, st.insert, b.insertArgs(pending)...)
+		if err == nil {
+			inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return nil, s.wrap("claim: insert", err)
+		}
+	}
+}
+
+// existing reads the rows of ids, records them as duplicates or
+// mismatches, and returns the ids it did not find.
+func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []string) ([]string, error) {
+	rows, err := tx.Query(ctx, st.existing, b.name, ids)
+	if err != nil {
+		return nil, err
+	}
+	found := make(map[string]bool, len(ids))
+	var (
+		id string
+		fp []byte
+		at time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &fp, &at}, func() error {
+		i := b.index[id]
+		out := consumer.ClaimDuplicate
+		if !bytes.Equal(fp, b.claims[i].Fingerprint[:]) {
+			out = consumer.ClaimMismatch
+		}
+		b.results[i] = consumer.ClaimResult{Outcome: out, ProcessedAt: at}
+		found[id] = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, id := range ids {
+		if !found[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
+
+// Purge implements consumer.Store: it purges consumerName's rows processed
+// more than olderThan ago (by the database's clock), and never another
+// consumer's, and returns how many rows went.
 //
-// On a partitioned table (whatever Config.Partitioned says) it first creates
-// the partitions ahead (EnsurePartitions), then drops each partition whose
-// whole range is older than olderThan, and deletes the old rows of the
-// DEFAULT partition in batches as above; it needs to own the table. Rows so
-// live between olderThan and olderThan plus one PartitionInterval. The
-// count of a dropped partition's rows is the planner's estimate when it has
-// one.
-func (s *Store) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
+// It first records the consumer's purge horizon, now minus olderThan, in
+// the table Table+"_horizons". On a plain table it then deletes the
+// consumer's older rows in batches of Config.PurgeBatchSize, each its own
+// short statement, paced by PurgePause and PurgeDutyCycle; it needs the
+// SELECT and DELETE privileges, and INSERT and UPDATE on the horizons. On
+// the partitioned layout it runs the upkeep (see Maintain), which retires
+// the oldest generation once every consumer with rows in it has recorded
+// a horizon past its end: a consumer's rows may so live longer than its
+// retention, never less. The count of a retired generation's rows is the
+// planner's estimate when it has one.
+func (s *Store) Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error) {
+	if consumerName == "" {
+		return 0, errors.New("processed: purge: no consumer named (PurgeAll purges every consumer's rows)")
+	}
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("processed: purge: olderThan is %s, must be positive", olderThan)
+	}
 	st, err := s.statements(ctx)
 	if err != nil {
 		return 0, err
 	}
-	// By what the table is, not what the store was told: the plain
-	// purge's ctids are not unique across partitions.
-	kind, err := s.relkind(ctx, s.db, st)
-	if err != nil {
-		return 0, s.wrap("purge: read the table's kind", err)
+	var cutoff time.Time
+	if err := s.db.QueryRow(ctx, st.recordHorizon, consumerName, olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, s.wrap("purge: record the purge horizon of "+strconv.Quote(consumerName), err)
 	}
-	if kind == 'p' {
-		return s.purgePartitioned(ctx, st, olderThan)
+	if st.gen != nil {
+		return st.gen.maintain(ctx, s, st)
 	}
-	n, step, err := pgpurge.Run(ctx, s.db, st.purge, olderThan, s.cfg.PurgeBatchSize, s.cfg.pace())
+	del := `DELETE FROM ` + st.qTable + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + st.qTable + `
+	WHERE consumer COLLATE "C" = $3 AND processed_at < $1
+	LIMIT $2))`
+	n, err := pgpurge.Batches(ctx, s.db, del, cutoff, s.cfg.PurgeBatchSize, s.cfg.pace(), consumerName)
 	if err != nil {
-		return n, s.wrap(string(step), err)
+		return n, s.wrap("purge "+strconv.Quote(consumerName), err)
 	}
 	return n, nil
+}
+
+// PurgeAll purges the rows of every consumer that has rows, as Purge does
+// for each, recording each one's purge horizon: an operator's statement
+// that, for every consumer, the rows older than olderThan may go. It
+// returns how many rows went.
+func (s *Store) PurgeAll(ctx context.Context, olderThan time.Duration) (int64, error) {
+	names, err := s.consumers(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, name := range names {
+		n, err := s.Purge(ctx, name, olderThan)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// consumers returns the consumers that have rows, in order, each found by
+// one probe of the primary key (a loose index scan).
+func (s *Store) consumers(ctx context.Context) ([]string, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, `WITH RECURSIVE c(consumer) AS (
+	(SELECT consumer FROM `+st.qTable+` ORDER BY consumer LIMIT 1)
+	UNION ALL
+	SELECT (SELECT t.consumer FROM `+st.qTable+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+	FROM c WHERE c.consumer IS NOT NULL)
+SELECT consumer FROM c WHERE consumer IS NOT NULL`)
+	if err != nil {
+		return nil, s.wrap("list the consumers", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, s.wrap("list the consumers", err)
+	}
+	return names, nil
+}
+
+// Maintain implements consumer.Maintainer, the upkeep the runtime's janitor
+// runs every JanitorInterval. On the partitioned layout it retires the
+// oldest generation if every consumer with rows in it allows it, and makes
+// a fresh generation current when the current one is due (see
+// generations.go); it needs to own the tables. On a plain table it does
+// nothing.
+func (s *Store) Maintain(ctx context.Context) error {
+	st, err := s.statements(ctx)
+	if err != nil || st.gen == nil {
+		return err
+	}
+	_, err = st.gen.maintain(ctx, s, st)
+	return err
 }
 
 // Record is one row of the dedup table.
@@ -726,27 +674,32 @@ type Stats struct {
 // It scans the rows, so it is meant for operators, not hot paths.
 func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 	var (
-		st     Stats
+		out    Stats
 		oldest *time.Time
 	)
-	q, err := s.statements(ctx)
+	st, err := s.statements(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
-	if err := s.db.QueryRow(ctx, q.stats, consumerName).Scan(&st.Rows, &oldest); err != nil {
+	if err := s.db.QueryRow(ctx, st.stats, consumerName).Scan(&out.Rows, &oldest); err != nil {
 		return Stats{}, s.wrap("stats", err)
 	}
 	if oldest != nil {
-		st.Oldest = *oldest
+		out.Oldest = *oldest
 	}
-	return st, nil
+	return out, nil
 }
 
 // wrap adds context to a database error and translates a missing table or
-// schema into ErrNotMigrated.
+// schema into ErrNotMigrated, and so a table whose layout changed under
+// the store (a claim into what is now the view of the generations).
 func (s *Store) wrap(op string, err error) error {
-	if pgmigrate.IsUndefined(err) {
+	var pgErr *pgconn.PgError
+	switch {
+	case pgmigrate.IsUndefined(err):
 		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.HasPrefix(pgErr.Message, "cannot insert into view"):
+		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("processed: %s on %s: %w", op, s, err)
 }

@@ -5,11 +5,11 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -51,347 +51,26 @@ func claimOf(consumerName, id, body string) consumer.Claim {
 	}
 }
 
-// claimTx claims c in its own transaction and commits it.
-func claimTx(t *testing.T, db processed.DB, s *processed.Store, c consumer.Claim) consumer.ClaimResult {
+// claim claims cs with BeginClaim, the runtime's path, and commits.
+func claim(t *testing.T, s *processed.Store, cs ...consumer.Claim) []consumer.ClaimResult {
 	t.Helper()
-	tx, err := db.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
+	tx, res, err := s.BeginClaim(ctx(t), cs)
+	if tx != nil {
+		defer func() { _ = tx.Rollback(context.Background()) }()
 	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	res, err := s.Claim(ctx(t), tx, c)
 	if err != nil {
-		t.Fatalf("Claim(%s/%s): %v", c.Consumer, c.MessageID, err)
+		t.Fatalf("BeginClaim(%s/%s, %d claims): %v", cs[0].Consumer, cs[0].MessageID, len(cs), err)
 	}
 	if err := tx.Commit(ctx(t)); err != nil {
-		t.Fatal(err)
+		t.Fatalf("commit: %v", err)
 	}
 	return res
 }
 
-func TestClaimNewDuplicateMismatch(t *testing.T) {
-	t.Parallel()
-	s, pool := setup(t, processed.Config{})
+// table is the quoted table (or view) of s.
+func table(s *processed.Store) string { return pgx.Identifier{s.Schema(), s.Table()}.Sanitize() }
 
-	c := claimOf("billing", "m-1", "pay 10")
-	c.Partition, c.Offset = 3, 42
-	if got := claimTx(t, pool, s, c); got.Outcome != consumer.ClaimNew || !got.ProcessedAt.IsZero() {
-		t.Fatalf("first claim: %+v, want new with zero ProcessedAt", got)
-	}
-	rec, err := s.Lookup(ctx(t), "billing", "m-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	dup := claimTx(t, pool, s, c)
-	if dup.Outcome != consumer.ClaimDuplicate {
-		t.Fatalf("second claim: %v, want duplicate", dup.Outcome)
-	}
-	if !dup.ProcessedAt.Equal(rec.ProcessedAt) {
-		t.Errorf("duplicate ProcessedAt %v, want the row's %v", dup.ProcessedAt, rec.ProcessedAt)
-	}
-
-	mis := claimTx(t, pool, s, claimOf("billing", "m-1", "pay 1000"))
-	if mis.Outcome != consumer.ClaimMismatch || !mis.ProcessedAt.Equal(rec.ProcessedAt) {
-		t.Fatalf("different payload: %+v, want mismatch at %v", mis, rec.ProcessedAt)
-	}
-	// The mismatch did not overwrite the row.
-	if rec2, err := s.Lookup(ctx(t), "billing", "m-1"); err != nil || string(rec2.Fingerprint) != string(c.Fingerprint[:]) {
-		t.Fatalf("row after mismatch: %+v, %v", rec2, err)
-	}
-
-	// The consumer is the dedup scope.
-	if got := claimTx(t, pool, s, claimOf("shipping", "m-1", "pay 10")); got.Outcome != consumer.ClaimNew {
-		t.Fatalf("other consumer, same id: %v, want new", got.Outcome)
-	}
-}
-
-func TestClaimRejectsEmptyIDs(t *testing.T) {
-	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	for _, c := range []consumer.Claim{claimOf("", "m", "x"), claimOf("c", "", "x")} {
-		if _, err := s.Claim(ctx(t), tx, c); err == nil {
-			t.Errorf("Claim(%q, %q) succeeded", c.Consumer, c.MessageID)
-		}
-	}
-	if _, err := s.Claim(ctx(t), nil, claimOf("c", "m", "x")); err == nil {
-		t.Error("Claim with nil tx succeeded")
-	}
-}
-
-func TestClaimRolledBackLeavesNoRow(t *testing.T) {
-	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	c := claimOf("billing", "m-rb", "x")
-
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res, err := s.Claim(ctx(t), tx, c); err != nil || res.Outcome != consumer.ClaimNew {
-		t.Fatalf("Claim: %+v, %v", res, err)
-	}
-	if err := tx.Rollback(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Lookup(ctx(t), "billing", "m-rb"); !errors.Is(err, processed.ErrNotFound) {
-		t.Fatalf("Lookup after rollback: %v, want ErrNotFound", err)
-	}
-	if got := claimTx(t, pool, s, c); got.Outcome != consumer.ClaimNew {
-		t.Fatalf("claim after rollback: %v, want new", got.Outcome)
-	}
-}
-
-// waitUntilBlocked polls until the backend pid waits on a lock.
-func waitUntilBlocked(t *testing.T, pool *pgxpool.Pool, pid uint32) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting bool
-		err := pool.QueryRow(ctx(t),
-			`SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&waiting)
-		if err != nil {
-			t.Fatalf("pg_stat_activity: %v", err)
-		}
-		if waiting {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d never blocked on a lock", pid)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
-type claimAnswer struct {
-	res consumer.ClaimResult
-	err error
-}
-
-// claimOnConn claims c on conn in a transaction of its own and commits it;
-// it is how B claims in TestConcurrentClaims.
-type claimOnConn func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error)
-
-// claimers are the two ways to claim: Claim in a begun transaction, and
-// BeginClaim, which pipelines BEGIN and the claim.
-var claimers = map[string]claimOnConn{
-	"claim": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return consumer.ClaimResult{}, err
-		}
-		defer func() { _ = tx.Rollback(context.Background()) }()
-		res, err := s.Claim(ctx, tx, c)
-		if err != nil {
-			return res, err
-		}
-		return res, tx.Commit(ctx)
-	},
-	"queued": func(ctx context.Context, conn *pgxpool.Conn, s *processed.Store, c consumer.Claim) (consumer.ClaimResult, error) {
-		// A store over the one connection pipelines BEGIN and the claim.
-		on, err := processed.New(conn.Conn(), processed.Config{Schema: s.Schema(), Table: s.Table()})
-		if err != nil {
-			return consumer.ClaimResult{}, err
-		}
-		tx, res, err := on.BeginClaim(ctx, []consumer.Claim{c})
-		if tx != nil {
-			defer func() { _ = tx.Rollback(context.Background()) }()
-		}
-		if err != nil {
-			return consumer.ClaimResult{}, err
-		}
-		return res[0], tx.Commit(ctx)
-	},
-}
-
-// TestConcurrentClaims: a claim of an id another transaction has claimed
-// but not committed waits for it, then answers duplicate (it committed) or
-// new (it rolled back), with either way of claiming.
-func TestConcurrentClaims(t *testing.T) {
-	t.Parallel()
-	for name, claimB := range claimers {
-		for _, firstCommits := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/first_commits=%v", name, firstCommits), func(t *testing.T) {
-				t.Parallel()
-				s, pool := setup(t, processed.Config{})
-				c := claimOf("billing", "m-race", "x")
-
-				txA, err := pool.Begin(ctx(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = txA.Rollback(context.Background()) }()
-				if res, err := s.Claim(ctx(t), txA, c); err != nil || res.Outcome != consumer.ClaimNew {
-					t.Fatalf("A: %+v, %v", res, err)
-				}
-
-				connB, err := pool.Acquire(ctx(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				pidB := connB.Conn().PgConn().PID()
-				answer := make(chan claimAnswer, 1)
-				go func() {
-					defer connB.Release()
-					res, err := claimB(ctx(t), connB, s, c)
-					answer <- claimAnswer{res, err}
-				}()
-
-				waitUntilBlocked(t, pool, pidB)
-				select {
-				case a := <-answer:
-					t.Fatalf("B answered %+v while A's claim was uncommitted", a)
-				default:
-				}
-
-				if firstCommits {
-					err = txA.Commit(ctx(t))
-				} else {
-					err = txA.Rollback(ctx(t))
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-
-				var a claimAnswer
-				select {
-				case a = <-answer:
-				case <-time.After(10 * time.Second):
-					t.Fatal("B still blocked after A finished")
-				}
-				want := consumer.ClaimDuplicate
-				if !firstCommits {
-					want = consumer.ClaimNew
-				}
-				if a.err != nil || a.res.Outcome != want {
-					t.Fatalf("B: %+v, %v; want %v", a.res, a.err, want)
-				}
-				st, err := s.Stats(ctx(t), "billing")
-				if err != nil || st.Rows != 1 {
-					t.Fatalf("Stats: %+v, %v; want 1 row", st, err)
-				}
-			})
-		}
-	}
-}
-
-// A claim waiting on a concurrent purge of the same row inserts it afresh
-// once the purge commits.
-func TestClaimWaitsForConcurrentDelete(t *testing.T) {
-	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	c := claimOf("billing", "m-del", "x")
-	claimTx(t, pool, s, c)
-
-	del, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = del.Rollback(context.Background()) }()
-	if _, err := del.Exec(ctx(t), "DELETE FROM "+pgx.Identifier{s.Schema(), s.Table()}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	pid := tx.Conn().PgConn().PID()
-	answer := make(chan claimAnswer, 1)
-	go func() {
-		res, err := s.Claim(ctx(t), tx, c)
-		answer <- claimAnswer{res, err}
-	}()
-	waitUntilBlocked(t, pool, pid)
-	if err := del.Commit(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case a := <-answer:
-		if a.err != nil || a.res.Outcome != consumer.ClaimNew {
-			t.Fatalf("claim after purge: %+v, %v; want new", a.res, a.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("claim still blocked")
-	}
-}
-
-// hookTx runs hooks before the store's statements, to make the conflicting
-// row vanish between Claim's insert and its select.
-type hookTx struct {
-	pgx.Tx
-	beforeExec, beforeQueryRow func()
-}
-
-func (h hookTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if h.beforeExec != nil {
-		h.beforeExec()
-	}
-	return h.Tx.Exec(ctx, sql, args...)
-}
-
-func (h hookTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if h.beforeQueryRow != nil {
-		h.beforeQueryRow()
-	}
-	return h.Tx.QueryRow(ctx, sql, args...)
-}
-
-func TestClaimRetriesWhenRowVanishes(t *testing.T) {
-	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
-	exec := func(sql string, args ...any) {
-		if _, err := pool.Exec(ctx(t), sql, args...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := claimOf("billing", "m-v", "x")
-	purge := func() { exec("DELETE FROM " + table) }
-	insert := func() {
-		exec("INSERT INTO "+table+" (consumer, message_id, fingerprint) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-			c.Consumer, c.MessageID, c.Fingerprint[:])
-	}
-
-	t.Run("once", func(t *testing.T) {
-		tx, err := pool.Begin(ctx(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(context.Background()) }()
-		insert()
-		purged := 0
-		h := hookTx{Tx: tx, beforeQueryRow: func() {
-			if purged == 0 {
-				purge()
-			}
-			purged++
-		}}
-		res, err := s.Claim(ctx(t), h, c)
-		if err != nil || res.Outcome != consumer.ClaimNew {
-			t.Fatalf("Claim: %+v, %v; want new after one retry", res, err)
-		}
-	})
-	t.Run("always", func(t *testing.T) {
-		tx, err := pool.Begin(ctx(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(context.Background()) }()
-		h := hookTx{Tx: tx, beforeExec: insert, beforeQueryRow: purge}
-		if res, err := s.Claim(ctx(t), h, c); err == nil {
-			t.Fatalf("Claim: %+v, want an error after bounded retries", res)
-		}
-	})
-}
-
-func TestPurge(t *testing.T) {
+func TestPurgeDeletesInBatches(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ old, fresh, batch int }{
 		{old: 7, fresh: 3, batch: 3}, // batches of 3, 3, 1
@@ -402,24 +81,29 @@ func TestPurge(t *testing.T) {
 		t.Run(fmt.Sprintf("old=%d/fresh=%d/batch=%d", tc.old, tc.fresh, tc.batch), func(t *testing.T) {
 			t.Parallel()
 			s, pool := setup(t, processed.Config{PurgeBatchSize: tc.batch})
-			table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
 			for i := range tc.old + tc.fresh {
-				claimTx(t, pool, s, claimOf(fmt.Sprintf("c%d", i%2), fmt.Sprintf("m-%d", i), "x"))
+				claim(t, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
 			}
-			if _, err := pool.Exec(ctx(t), `UPDATE `+table+` SET processed_at = now() - interval '2 hours'
-				WHERE message_id IN (SELECT message_id FROM `+table+` ORDER BY message_id LIMIT $1)`, tc.old); err != nil {
+			claim(t, s, claimOf("other", "old", "x"))
+			if _, err := pool.Exec(ctx(t), `UPDATE `+table(s)+` SET processed_at = now() - interval '2 hours'
+				WHERE consumer = 'other' OR message_id IN (SELECT message_id FROM `+table(s)+` WHERE consumer = 'c' ORDER BY message_id LIMIT $1)`, tc.old); err != nil {
 				t.Fatal(err)
 			}
-			n, err := s.Purge(ctx(t), time.Hour)
+			n, err := s.Purge(ctx(t), "c", time.Hour)
 			if err != nil || n != int64(tc.old) {
 				t.Fatalf("Purge: %d, %v; want %d", n, err, tc.old)
 			}
-			st, err := s.Stats(ctx(t), "")
-			if err != nil || st.Rows != int64(tc.fresh) {
+			if st, err := s.Stats(ctx(t), "c"); err != nil || st.Rows != int64(tc.fresh) {
 				t.Fatalf("rows left: %+v, %v; want %d", st, err, tc.fresh)
 			}
-			if n, err := s.Purge(ctx(t), time.Hour); err != nil || n != 0 {
+			if st, err := s.Stats(ctx(t), "other"); err != nil || st.Rows != 1 {
+				t.Fatalf("the other consumer's rows: %+v, %v; want its old row kept", st, err)
+			}
+			if n, err := s.Purge(ctx(t), "c", time.Hour); err != nil || n != 0 {
 				t.Fatalf("second Purge: %d, %v; want 0", n, err)
+			}
+			if n, err := s.PurgeAll(ctx(t), time.Hour); err != nil || n != 1 {
+				t.Fatalf("PurgeAll: %d, %v; want the other consumer's row", n, err)
 			}
 		})
 	}
@@ -431,18 +115,17 @@ func TestPurgePause(t *testing.T) {
 	t.Parallel()
 	const pause = 150 * time.Millisecond
 	s, pool := setup(t, processed.Config{PurgeBatchSize: 3, PurgePause: pause})
-	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
 	age := func() {
-		if _, err := pool.Exec(ctx(t), `UPDATE `+table+` SET processed_at = now() - interval '2 hours'`); err != nil {
+		if _, err := pool.Exec(ctx(t), `UPDATE `+table(s)+` SET processed_at = now() - interval '2 hours'`); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 7 {
-		claimTx(t, pool, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
+		claim(t, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
 	}
 	age()
 	start := time.Now()
-	if n, err := s.Purge(ctx(t), time.Hour); err != nil || n != 7 {
+	if n, err := s.Purge(ctx(t), "c", time.Hour); err != nil || n != 7 {
 		t.Fatalf("Purge: %d, %v; want 7", n, err)
 	}
 	if el := time.Since(start); el < 2*pause {
@@ -450,93 +133,192 @@ func TestPurgePause(t *testing.T) {
 	}
 
 	for i := range 7 {
-		claimTx(t, pool, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
+		claim(t, s, claimOf("c", fmt.Sprintf("m-%d", i), "x"))
 	}
 	age()
 	cctx, cancel := context.WithTimeout(ctx(t), pause/2) // ends in the first pause
 	defer cancel()
-	n, err := s.Purge(cctx, time.Hour)
+	n, err := s.Purge(cctx, "c", time.Hour)
 	if !errors.Is(err, context.DeadlineExceeded) || n != 3 {
 		t.Fatalf("Purge cancelled in a pause: %d, %v; want 3 rows and the context's error", n, err)
 	}
 }
 
-func TestPurgeRejectsNonPositive(t *testing.T) {
+func TestPurgeRejectsNonsense(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t, processed.Config{})
 	for _, d := range []time.Duration{0, -time.Hour} {
-		if _, err := s.Purge(ctx(t), d); err == nil {
+		if _, err := s.Purge(ctx(t), "c", d); err == nil {
 			t.Errorf("Purge(%s) succeeded", d)
 		}
 	}
+	if _, err := s.Purge(ctx(t), "", time.Hour); err == nil {
+		t.Error("Purge of no consumer succeeded")
+	}
+}
+
+// TestLayoutMismatch: a store reads the table's layout once and refuses a
+// Config that disagrees: a partitioned Config over a plain table is not
+// migrated (Migrate converts it), a plain Config over a partitioned table
+// is a configuration error, at Open too.
+func TestLayoutMismatch(t *testing.T) {
+	t.Parallel()
+	plain, pool := setup(t, processed.Config{})
+	claim(t, plain, claimOf("c", "before", "x"))
+	part, err := processed.New(pool, processed.Config{Schema: plain.Schema(), Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := part.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m", "x")}); !errors.Is(err, processed.ErrNotMigrated) ||
+		!errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(err.Error(), "Migrate converts it") {
+		t.Fatalf("partitioned store over a plain table: %v, want ErrNotMigrated", err)
+	}
+	if err := part.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	// The plain store read its layout before the conversion: it stops
+	// (ErrNotMigrated) rather than claim into the view.
+	if _, _, err := plain.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m", "x")}); !errors.Is(err, processed.ErrNotMigrated) {
+		t.Fatalf("plain store after the conversion: %v, want ErrNotMigrated", err)
+	}
+	if r := claim(t, part, claimOf("c", "before", "x")); r[0].Outcome != consumer.ClaimDuplicate {
+		t.Fatalf("the plain table's row after the conversion: %v, want duplicate", r[0].Outcome)
+	}
+	fresh, err := processed.New(pool, processed.Config{Schema: plain.Schema()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *consumer.ConfigError
+	if _, err := fresh.Lookup(ctx(t), "c", "before"); !errors.As(err, &ce) || ce.Field != "Partitioned" {
+		t.Fatalf("plain store over a partitioned table: %v, want a ConfigError on Partitioned", err)
+	}
+	u := testdb.URL()
+	if _, err := processed.Open(ctx(t), u, processed.Config{Schema: plain.Schema()}); !errors.As(err, &ce) {
+		t.Fatalf("Open with a plain Config over a partitioned table: %v, want a ConfigError", err)
+	}
+	s, err := processed.Open(ctx(t), u, processed.Config{Schema: testdb.Schema(t), Partitioned: true})
+	if err != nil {
+		t.Fatalf("Open before Migrate: %v", err)
+	}
+	s.Close()
 }
 
 func TestLookup(t *testing.T) {
 	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	a := claimOf("billing", "m-a", "body")
-	a.Source, a.Partition, a.Offset = "payments", 0, 0
-	b := claimOf("billing", "m-b", "body")
-	claimTx(t, pool, s, a)
-	claimTx(t, pool, s, b)
+	for _, layout := range layouts {
+		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t, layout.cfg)
+			a := claimOf("billing", "m-a", "body")
+			a.Source, a.Partition, a.Offset = "payments", 0, 0
+			b := claimOf("billing", "m-b", "body")
+			claim(t, s, a, b)
 
-	ra, err := s.Lookup(ctx(t), "billing", "m-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ra.Consumer != "billing" || ra.MessageID != "m-a" || string(ra.Fingerprint) != string(a.Fingerprint[:]) ||
-		ra.Source != "payments" || ra.Partition == nil || *ra.Partition != 0 || ra.Offset == nil || *ra.Offset != 0 ||
-		time.Since(ra.ProcessedAt) > time.Minute {
-		t.Errorf("Lookup m-a: %+v", ra)
-	}
-	rb, err := s.Lookup(ctx(t), "billing", "m-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rb.Partition != nil || rb.Offset != nil {
-		t.Errorf("negative partition/offset stored as %v/%v, want NULL", rb.Partition, rb.Offset)
-	}
-	if _, err := s.Lookup(ctx(t), "shipping", "m-a"); !errors.Is(err, processed.ErrNotFound) {
-		t.Errorf("Lookup other consumer: %v, want ErrNotFound", err)
+			ra, err := s.Lookup(ctx(t), "billing", "m-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ra.Consumer != "billing" || ra.MessageID != "m-a" || string(ra.Fingerprint) != string(a.Fingerprint[:]) ||
+				ra.Source != "payments" || ra.Partition == nil || *ra.Partition != 0 || ra.Offset == nil || *ra.Offset != 0 ||
+				time.Since(ra.ProcessedAt) > time.Minute {
+				t.Errorf("Lookup m-a: %+v", ra)
+			}
+			rb, err := s.Lookup(ctx(t), "billing", "m-b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rb.Partition != nil || rb.Offset != nil {
+				t.Errorf("negative partition/offset stored as %v/%v, want NULL", rb.Partition, rb.Offset)
+			}
+			if _, err := s.Lookup(ctx(t), "shipping", "m-a"); !errors.Is(err, processed.ErrNotFound) {
+				t.Errorf("Lookup other consumer: %v, want ErrNotFound", err)
+			}
+			if st, err := s.Stats(ctx(t), "billing"); err != nil || st.Rows != 2 || st.Oldest.IsZero() {
+				t.Errorf("Stats(billing): %+v, %v", st, err)
+			}
+			if st, err := s.Stats(ctx(t), "nobody"); err != nil || st.Rows != 0 || !st.Oldest.IsZero() {
+				t.Errorf("Stats(nobody): %+v, %v", st, err)
+			}
+		})
 	}
 }
 
-func TestStats(t *testing.T) {
+// TestClaimPlansProbePrimaryKeys: the claim's statements probe each
+// generation's (or the plain table's) primary key once per id, in custom
+// and in generic plans, even when the statistics do not know the consumer.
+// The plain "consumer = $1 AND message_id = ANY($2)" is planned here as a
+// scan of every row of the consumer with message_id as a filter.
+func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 	t.Parallel()
-	s, pool := setup(t, processed.Config{})
-	if st, err := s.Stats(ctx(t), ""); err != nil || st.Rows != 0 || !st.Oldest.IsZero() {
-		t.Fatalf("empty Stats: %+v, %v", st, err)
-	}
-	claimTx(t, pool, s, claimOf("a", "1", "x"))
-	claimTx(t, pool, s, claimOf("a", "2", "x"))
-	claimTx(t, pool, s, claimOf("b", "1", "x"))
-	if st, err := s.Stats(ctx(t), "a"); err != nil || st.Rows != 2 || st.Oldest.IsZero() {
-		t.Errorf("Stats(a): %+v, %v", st, err)
-	}
-	if st, err := s.Stats(ctx(t), ""); err != nil || st.Rows != 3 {
-		t.Errorf("Stats(all): %+v, %v", st, err)
-	}
-}
-
-func TestNotMigrated(t *testing.T) {
-	t.Parallel()
-	pool := testdb.Pool(t)
-	s, err := processed.New(pool, processed.Config{Schema: testdb.Schema(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := pool.Begin(ctx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := s.Claim(ctx(t), tx, claimOf("a", "1", "x")); !errors.Is(err, processed.ErrNotMigrated) {
-		t.Errorf("Claim: %v, want ErrNotMigrated", err)
-	}
-	if _, err := s.Lookup(ctx(t), "a", "1"); !errors.Is(err, processed.ErrNotMigrated) {
-		t.Errorf("Lookup: %v, want ErrNotMigrated", err)
-	}
-	if v, err := s.Version(ctx(t)); err != nil || v != 0 {
-		t.Errorf("Version: %d, %v; want 0", v, err)
+	for _, layout := range layouts {
+		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
+			s, pool := setup(t, layout.cfg)
+			fill := func(into, consumerName string, n int) {
+				t.Helper()
+				if _, err := pool.Exec(ctx(t), `INSERT INTO `+into+` (consumer, message_id, fingerprint)
+			SELECT $1, 'id-' || g, sha256(int8send(g)) FROM generate_series(1, $2::int) AS g`, consumerName, n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tables := []string{table(s)}
+			if layout.cfg.Partitioned {
+				tables = []string{gen(s, 0), gen(s, 1), gen(s, 2)}
+			}
+			for _, tbl := range tables {
+				fill(tbl, "other", 20000)
+				if _, err := pool.Exec(ctx(t), "ANALYZE "+tbl); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fill(tables[len(tables)-1], "c", 5000) // after ANALYZE: unknown to the statistics
+			insert, existing, err := s.ClaimSQL(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pool.Acquire(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			tx, err := conn.Begin(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			for name, q := range map[string]string{
+				"existing": "PREPARE idemq_plan_test(text, text[]) AS " + existing,
+				"insert":   "PREPARE idemq_plan_test(text, text[], bytea[], text[], int[], bigint[]) AS " + insert,
+			} {
+				if _, err := tx.Exec(ctx(t), q); err != nil {
+					t.Fatal(err)
+				}
+				args := "('c', ARRAY['id-1', 'id-2', 'id-3'])"
+				if name == "insert" {
+					args = "('c', ARRAY['id-1', 'id-2', 'new'], ARRAY[sha256(''), sha256(''), sha256('')], ARRAY['', '', ''], ARRAY[-1, -1, -1], ARRAY[-1, -1, -1]::bigint[])"
+				}
+				for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+					if _, err := tx.Exec(ctx(t), "SET LOCAL plan_cache_mode = "+mode); err != nil {
+						t.Fatal(err)
+					}
+					rows, err := tx.Query(ctx(t), "EXPLAIN EXECUTE idemq_plan_test"+args, pgx.QueryExecModeSimpleProtocol)
+					if err != nil {
+						t.Fatal(err)
+					}
+					lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+					if err != nil {
+						t.Fatal(err)
+					}
+					plan := strings.Join(lines, "\n")
+					if strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Filter: (message_id") ||
+						(name == "existing" && strings.Count(plan, "message_id = u.id") != len(tables)) {
+						t.Errorf("%s, %s: does not probe each primary key per id:\n%s", name, mode, plan)
+					}
+				}
+				if _, err := tx.Exec(ctx(t), "DEALLOCATE idemq_plan_test"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -54,12 +54,12 @@ then with the purge loop as well, and each run shows its rate over the run
 before it (×prev phase).
 
 Everything runs in a fresh schema (and fresh queues or topics), removed at the
-end. --partitioned makes its dedup table partitioned (daily partitions). With
---schema, the modes run in an existing schema instead, on its dedup table and
-the rows already in it (a large prefilled table, plain or partitioned, such as
-the retention benchmark keeps), under consumer and ledger names of their own;
-the ledgers are dropped at the end, the dedup rows stay. The naive modes need
-a plain table.`,
+end. --partitioned gives its dedup table the partitioned layout (three
+generations of rows; see 'idemq migrate'). With --schema, the modes run in an
+existing schema instead, on its dedup table and the rows already in it (a
+large prefilled table, plain or partitioned, such as the retention benchmark
+keeps), under consumer and ledger names of their own; the ledgers are dropped
+at the end, the dedup rows stay. The naive modes need a plain table.`,
 	run: runBench,
 }
 
@@ -89,7 +89,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.DurationVar(&cfg.PurgePause, "purge-pause", processed.DefaultPurgePause, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
 	fs.Float64Var(&cfg.PurgeDutyCycle, "purge-duty", processed.DefaultPurgeDutyCycle, "with --purge-during, the largest share of time the purge spends deleting (processed.Config.PurgeDutyCycle); 1 for no limit")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
-	fs.BoolVar(&cfg.Partitioned, "partitioned", false, "partition the fresh schema's dedup table (daily); the naive modes need a plain one")
+	fs.BoolVar(&cfg.Partitioned, "partitioned", false, "give the fresh schema's dedup table the partitioned layout (generations); the naive modes need a plain one")
 	fs.StringVar(&cfg.Schema, "schema", "", "run in this existing schema, on its dedup table as it is, keeping its rows")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")

@@ -307,17 +307,19 @@ func consoleStatus(ctx context.Context, store *processed.Store, name string, ret
 }
 
 // openPool is openStore with a pool, which the console's concurrent
-// requests share.
+// requests share. Like openStore, it opens the store with the layout the
+// table has.
 func (d *dbFlags) openPool(ctx context.Context, e *env) (*processed.Store, error) {
-	// openStore validates the names and reports connection errors with
-	// the password redacted; the pool is opened only once it succeeded.
-	_, conn, err := d.openStore(ctx, e, 0, 0, 0)
+	// connect validates the names, reports connection errors with the
+	// password redacted and reads the table's layout; the pool is opened
+	// only once it succeeded.
+	cfg, conn, err := d.connect(ctx, e, processed.Config{})
 	if err != nil {
 		return nil, err
 	}
 	closeConn(conn)
 	raw, from := d.databaseURL(e)
-	store, err := processed.Open(ctx, raw, processed.Config{Schema: d.schema, Table: d.table})
+	store, err := processed.Open(ctx, raw, cfg)
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("cannot open a pool to Postgres at %s (URL from %s): %w", redact.DSN(raw), from, err), raw)
 	}

@@ -234,6 +234,20 @@ func TestConsoleReadOnlyCommand(t *testing.T) {
 	}
 }
 
+// TestConsolePartitioned: the console opens a dedup table of the
+// partitioned layout (its pool's store takes the layout the table has)
+// and looks records up in it.
+func TestConsolePartitioned(t *testing.T) {
+	t.Parallel()
+	store, dbArgs := migrated(t)
+	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-1", Source: "payments", Partition: -1, Offset: -1})
+	want(t, idemq(t, append([]string{"migrate", "--partitioned"}, dbArgs...)...), exitOK, "converted to the partitioned layout", "")
+	base, _ := startConsole(t, nil, append(dbArgs, "--read-only")...)
+	b := newBrowser(t, base)
+	contains(t, b.get("/"), `<a href="/lookup?consumer=billing">billing</a>`)
+	contains(t, b.get("/lookup?consumer=billing&id=m-1"), "<strong>Applied</strong>", "<dd>payments</dd>")
+}
+
 func TestConsoleTokenFile(t *testing.T) {
 	t.Parallel()
 	_, dbArgs := migrated(t)

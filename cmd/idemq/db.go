@@ -48,36 +48,64 @@ func (d *dbFlags) databaseURL(e *env) (u, from string) {
 }
 
 // openStore validates the table names, connects, and returns the store and
-// the connection, which the caller closes.
+// the connection, which the caller closes. The store has the layout the
+// table has (see open); batch, pause and duty configure its purge.
 func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.Duration, duty float64) (*processed.Store, *pgx.Conn, error) {
-	// Validate the names before connecting, so that a hostile --table is
-	// rejected without touching the database.
-	cfg := processed.Config{Schema: d.schema, Table: d.table, PurgeBatchSize: batch, PurgePause: pause, PurgeDutyCycle: duty}
+	store, _, conn, err := d.open(ctx, e, processed.Config{PurgeBatchSize: batch, PurgePause: pause, PurgeDutyCycle: duty})
+	return store, conn, err
+}
+
+// open is openStore with the rest of the store's Config given: it fills in
+// the schema and table from the flags, validates them before connecting,
+// connects, and sets cfg.Partitioned to the layout the table has
+// (processed.Detect), so that the store never refuses the table for its
+// layout, whichever it is; a table that does not exist yet keeps cfg's. It
+// returns the store, the Config it was made with, and the connection,
+// which the caller closes.
+func (d *dbFlags) open(ctx context.Context, e *env, cfg processed.Config) (*processed.Store, processed.Config, *pgx.Conn, error) {
+	cfg, conn, err := d.connect(ctx, e, cfg)
+	if err != nil {
+		return nil, cfg, nil, err
+	}
+	store, err := processed.New(conn, cfg)
+	if err != nil {
+		closeConn(conn)
+		return nil, cfg, nil, err
+	}
+	return store, cfg, conn, nil
+}
+
+// connect validates the names of cfg (the schema and table set from the
+// flags) before connecting, so that a hostile --table is rejected without
+// touching the database, then connects and returns cfg with Partitioned
+// set to the table's layout (processed.Detect), and the connection.
+func (d *dbFlags) connect(ctx context.Context, e *env, cfg processed.Config) (processed.Config, *pgx.Conn, error) {
+	cfg.Schema, cfg.Table = d.schema, d.table
 	if _, err := processed.New(&pgx.Conn{}, cfg); err != nil {
 		var ce *consumer.ConfigError
 		if errors.As(err, &ce) {
-			return nil, nil, usagef("invalid --%s: %s", strings.ToLower(strings.ReplaceAll(ce.Field, "PurgeBatchSize", "batch-size")), ce.Reason)
+			return cfg, nil, usagef("invalid --%s: %s", strings.ToLower(strings.ReplaceAll(ce.Field, "PurgeBatchSize", "batch-size")), ce.Reason)
 		}
-		return nil, nil, &usageError{msg: err.Error()}
+		return cfg, nil, &usageError{msg: err.Error()}
 	}
 	raw, from := d.databaseURL(e)
 	pcfg, err := pgx.ParseConfig(raw)
 	if err != nil {
-		return nil, nil, redact.Error(fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
+		return cfg, nil, redact.Error(fmt.Errorf("invalid database URL %s (from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
 	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = connectTimeout
 	}
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, redact.Error(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
+		return cfg, nil, redact.Error(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
 	}
-	store, err := processed.New(conn, cfg)
+	detected, err := processed.Detect(ctx, conn, cfg)
 	if err != nil {
-		_ = conn.Close(context.Background())
-		return nil, nil, err
+		closeConn(conn)
+		return cfg, nil, err
 	}
-	return store, conn, nil
+	return detected, conn, nil
 }
 
 func closeConn(conn *pgx.Conn) {
@@ -86,10 +114,12 @@ func closeConn(conn *pgx.Conn) {
 	_ = conn.Close(ctx)
 }
 
-// hint explains ErrNotMigrated with the command that fixes it.
+// hint explains ErrNotMigrated (a table that does not exist, or has the
+// range-partitioned layout of earlier versions) with the command that
+// fixes it.
 func hint(err error, store *processed.Store) error {
 	if errors.Is(err, processed.ErrNotMigrated) {
-		return fmt.Errorf("%s does not exist: run 'idemq migrate --schema %s --table %s' (%w)", store, store.Schema(), store.Table(), err)
+		return fmt.Errorf("%s is not migrated: run 'idemq migrate --schema %s --table %s' (%w)", store, store.Schema(), store.Table(), err)
 	}
 	return err
 }

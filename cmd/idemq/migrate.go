@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemq/idemq/processed"
 )
 
@@ -11,55 +13,114 @@ var migrateCommand = &command{
 	name:    "migrate",
 	summary: "create or upgrade the dedup table",
 	help: `Creates the schema if it is missing, then applies the pending migrations of
-the dedup table (schema.table) and records them in schema.table_migrations.
-It is idempotent and safe to run from several processes at once.
+the dedup table (schema.table) and records them in schema.table_migrations,
+in one transaction under an advisory lock. It is idempotent and safe to run
+from several processes at once: the others wait, then find nothing to do.
+It prints the version it migrated to and the table's layout.
 
-With --partitioned, the dedup table becomes a partitioned table (see
-processed.Config.Partitioned): created so if it does not exist; a plain
-table with rows is renamed <table>_legacy and attached as the partition of
-everything up to the end of the current interval, under an exclusive lock
-and one scan of it (consumers wait meanwhile: run it in a quiet moment);
-its grants are copied to the new table. Consumers must then open the store
-with Partitioned set (a plain store's claims fail on a partitioned table).
+With --partitioned, the table gets the partitioned layout (see
+processed.Config.Partitioned), in a second transaction: its rows live in
+three generations, the tables <table>_g0 (the current one), <table>_g1 and
+<table>_g2, and <table> becomes a view of the three; <table>_generations
+records when each became current. Old rows then go a generation at a time:
+the janitor's upkeep retires (truncates) the oldest generation once every
+consumer with rows in it has recorded a purge horizon past its end, and
+makes a fresh one current every half of the longest purge age recorded.
+The upkeep needs to own the tables.
+
+A table that does not exist is created so. A plain table is converted,
+keeping its rows: they become the generation before the first, <table>_g1,
+and are retired with it. A table of the range-partitioned layout of earlier
+versions is made plain again first, with its rows and grants (one pass over
+them), then converted. Convert with the consumers stopped, and restart them
+with Config.Partitioned set: a store that read the plain layout refuses to
+claim into the converted table (processed.ErrNotMigrated), and a runtime
+using it stops. There is no way back to a plain table here.
+
+Without --partitioned, a table that has the partitioned layout keeps it
+(its migrations are applied too), a plain table stays plain, and a table of
+the earlier range-partitioned layout is made plain again, with its rows.
 
 Examples:
   idemq migrate
-  idemq migrate --partitioned --partition-interval 24h`,
+  idemq migrate --partitioned`,
 	run: runMigrate,
+}
+
+// tableLayout is the layout a dedup table has in the database, as migrate
+// reports it.
+type tableLayout string
+
+const (
+	// layoutNone: the table does not exist.
+	layoutNone tableLayout = "none"
+	// layoutPlain: one plain table.
+	layoutPlain tableLayout = "plain"
+	// layoutGenerations: the partitioned layout, a view of three
+	// generations (processed.Config.Partitioned).
+	layoutGenerations tableLayout = "partitioned"
+	// layoutRanges: the range-partitioned table of earlier versions,
+	// which Migrate makes plain again.
+	layoutRanges tableLayout = "range-partitioned"
+)
+
+// readLayout reads the layout of store's table through conn. The store's
+// schema must be resolved (store.Version does it).
+func readLayout(ctx context.Context, conn *pgx.Conn, store *processed.Store) (tableLayout, error) {
+	var kind *string
+	if err := conn.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`,
+		pgx.Identifier{store.Schema(), store.Table()}.Sanitize()).Scan(&kind); err != nil {
+		return "", fmt.Errorf("read the layout of %s: %w", store, err)
+	}
+	switch {
+	case kind == nil:
+		return layoutNone, nil
+	case *kind == "r":
+		return layoutPlain, nil
+	case *kind == "v":
+		return layoutGenerations, nil
+	case *kind == "p":
+		return layoutRanges, nil
+	}
+	return tableLayout("relkind " + *kind), nil
+}
+
+// generationNames lists the generations' tables of table, the current
+// one first.
+func generationNames(table string) string {
+	return table + "_g0 (current), " + table + "_g1 and " + table + "_g2"
 }
 
 func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	var (
 		db          dbFlags
 		partitioned bool
-		interval    durationFlag
 	)
 	fs := c.flagSet()
 	db.register(fs)
-	fs.BoolVar(&partitioned, "partitioned", false, "make the dedup table a partitioned one, converting a plain table")
-	fs.Var(&interval, "partition-interval", "with --partitioned, the `duration` of one partition (default 24h; at least 1s)")
+	fs.BoolVar(&partitioned, "partitioned", false, "give the dedup table the partitioned layout (three generations of rows, retired whole), converting a plain table and keeping its rows")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
-	if interval.set && !partitioned {
-		return usagef("--partition-interval needs --partitioned")
-	}
-	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
+	// The store takes the layout the table has (processed.Detect), so that
+	// a partitioned table's own migrations are applied too; --partitioned
+	// asks for that layout whatever the table has.
+	cfg, conn, err := db.connect(ctx, e, processed.Config{})
 	if err != nil {
 		return err
 	}
 	defer closeConn(conn)
-	if partitioned {
-		cfg := processed.Config{Schema: db.schema, Table: db.table, Partitioned: true}
-		if interval.set {
-			cfg.PartitionInterval = interval.d
-		}
-		if store, err = processed.New(conn, cfg); err != nil {
-			return &usageError{msg: err.Error()}
-		}
+	cfg.Partitioned = cfg.Partitioned || partitioned
+	store, err := processed.New(conn, cfg)
+	if err != nil {
+		return err
 	}
 
 	before, err := store.Version(ctx)
+	if err != nil {
+		return err
+	}
+	was, err := readLayout(ctx, conn, store)
 	if err != nil {
 		return err
 	}
@@ -70,13 +131,47 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	if err != nil {
 		return err
 	}
+	is, err := readLayout(ctx, conn, store)
+	if err != nil {
+		return err
+	}
 	if before == after {
 		fmt.Fprintf(e.stdout, "%s: already at version %d (latest %d)\n", store, after, processed.LatestVersion())
 	} else {
 		fmt.Fprintf(e.stdout, "%s: migrated from version %d to %d\n", store, before, after)
 	}
-	if partitioned {
-		fmt.Fprintf(e.stdout, "%s: partitioned\n", store)
+	for _, line := range layoutReport(store, was, is) {
+		fmt.Fprintf(e.stdout, "%s: %s\n", store, line)
+	}
+	if partitioned && is != layoutGenerations {
+		// Migrate succeeded, so this is not expected: fail rather than
+		// let the consumers find out.
+		return fmt.Errorf("%s has layout %s after migrating, want the partitioned layout", store, is)
 	}
 	return nil
+}
+
+// layoutReport says what migrate did to the table's layout, from was to is.
+func layoutReport(store *processed.Store, was, is tableLayout) []string {
+	t := store.Table()
+	var out []string
+	if was == layoutRanges && is != layoutRanges {
+		out = append(out, "made the range-partitioned table of earlier versions plain again, keeping its rows and grants")
+	}
+	switch {
+	case is == layoutGenerations && was == layoutGenerations:
+		out = append(out, "already has the partitioned layout: generations "+generationNames(t)+", shown by the view "+t)
+	case is == layoutGenerations && was == layoutNone:
+		out = append(out, "created with the partitioned layout: generations "+generationNames(t)+", shown by the view "+t)
+	case is == layoutGenerations:
+		out = append(out,
+			"converted to the partitioned layout: generations "+generationNames(t)+", shown by the view "+t,
+			"its rows are now "+t+"_g1, the generation before the first, retired once every consumer with rows in it has purged past its end",
+			"restart the consumers with Config.Partitioned set: a store that read the plain table refuses the converted one")
+	case is == layoutPlain:
+		out = append(out, "plain table (idemq migrate --partitioned converts it to the partitioned layout, keeping its rows)")
+	default:
+		out = append(out, "layout: "+string(is))
+	}
+	return out
 }

@@ -26,11 +26,38 @@ no such record (the message was never applied, or its record was purged).`,
 
 var processedPurgeCommand = &command{
 	name:    "processed purge",
-	args:    "--older-than <duration>",
-	summary: "delete old dedup records",
-	help: `Deletes the dedup records processed more than --older-than ago, in batches
-with a --pause between them, and prints how many it deleted. A message redelivered after its record is
-purged is applied again, so keep records longer than any redelivery can lag.`,
+	args:    "--older-than <duration> (--consumer <name> | --all-consumers)",
+	summary: "purge old dedup records of one consumer, or of all",
+	help: `Purges the dedup records processed more than --older-than ago of the consumer
+--consumer names, and of no other; --all-consumers purges every consumer's
+that has records instead, as if each were named in turn. One of the two is
+required.
+
+The purge first records the consumer's purge horizon (now minus
+--older-than, by the database's clock) in <table>_horizons: a statement
+that its records older than that may go. What happens then depends on the
+table's layout (see 'idemq migrate'):
+
+  plain table: the consumer's records older than the horizon are deleted
+    in batches of --batch-size, each its own short statement, with at least
+    --pause between two and no more than the --duty share of the time
+    spent deleting, so that live consumers keep the database. It prints
+    how many it deleted.
+  partitioned layout: records go a generation at a time. The oldest
+    generation is retired (truncated) only once every consumer with records
+    in it has recorded a purge horizon past its end, so records may stay
+    longer than --older-than: until the other consumers' purges, or their
+    janitors', allow it. It prints whether it retired a generation (the
+    count of its records is the planner's estimate) and, if the oldest is
+    still held, by which consumers. --batch-size, --pause and --duty do not
+    apply.
+
+A message redelivered after its record is purged is applied again, so keep
+records longer than any redelivery can lag.
+
+Examples:
+  idemq processed purge --consumer ledger --older-than 7d
+  idemq processed purge --all-consumers --older-than 30d`,
 	run: runProcessedPurge,
 }
 
@@ -103,18 +130,32 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 	var (
 		db        dbFlags
 		olderThan durationFlag
+		name      string
+		all       bool
 		batch     int
 		pause     time.Duration
 		duty      float64
 	)
 	fs := c.flagSet()
 	db.register(fs)
-	fs.Var(&olderThan, "older-than", "delete records processed more than this long ago: a `duration` such as 72h, 90m or 7d (required)")
-	fs.IntVar(&batch, "batch-size", processed.DefaultPurgeBatchSize, "rows deleted per statement")
-	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "least pause between two batches, so live consumers keep the database; 0 for none")
-	fs.Float64Var(&duty, "duty", processed.DefaultPurgeDutyCycle, "largest share of the time spent deleting: after a batch that took d, wait at least d*(1-duty)/duty; 1 for no such wait (with --pause 0: flat out)")
+	fs.Var(&olderThan, "older-than", "purge records processed more than this long ago: a `duration` such as 72h, 90m or 7d (required)")
+	fs.StringVar(&name, "consumer", "", "purge the records of this consumer, and of no other (or --all-consumers)")
+	fs.BoolVar(&all, "all-consumers", false, "purge the records of every consumer that has records, each by --older-than (or --consumer)")
+	fs.IntVar(&batch, "batch-size", processed.DefaultPurgeBatchSize, "plain table: rows deleted per statement")
+	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "plain table: least pause between two batches, so live consumers keep the database; 0 for none")
+	fs.Float64Var(&duty, "duty", processed.DefaultPurgeDutyCycle, "plain table: largest share of the time spent deleting: after a batch that took d, wait at least d*(1-duty)/duty; 1 for no such wait (with --pause 0: flat out)")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	named := false
+	fs.Visit(func(f *flag.Flag) { named = named || f.Name == "consumer" })
+	switch {
+	case named && all:
+		return usagef("give either --consumer <name> or --all-consumers, not both")
+	case named && name == "":
+		return usagef("--consumer needs a consumer's name (or give --all-consumers)")
+	case !named && !all:
+		return usagef("say whose records to purge: --consumer <name> for one consumer's, or --all-consumers for every consumer's")
 	}
 	if !olderThan.set {
 		return usagef("--older-than is required")
@@ -134,21 +175,73 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 	if !(duty > 0 && duty <= 1) {
 		return usagef("--duty must be in (0, 1], got %g", duty)
 	}
-	store, conn, err := db.openStore(ctx, e, batch, pause, duty)
+	store, cfg, conn, err := db.open(ctx, e, processed.Config{PurgeBatchSize: batch, PurgePause: pause, PurgeDutyCycle: duty})
 	if err != nil {
 		return err
 	}
 	defer closeConn(conn)
 
-	n, err := store.Purge(ctx, olderThan.d)
+	// whose names the records in the output, horizonOf the horizons
+	// recorded.
+	whose := fmt.Sprintf("of consumer %q", name)
+	horizonOf := whose
+	var n int64
+	if all {
+		whose, horizonOf = "of any consumer", "of every consumer with records"
+		n, err = store.PurgeAll(ctx, olderThan.d)
+	} else {
+		n, err = store.Purge(ctx, name, olderThan.d)
+	}
+	if !cfg.Partitioned {
+		if err != nil {
+			if n > 0 {
+				fmt.Fprintf(e.stdout, "deleted %d records %s from %s before the error\n", n, whose, store)
+			}
+			return hint(err, store)
+		}
+		fmt.Fprintf(e.stdout, "deleted %d records %s processed more than %s ago from %s (plain table)\n", n, whose, olderThan.d, store)
+		return nil
+	}
 	if err != nil {
 		if n > 0 {
-			fmt.Fprintf(e.stdout, "deleted %d records from %s before the error\n", n, store)
+			fmt.Fprintf(e.stdout, "retired about %d records from %s before the error\n", n, store)
 		}
 		return hint(err, store)
 	}
-	fmt.Fprintf(e.stdout, "deleted %d records processed more than %s ago from %s\n", n, olderThan.d, store)
+	return printPurgedGenerations(ctx, e, store, horizonOf, olderThan.d, n)
+}
+
+// printPurgedGenerations reports a purge on the partitioned layout: the
+// purge horizons it recorded (horizonOf says whose), the generation it
+// retired (about retired rows), and who holds the oldest generation now.
+func printPurgedGenerations(ctx context.Context, e *env, store *processed.Store, horizonOf string, olderThan time.Duration, retired int64) error {
+	fmt.Fprintf(e.stdout, "recorded the purge horizon %s on %s (partitioned layout): records processed more than %s ago may go\n", horizonOf, store, olderThan)
+	if retired > 0 {
+		fmt.Fprintf(e.stdout, "retired about %d records, a whole generation at a time (the planner's estimate of its rows, when it has one)\n", retired)
+	} else {
+		fmt.Fprintf(e.stdout, "retired no generation: records go a generation at a time, once every consumer with records in it allows, so they may stay longer than %s\n", olderThan)
+	}
+	gens, err := store.Generations(ctx)
+	if err != nil {
+		return hint(err, store)
+	}
+	if len(gens) == 0 {
+		return nil
+	}
+	if oldest := gens[len(gens)-1]; len(oldest.HeldBy) > 0 {
+		fmt.Fprintf(e.stdout, "the oldest generation, %s (ended %s), is held by %s: their purge horizons are not past its end\n",
+			oldest.Table, generationTime(oldest.EndedAt, "before the layout began"), quoteList(oldest.HeldBy))
+	}
 	return nil
+}
+
+// quoteList renders names quoted and comma-separated.
+func quoteList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }
 
 // durationFlag is a time.Duration flag that also accepts whole days, such

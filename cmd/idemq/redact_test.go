@@ -60,7 +60,7 @@ func TestDatabaseURLPasswordNeverPrinted(t *testing.T) {
 			for _, args := range [][]string{
 				{"migrate", "--database-url", c.url},
 				{"processed", "show", "--database-url", c.url, "ledger", "id-1"},
-				{"processed", "purge", "--database-url", c.url, "--older-than", "72h"},
+				{"processed", "purge", "--database-url", c.url, "--all-consumers", "--older-than", "72h"},
 			} {
 				r := idemq(t, args...)
 				noSecret(t, r)

@@ -23,8 +23,17 @@ var statusCommand = &command{
 	args:    "--consumer <name>",
 	summary: "show a consumer's dedup table, purge backlog, DLQ depth and last applied message",
 	help: `Shows, for one consumer: the number of its rows in the dedup table and the
-age of the oldest, how many of them a purge with --retention would delete,
-the last message it applied, and the depth of its dead-letter queues.
+age of the oldest, how many of them are older than --retention, the last
+message it applied, and the depth of its dead-letter queues.
+
+It also shows the dedup table's layout. On the partitioned layout (see
+'idemq migrate'), it lists the generations, the current one first: each
+one's table, when it became current and when the next one did, and the
+planner's estimate of its rows; and, when the oldest is held back from
+retirement, the consumers that hold it (those with rows in it whose purge
+horizon is not past its end). Rows older than --retention go only with
+their generation, so they may stay longer there. On a plain table, a purge
+deletes them in batches.
 
 The DLQ depth is read from RabbitMQ with a passive queue declare (ready
 messages; messages being browsed or replayed are not counted) when
@@ -72,12 +81,11 @@ type statusReport struct {
 	// LastApplied is the consumer's newest row; nil without rows.
 	LastApplied *statusLast `json:"last_applied"`
 	DLQ         []statusDLQ `json:"dlq"`
-	// Partitioned says whether the dedup table is a partitioned one,
-	// Partitions how many partitions it has, and Sealed how many of them
-	// are sealed (claims read their filters: processed.SealPartitions).
-	Partitioned bool `json:"partitioned"`
-	Partitions  int  `json:"partitions,omitempty"`
-	Sealed      int  `json:"sealed_partitions,omitempty"`
+	// Partitioned says whether the dedup table has the partitioned
+	// layout (processed.Config.Partitioned); Generations then describes
+	// its generations, the current one first (omitted for a plain table).
+	Partitioned bool               `json:"partitioned"`
+	Generations []statusGeneration `json:"generations,omitempty"`
 	// Evidence sums the janitor's reports of the last statusEvidenceWindow;
 	// nil when there are none (no janitor ran, or before migration 2).
 	Evidence *statusEvidence `json:"retention_evidence"`
@@ -111,6 +119,29 @@ type statusEvidence struct {
 	PurgedOlderThanSeconds float64    `json:"purged_older_than_seconds"`
 }
 
+// statusGeneration is one generation of the partitioned layout
+// (processed.Generation).
+type statusGeneration struct {
+	// Table is the generation's table, without its schema.
+	Table string `json:"table"`
+	// Current is true for the current generation, the first: claims
+	// insert into it.
+	Current bool `json:"current"`
+	// BeganAt is when it became current: nil if before the layout did
+	// (the rows of the plain table it was converted from). EndedAt is
+	// when the next one did: nil for the current one, and for one that
+	// ended before the layout began.
+	BeganAt *time.Time `json:"began_at"`
+	EndedAt *time.Time `json:"ended_at"`
+	// EstimatedRows is the planner's estimate of its rows: nil if it has
+	// none yet (the table was never analyzed).
+	EstimatedRows *int64 `json:"estimated_rows"`
+	// HeldBy, for the oldest, names the consumers with rows in it whose
+	// purge horizon is not past its end: they keep it from being retired.
+	HeldBy []string `json:"held_by,omitempty"`
+}
+
+// statusLast is the consumer's last applied message.
 type statusLast struct {
 	MessageID   string    `json:"message_id"`
 	ProcessedAt time.Time `json:"processed_at"`
@@ -120,6 +151,7 @@ type statusLast struct {
 	Offset      *int64    `json:"offset"`
 }
 
+// statusDLQ is the depth of one dead-letter queue.
 type statusDLQ struct {
 	Broker string `json:"broker"`
 	Name   string `json:"name"`
@@ -268,18 +300,18 @@ WHERE processed_at < now() - $2::bigint * interval '1 microsecond'`, name, reten
 		rep.PurgeEligible, rep.PurgeEligibleTable = &mine, &total
 	}
 
-	if rep.Partitioned, err = store.Partitioned(ctx); err != nil {
+	gens, err := store.Generations(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if rep.Partitioned {
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)`, table).Scan(&rep.Partitions); err != nil {
-			return nil, fmt.Errorf("processed: count the partitions of %s: %w", store, err)
+	rep.Partitioned = gens != nil
+	for i, g := range gens {
+		sg := statusGeneration{Table: g.Table, Current: i == 0, BeganAt: utcOrNil(g.BeganAt), EndedAt: utcOrNil(g.EndedAt), HeldBy: g.HeldBy}
+		if g.Rows >= 0 {
+			rows := g.Rows
+			sg.EstimatedRows = &rows
 		}
-		sealed, err := store.Sealed(ctx)
-		if err != nil {
-			return nil, err
-		}
-		rep.Sealed = len(sealed)
+		rep.Generations = append(rep.Generations, sg)
 	}
 	sum, err := store.Retention(ctx, name, rep.CheckedAt.Add(-statusEvidenceWindow))
 	if err != nil {
@@ -303,6 +335,24 @@ WHERE consumer = $1 ORDER BY processed_at DESC, message_id DESC LIMIT 1`, name).
 		rep.LastApplied = &last
 	}
 	return rep, nil
+}
+
+// utcOrNil returns t in UTC, or nil if it is zero.
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// generationTime renders when a generation began or ended, or ifZero when
+// the time is zero (before the partitioned layout began, or not yet).
+func generationTime(t time.Time, ifZero string) string {
+	if t.IsZero() {
+		return ifZero
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // evidence judges the retention (--retention, else the janitor's) against
@@ -437,7 +487,32 @@ func (r *statusReport) print(w io.Writer) error {
 		fmt.Fprintf(tw, "last applied:\tnone\n")
 	}
 	if r.Partitioned {
-		fmt.Fprintf(tw, "partitions:\t%d, %d sealed (purge drops whole partitions: rows live up to the retention plus one interval)\n", r.Partitions, r.Sealed)
+		fmt.Fprintf(tw, "layout:\tpartitioned: %d generations, current first; the oldest is retired once every consumer with rows in it has purged past its end\n", len(r.Generations))
+		for i, g := range r.Generations {
+			began := "before the layout began"
+			if g.BeganAt != nil {
+				began = ago(*g.BeganAt)
+			}
+			var span string
+			switch {
+			case g.Current:
+				span = "current since " + began
+			case g.EndedAt != nil:
+				span = "from " + began + " to " + ago(*g.EndedAt)
+			default:
+				span = "ended before the layout began"
+			}
+			rows := "rows not estimated yet"
+			if g.EstimatedRows != nil {
+				rows = fmt.Sprintf("about %d rows", *g.EstimatedRows)
+			}
+			fmt.Fprintf(tw, "generation %d:\t%s: %s, %s\n", i, g.Table, span, rows)
+			if len(g.HeldBy) > 0 {
+				fmt.Fprintf(tw, "held by:\t%s (their purge horizons are not past its end)\n", quoteList(g.HeldBy))
+			}
+		}
+	} else {
+		fmt.Fprintf(tw, "layout:\tplain table (a purge deletes each consumer's old rows in batches)\n")
 	}
 	if ev := r.Evidence; ev != nil {
 		secs := func(s float64) string { return statusAge(time.Duration(s * float64(time.Second))) }

@@ -250,3 +250,101 @@ func statusAMQP(t *testing.T, f func(*amqp.Channel) error) {
 		t.Fatal(err)
 	}
 }
+
+// TestStatusGenerations: on the partitioned layout, status lists the three
+// generations, current first, with when each began and ended and the
+// planner's estimate of its rows, and the consumers that hold the oldest;
+// the JSON form has them too. On a plain table it says so, and the JSON
+// form has no generations.
+func TestStatusGenerations(t *testing.T) {
+	t.Parallel()
+	s, args := statusFixture(t)
+	r := idemq(t, append([]string{"status", "--consumer", "billing"}, args...)...)
+	want(t, r, exitOK, "layout:          plain table (a purge deletes each consumer's old rows in batches)\n", "")
+	if strings.Contains(r.stdout, "generation") {
+		t.Errorf("generations on a plain table:\n%s", r.stdout)
+	}
+	r = idemq(t, append([]string{"status", "--consumer", "billing", "--json"}, args...)...)
+	want(t, r, exitOK, `"partitioned": false`, "")
+	if strings.Contains(r.stdout, `"generations"`) {
+		t.Errorf("generations in the JSON of a plain table:\n%s", r.stdout)
+	}
+
+	// Convert: the four rows become g1. billing's purge makes a fresh
+	// generation current and the plain table's rows the oldest, which
+	// shipping (no horizon) holds.
+	want(t, idemq(t, append([]string{"migrate", "--partitioned"}, args...)...), exitOK, "converted to the partitioned layout", "")
+	r = idemq(t, append([]string{"status", "--consumer", "billing"}, args...)...)
+	for _, line := range []string{
+		"generation 0:    processed_messages_g0: current since ",
+		"generation 1:    processed_messages_g1: from before the layout began to ",
+		"generation 2:    processed_messages_g2: ended before the layout began, ",
+	} {
+		want(t, r, exitOK, line, "")
+	}
+	time.Sleep(20 * time.Millisecond)
+	want(t, idemq(t, append([]string{"processed", "purge", "--consumer", "billing", "--older-than", "1ms"}, args...)...), exitOK, `is held by "shipping"`, "")
+	oldest := pgx.Identifier{s.Schema(), s.Table() + "_g2"}.Sanitize()
+	if _, err := testdb.Pool(t).Exec(context.Background(), "ANALYZE "+oldest); err != nil {
+		t.Fatal(err)
+	}
+
+	r = idemq(t, append([]string{"status", "--consumer", "billing"}, args...)...)
+	for _, line := range []string{
+		"layout:          partitioned: 3 generations, current first; the oldest is retired once every consumer with rows in it has purged past its end\n",
+		"generation 0:    processed_messages_g0: current since ",
+		"generation 1:    processed_messages_g1: from ",
+		"generation 2:    processed_messages_g2: from before the layout began to ",
+		" ago), about 4 rows\n",
+		"held by:         \"shipping\" (their purge horizons are not past its end)\n",
+		// The view still answers the queries status runs on the table.
+		"dedup rows:      3 (4 in the table, all consumers)\n",
+		"last applied:    m-3 at ",
+	} {
+		want(t, r, exitOK, line, "")
+	}
+	if strings.Contains(r.stdout, "plain table") {
+		t.Errorf("a partitioned table reported as plain:\n%s", r.stdout)
+	}
+
+	r = idemq(t, append([]string{"status", "--consumer", "billing", "--json"}, args...)...)
+	var got statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%v\n%s", err, r.stdout)
+	}
+	g := got.Generations
+	if !got.Partitioned || len(g) != 3 {
+		t.Fatalf("partitioned %v, %d generations; want true, 3:\n%s", got.Partitioned, len(g), r.stdout)
+	}
+	for i, name := range []string{"processed_messages_g0", "processed_messages_g1", "processed_messages_g2"} {
+		if g[i].Table != name {
+			t.Errorf("generation %d is %s, want %s", i, g[i].Table, name)
+		}
+	}
+	switch {
+	case !g[0].Current || g[1].Current || g[2].Current:
+		t.Errorf("current: %v, %v, %v; want only the first", g[0].Current, g[1].Current, g[2].Current)
+	case g[0].BeganAt == nil || g[0].EndedAt != nil:
+		t.Errorf("current generation began %v, ended %v; want a time and null", g[0].BeganAt, g[0].EndedAt)
+	case g[1].BeganAt == nil || g[1].EndedAt == nil || !g[1].EndedAt.Equal(*g[0].BeganAt):
+		t.Errorf("generation 1 began %v, ended %v; want times, the end when generation 0 began (%v)", g[1].BeganAt, g[1].EndedAt, g[0].BeganAt)
+	case g[2].BeganAt != nil || g[2].EndedAt == nil || !g[2].EndedAt.Equal(*g[1].BeganAt):
+		t.Errorf("oldest generation began %v, ended %v; want null (before the layout) and when generation 1 began", g[2].BeganAt, g[2].EndedAt)
+	case g[2].EstimatedRows == nil || *g[2].EstimatedRows != 4:
+		t.Errorf("oldest generation's estimated rows %v, want 4", g[2].EstimatedRows)
+	case len(g[2].HeldBy) != 1 || g[2].HeldBy[0] != "shipping" || g[0].HeldBy != nil:
+		t.Errorf("held by %v (oldest), %v (current); want [shipping] and none", g[2].HeldBy, g[0].HeldBy)
+	}
+	for _, s := range []string{`"began_at": null`, `"ended_at": null`, `"estimated_rows": 4`, `"held_by": [`} {
+		want(t, r, exitOK, s, "")
+	}
+
+	// Once shipping purges too, the oldest is retired and nobody holds it.
+	time.Sleep(20 * time.Millisecond)
+	want(t, idemq(t, append([]string{"processed", "purge", "--consumer", "shipping", "--older-than", "1ms"}, args...)...), exitOK, "retired about 4 records", "")
+	r = idemq(t, append([]string{"status", "--consumer", "billing"}, args...)...)
+	want(t, r, exitOK, "dedup rows:      0 (0 in the table, all consumers)\n", "")
+	if strings.Contains(r.stdout, "held by") {
+		t.Errorf("held after every consumer purged:\n%s", r.stdout)
+	}
+}

@@ -38,17 +38,16 @@ func TestLeavesDeadLetters(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := &consumer.Message{Body: []byte("the quickstart's payload")}
+	var claims []consumer.Claim
 	for _, id := range []string{"pay-00010", "pay-00011"} {
-		m := &consumer.Message{Body: []byte("the quickstart's payload")}
-		if _, err := store.Claim(ctx, tx, consumer.Claim{Consumer: consumerName, MessageID: id, Fingerprint: m.Fingerprint()}); err != nil {
-			t.Fatal(err)
-		}
+		claims = append(claims, consumer.Claim{Consumer: consumerName, MessageID: id, Fingerprint: m.Fingerprint(), Partition: -1, Offset: -1})
 	}
-	if err := tx.Commit(ctx); err != nil {
+	tx, _, err := store.BeginClaim(ctx, claims)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 

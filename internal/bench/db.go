@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -56,13 +54,13 @@ func (r *runner) setupDB(ctx context.Context) error {
 		if !exists {
 			return fmt.Errorf("schema %q does not exist (--schema runs in an existing one)", r.schema)
 		}
-		store, err := r.store()
-		if err != nil {
-			return err
-		}
-		if r.partitioned, err = store.Partitioned(ctx); err != nil {
+		// The table's layout decides: the view of the generations is the
+		// partitioned one.
+		var kind *string
+		if err := r.pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, r.dedupTable()).Scan(&kind); err != nil {
 			return fmt.Errorf("schema %s: %w", r.schema, err)
 		}
+		r.partitioned = kind != nil && *kind == "v"
 		if r.partitioned && (slices.Contains(r.cfg.Modes, ModeNaive) || slices.Contains(r.cfg.Modes, ModeNaive1)) {
 			return fmt.Errorf("schema %s: its dedup table is partitioned, and the naive modes need a plain one", r.schema)
 		}
@@ -146,41 +144,29 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	if have > 0 {
 		conflict = " ON CONFLICT DO NOTHING"
 	}
+	// On the partitioned layout the prefill is the oldest generation,
+	// which ended the day after the prefill's (so that a purge may retire
+	// it), as a month-old consumer's table has its old rows.
+	into := r.dedupTable()
 	if r.partitioned {
-		// The DEFAULT partition refuses rows of the past (its floor), so
-		// the prefill's day gets a partition of its own, unless one
-		// already covers it (or a purge dropped it: then again).
-		_, err := r.pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{r.schema, processed.DefaultTable + "_prefill"}.Sanitize()+
-			` PARTITION OF `+r.dedupTable()+` (PRIMARY KEY (consumer, message_id))
-FOR VALUES FROM (`+prefillDay+`) TO (`+prefillDay+` + interval '1 day')`)
-		var pgErr *pgconn.PgError
-		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P07" || pgErr.Code == "42P17")) { // exists, overlaps
-			return fmt.Errorf("prefill: its partition: %w", err)
+		into = pgx.Identifier{r.schema, processed.DefaultTable + "_g2"}.Sanitize()
+		gens := pgx.Identifier{r.schema, processed.DefaultTable + "_generations"}.Sanitize()
+		if _, err := r.pool.Exec(ctx, `UPDATE `+gens+` SET began_at = `+prefillDay+` + interval '1 day'
+WHERE generation = (SELECT max(generation) - 1 FROM `+gens+`) AND began_at > `+prefillDay+` + interval '1 day'`); err != nil {
+			return fmt.Errorf("prefill: date the oldest generation: %w", err)
 		}
 	}
-	_, err := r.pool.Exec(ctx, "INSERT INTO "+r.dedupTable()+` (consumer, message_id, fingerprint, processed_at, source)
+	_, err := r.pool.Exec(ctx, "INSERT INTO "+into+` (consumer, message_id, fingerprint, processed_at, source)
 SELECT $1, 'p-' || g, sha256(int8send(g)), `+prefillDay+` + interval '12 hours', 'prefill'
 FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
-	if r.partitioned {
-		// Sealed, as the janitor seals a past partition a minute after
-		// its end: claims then read its filter instead of probing it,
-		// and a purge that drops it does not deadlock with them.
-		store, err := r.store()
-		if err != nil {
-			return err
-		}
-		if _, err := store.SealPartitions(ctx); err != nil {
-			return fmt.Errorf("prefill: seal its partition: %w", err)
-		}
-	}
 	// Measure the table in its steady state, not the database digesting a
 	// bulk load: without this, autovacuum's pass over the new rows and
 	// the checkpoint flushing them overlap the next mode (on two cores
 	// that cut batch-mode throughput by two thirds).
-	if _, err := r.pool.Exec(ctx, "VACUUM (ANALYZE) "+r.dedupTable()); err != nil {
+	if _, err := r.pool.Exec(ctx, "VACUUM (ANALYZE) "+into); err != nil {
 		return fmt.Errorf("vacuum: %w", err)
 	}
 	if _, err := r.pool.Exec(ctx, "CHECKPOINT"); err != nil {
@@ -208,7 +194,7 @@ func (r *runner) purgeLoop(ctx context.Context, stop <-chan struct{}, rows, errs
 			return
 		default:
 		}
-		n, err := store.Purge(ctx, purgeOlderThan)
+		n, err := store.Purge(ctx, prefillConsumer, purgeOlderThan)
 		rows.Add(n)
 		if err != nil && ctx.Err() == nil {
 			errs.Add(1)

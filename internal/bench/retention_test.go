@@ -1,10 +1,10 @@
 package bench
 
-// The retention benchmark (issue 19): claim throughput on the partitioned
-// dedup store with a large prefill against the plain table, and the cost to
-// a running consumer of dropping a partition of N rows against the DELETE
-// purge of the same number of rows. Opt-in, since it loads millions of
-// rows:
+// The retention benchmark: claim throughput on the partitioned dedup store
+// (three generations) with a large prefill against the plain table with a
+// smaller one, and the cost to a running consumer of retiring a generation
+// (TRUNCATE) against the DELETE purge of the plain table. Opt-in, since it
+// loads millions of rows:
 //
 //	IDEMQ_RETENTION_BENCH=1 go test -count=1 -timeout 60m -v ./internal/bench -run TestRetentionBench
 //
@@ -12,19 +12,17 @@ package bench
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
 // IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3), IDEMQ_RB_GROUP (claims per
 // transaction, 1; the runtime's default groups hold up to 32). Set
-// IDEMQ_RB_KEEP=1 to keep the schemas, IDEMQ_RB_REUSE=<plain>,<partitioned>
-// to measure kept schemas again without a prefill, IDEMQ_RB_NO_PURGE=1 to
-// stop before the purge (which deletes rows), and
-// IDEMQ_RB_NO_FILTER_CACHE=1 to have the claims read the sealed
-// partitions' filters from their table instead of the store's cache. The
-// defaults need about 25 GB of disk and half an hour.
+// IDEMQ_RB_KEEP=1 to keep the schemas (for `idemq bench --schema`),
+// IDEMQ_RB_REUSE=<plain>,<partitioned> to measure kept schemas again
+// without a prefill, and IDEMQ_RB_NO_PURGE=1 to stop before the purge
+// (which deletes rows).
 //
-// The prefill spreads over IDEMQ_RB_DAYS past days (a partition each on the
-// partitioned store), which the store then seals, as its janitor would.
-// The purge then drops the oldest day's partition (IDEMQ_RB_PART_ROWS /
-// IDEMQ_RB_DAYS rows) on the partitioned store, and deletes as many rows
-// with the DELETE purge on the plain table, each beside a claiming
-// consumer.
+// The plain prefill spreads over IDEMQ_RB_DAYS past days. The partitioned
+// one puts 45% of its rows in each of the two past generations and 10% in
+// the current one, as a table in its steady state has them. The purge then
+// retires the oldest generation on the partitioned store, and deletes the
+// older half of the plain table's rows with the DELETE purge, each beside a
+// claiming consumer.
 
 import (
 	"context"
@@ -79,13 +77,7 @@ func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string,
 			_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		})
 	}
-	cfg := processed.Config{Schema: schema}
-	if partitioned {
-		cfg.Partitioned, cfg.PartitionInterval = true, 24*time.Hour
-		if os.Getenv("IDEMQ_RB_NO_FILTER_CACHE") != "" {
-			cfg.FilterCacheBytes = -1
-		}
-	}
+	cfg := processed.Config{Schema: schema, Partitioned: partitioned}
 	s, err := processed.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -96,37 +88,52 @@ func rbSetup(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string,
 	return &rbTable{name: name, store: s, pool: pool, table: pgx.Identifier{schema, s.Table()}.Sanitize()}
 }
 
-// partitionFor creates the day partition daysAgo days back, as the store
-// names them.
-func (rb *rbTable) partitionFor(t *testing.T, ctx context.Context, daysAgo int) {
-	t.Helper()
-	lo := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -daysAgo)
-	name := pgx.Identifier{rb.store.Schema(), rb.store.Table() + "_p" + strconv.FormatInt(lo.Unix(), 10)}.Sanitize()
-	_, err := rb.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s (PRIMARY KEY (consumer, message_id))
-FOR VALUES FROM ('%s') TO ('%s')`, name, rb.table, lo.Format(time.RFC3339), lo.AddDate(0, 0, 1).Format(time.RFC3339)))
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // prefill inserts n rows of consumer "bench", ids prefix-<g>, at noon of
-// day daysAgo0 + g%days back, in chunks.
-func (rb *rbTable) prefill(t *testing.T, ctx context.Context, prefix string, n, daysAgo0, days int) time.Duration {
+// day daysAgo0 + g%days back, in chunks, into the plain table, or into the
+// partitioned layout's generations: ids up to 45% of n in g2, up to 90% in
+// g1, the rest in g0.
+func (rb *rbTable) prefill(t *testing.T, ctx context.Context, prefix string, n, daysAgo0, days int, partitioned bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	const chunk = 1_000_000
+	gen := func(i int) string {
+		return pgx.Identifier{rb.store.Schema(), rb.store.Table() + "_g" + strconv.Itoa(i)}.Sanitize()
+	}
 	for lo := 1; lo <= n; lo += chunk {
 		hi := min(lo+chunk-1, n)
-		_, err := rb.pool.Exec(ctx, `INSERT INTO `+rb.table+` (consumer, message_id, fingerprint, processed_at, source)
+		into := rb.table
+		if partitioned {
+			switch {
+			case lo <= n*45/100:
+				into, hi = gen(2), min(hi, n*45/100)
+			case lo <= n*90/100:
+				into, hi = gen(1), min(hi, n*90/100)
+			default:
+				into = gen(0)
+			}
+		}
+		_, err := rb.pool.Exec(ctx, `INSERT INTO `+into+` (consumer, message_id, fingerprint, processed_at, source)
 SELECT 'bench', $1 || g, sha256(g::text::bytea),
 	date_trunc('day', now()) - (($2 + g % $3) || ' days')::interval + interval '12 hours', 'prefill'
 FROM generate_series($4::bigint, $5::bigint) g`, prefix, daysAgo0, days, lo, hi)
 		if err != nil {
 			t.Fatal(err)
 		}
+		lo = hi + 1 - chunk
 	}
-	if _, err := rb.pool.Exec(ctx, `ANALYZE `+rb.table); err != nil {
-		t.Fatal(err)
+	tables := []string{rb.table}
+	if partitioned {
+		tables = []string{gen(0), gen(1), gen(2)}
+		// The generations began 3, 2 and 1 days ago.
+		if _, err := rb.pool.Exec(ctx, `UPDATE `+pgx.Identifier{rb.store.Schema(), rb.store.Table() + "_generations"}.Sanitize()+`
+SET began_at = now() - ((SELECT max(generation) FROM `+pgx.Identifier{rb.store.Schema(), rb.store.Table() + "_generations"}.Sanitize()+`) - generation + 1) * interval '1 day'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tbl := range tables {
+		if _, err := rb.pool.Exec(ctx, `VACUUM (ANALYZE) `+tbl); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return time.Since(start)
 }
@@ -274,32 +281,15 @@ func TestRetentionBench(t *testing.T) {
 	part := rbSetup(t, ctx, pool, "part", true, reuse[1])
 	t.Logf("schemas: plain %s, partitioned %s", plain.store.Schema(), part.store.Schema())
 	if reuse[0] == "" {
-		for d := 1; d <= rbDays+1; d++ {
-			part.partitionFor(t, ctx, d)
-		}
-		tp := plain.prefill(t, ctx, "pre-", plainRows, 1, rbDays)
+		tp := plain.prefill(t, ctx, "pre-", plainRows, 1, rbDays, false)
 		t.Logf("prefill plain: %d rows in %s", plainRows, tp.Round(time.Second))
-		tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays)
-		t.Logf("prefill partitioned: %d rows over %d day partitions in %s", partRows, rbDays, tq.Round(time.Second))
+		tq := part.prefill(t, ctx, "pre-", partRows, 1, rbDays, true)
+		t.Logf("prefill partitioned: %d rows in three generations in %s", partRows, tq.Round(time.Second))
 	}
-	sealStart := time.Now()
-	sealed, err := part.store.SealPartitions(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("RESULT sealed %d partitions in %s", sealed, time.Since(sealStart).Round(time.Second))
-	// As the janitor's upkeep does after sealing.
-	cacheStart := time.Now()
-	cached, err := part.store.CacheFilters(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("RESULT cached the filters of %d sealed partitions in %s", cached, time.Since(cacheStart).Round(time.Millisecond))
-
 	var size [2]string
 	for i, rb := range []*rbTable{plain, part} {
 		_ = pool.QueryRow(ctx, `SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_class c
-WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))`, rb.table).Scan(&size[i])
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, rb.store.Schema()).Scan(&size[i])
 	}
 	t.Logf("sizes: plain %s, partitioned %s", size[0], size[1])
 
@@ -321,31 +311,27 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 	if os.Getenv("IDEMQ_RB_NO_PURGE") != "" {
 		return
 	}
-	// The purge: the oldest prefilled day's partition on the partitioned
-	// store (partRows/rbDays rows), as many of the oldest rows with the
-	// DELETE purge on the plain table.
+	// The purge: the oldest generation on the partitioned store (45% of
+	// its rows, retired once the consumer's horizon is past its end, a day
+	// ago), the older half of the plain table's rows with the DELETE purge.
 	dayStart := time.Now().UTC().Truncate(24 * time.Hour)
-	dropRows := int64(partRows / rbDays)
-	days := max(1, min(rbDays, int(dropRows)*rbDays/plainRows))
 	for _, rb := range []*rbTable{plain, part} {
-		// A minute past midnight of the newest day to go, so that its
-		// partition goes whole and the day after it stays.
-		olderThan := time.Since(dayStart.AddDate(0, 0, -(rbDays-days))) - time.Minute
+		olderThan := time.Since(dayStart.AddDate(0, 0, -(1 + rbDays/2))) // the older half of the days
 		if rb == part {
-			olderThan = time.Since(dayStart.AddDate(0, 0, -(rbDays-1))) - time.Minute
+			olderThan = 23 * time.Hour
 		}
 		base, during, took, rows := duringPurge(t, ctx, rb.store, conc, fmt.Sprintf("p-%s-%x", rb.name, run), secs/2, func() (int64, error) {
-			return rb.store.Purge(ctx, olderThan)
+			return rb.store.Purge(ctx, "bench", olderThan)
 		})
 		how := "DELETE purge (default pacing: batches of 1000, duty cycle 0.25)"
 		if rb == part {
-			how = "partition drop"
+			how = "generation retirement (TRUNCATE)"
 		}
 		t.Logf("RESULT %s of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.1f%%)",
 			how, rows, took.Round(time.Millisecond), base, during, 100*during/base)
 	}
 
-	// Converting the plain table to a partitioned one.
+	// Converting the plain table to the partitioned layout.
 	st, err := plain.store.Stats(ctx, "")
 	if err != nil {
 		t.Fatal(err)
@@ -358,5 +344,5 @@ WHERE c.oid = to_regclass($1) OR c.oid IN (SELECT inhrelid FROM pg_inherits WHER
 	if err := conv.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("RESULT migrate --partitioned of a plain table of %d rows: %s (exclusive lock and one scan)", st.Rows, time.Since(start).Round(time.Millisecond))
+	t.Logf("RESULT migrate --partitioned of a plain table of %d rows: %s (renames)", st.Rows, time.Since(start).Round(time.Millisecond))
 }

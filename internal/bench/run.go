@@ -62,16 +62,10 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	name := "bench-" + r.runKey(key)
 	ledger := r.ledgerTable(key)
 
-	// The runtime's store, made before the clock starts: with a
-	// partitioned table, its sealed partitions' filters are read into
-	// memory, as a running consumer's janitor has them after its first
-	// round (nothing on a plain table).
+	// The runtime's store, made before the clock starts.
 	var store *processed.Store
 	if db && m != ModeNaive && m != ModeNaive1 {
 		if store, err = r.store(); err != nil {
-			return fail(err)
-		}
-		if _, err := store.CacheFilters(mctx); err != nil {
 			return fail(err)
 		}
 	}

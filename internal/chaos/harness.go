@@ -536,12 +536,23 @@ func (r *run) setupDB(ctx context.Context) error {
 	if _, err := r.h.pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
 		return fmt.Errorf("chaos: create schema: %w", err)
 	}
-	store, err := processed.New(r.h.pool, processed.Config{Schema: r.schema, Partitioned: r.s.Partitioned, PartitionInterval: r.s.PartitionInterval})
+	store, err := processed.New(r.h.pool, processed.Config{Schema: r.schema, Partitioned: r.s.Partitioned})
 	if err != nil {
 		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
 		return fmt.Errorf("chaos: migrate: %w", err)
+	}
+	if r.s.Partitioned {
+		// The holder: a row of a consumer that never purges, in the
+		// generation the workers start in (see Scenario.Partitioned).
+		tx, _, err := store.BeginClaim(ctx, []consumer.Claim{{Consumer: "chaos-holder", MessageID: "holder", Partition: -1, Offset: -1}})
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("chaos: the holder's claim: %w", err)
+		}
 	}
 	// No unique constraint on effects: a duplicate effect shows as a
 	// second row.
@@ -1027,7 +1038,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		Seed:             r.h.cfg.Seed + uint64(r.idx)<<40,
 		KillAfterCommits: killAfter, PGResetRate: r.s.PGResetRate, PGLatency: r.s.PGLatency,
 		AMQPDropEvery: r.s.AMQPDropEvery, SlowEvery: r.s.SlowEvery, SlowFor: r.s.SlowFor,
-		Sabotage: r.s.Sabotage, Partitioned: r.s.Partitioned, PartitionInterval: r.s.PartitionInterval,
+		Sabotage: r.s.Sabotage, Partitioned: r.s.Partitioned, Retention: r.s.Retention,
 	}
 	wc.StreamStart = r.streamStart()
 	b, err := json.Marshal(wc)

@@ -105,13 +105,16 @@ type Scenario struct {
 	// purpose (see SabotageEffectOutsideTx): the scenario must fail.
 	Sabotage string
 
-	// Partitioned runs the workers on the partitioned dedup store
-	// (processed.Config.Partitioned) with partitions of PartitionInterval
-	// (defaults to 2s), so that claims, duplicates and redeliveries
-	// straddle partition boundaries throughout the run; each worker's
-	// janitor (retention 1h: nothing is purged) creates them ahead.
-	Partitioned       bool
-	PartitionInterval time.Duration
+	// Partitioned runs the workers on the partitioned layout of the dedup
+	// store (processed.Config.Partitioned), whose generations each
+	// worker's janitor rotates every half Retention (defaults to half of
+	// PublishOver): claims, duplicates and redeliveries straddle the two
+	// rotations mid-run. A row of another consumer, claimed before the
+	// workers start and never purged, holds the oldest generation after
+	// them, so no row of the run is retired and every id must be applied
+	// once.
+	Partitioned bool
+	Retention   time.Duration
 
 	// CheckRedeliveryBound makes the scenario fail if a kill caused more
 	// redeliveries than the prefetch (RabbitMQ) or partitions*MaxInFlight
@@ -132,8 +135,8 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Mode == "" {
 		s.Mode = ModeDefault
 	}
-	if s.Partitioned && s.PartitionInterval == 0 {
-		s.PartitionInterval = 2 * time.Second
+	if s.Partitioned && s.Retention == 0 {
+		s.Retention = max(s.PublishOver/2, 2*time.Second)
 	}
 	if s.Messages == 0 {
 		s.Messages = 1000
@@ -193,8 +196,8 @@ func (s Scenario) validate() error {
 	switch {
 	case !scenarioName.MatchString(s.Name):
 		return bad("name must match %s", scenarioName)
-	case s.PartitionInterval != 0 && !s.Partitioned:
-		return bad("PartitionInterval without Partitioned")
+	case s.Retention != 0 && !s.Partitioned:
+		return bad("Retention without Partitioned")
 	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka && s.Broker != BrokerNATS && s.Broker != BrokerRedis:
 		return bad("broker %q, want %q, %q, %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka, BrokerNATS, BrokerRedis)
 	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
@@ -273,7 +276,7 @@ func (s Scenario) Faults() string {
 	add(s.SlowEvery > 0, "1/%d handlers sleep %s", s.SlowEvery, s.SlowFor)
 	add(s.AbortRate > 0, "transactional producer, %.0f%% of transactions aborted", 100*s.AbortRate)
 	add(s.KafkaSource == SourceFranz, "franz-go read_committed consumer")
-	add(s.Partitioned, "partitioned dedup store, %s partitions", s.withDefaults().PartitionInterval)
+	add(s.Partitioned, "partitioned dedup store, generations rotated every %s", s.withDefaults().Retention/2)
 	if len(out) == 0 {
 		return "none"
 	}

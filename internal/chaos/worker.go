@@ -102,10 +102,10 @@ type WorkerConfig struct {
 	// it: SabotageEffectOutsideTx writes the effect outside the dedup
 	// transaction.
 	Sabotage string
-	// Partitioned and PartitionInterval configure the dedup store (see
-	// Scenario.Partitioned).
-	Partitioned       bool
-	PartitionInterval time.Duration
+	// Partitioned and Retention configure the dedup store and the
+	// janitor (see Scenario.Partitioned).
+	Partitioned bool
+	Retention   time.Duration
 }
 
 // SabotageEffectOutsideTx makes the handler write its effect on its own
@@ -296,7 +296,7 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return fmt.Errorf("pool: %w", err)
 	}
 	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema, Partitioned: cfg.Partitioned, PartitionInterval: cfg.PartitionInterval})
+	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema, Partitioned: cfg.Partitioned})
 	if err != nil {
 		return err
 	}
@@ -426,9 +426,10 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		Logger:          slog.New(slog.DiscardHandler),
 	}
 	if cfg.Partitioned {
-		// The janitor creates the partitions ahead; with a retention of
-		// an hour it purges nothing during a run.
-		rcfg.Retention, rcfg.JanitorInterval = time.Hour, max(cfg.PartitionInterval/4, 100*time.Millisecond)
+		// The janitor rotates the generations every half retention;
+		// the harness's holder keeps it from retiring any (see
+		// Scenario.Partitioned).
+		rcfg.Retention, rcfg.JanitorInterval = cfg.Retention, max(cfg.Retention/20, 100*time.Millisecond)
 	}
 	switch cfg.Mode {
 	case ModeMessage:

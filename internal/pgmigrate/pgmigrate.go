@@ -133,13 +133,23 @@ type QueryDB interface {
 type Target struct {
 	// Schema and Table must have passed ValidIdent.
 	Schema, Table string
+	// Line names a line of migrations applied to the table beside its
+	// main line, as river keeps its own: "" for the main line, whose
+	// versions are recorded in Table+"_migrations"; another line's are
+	// recorded in Table+"_"+Line+"_migrations".
+	Line string
 	// Indexes maps placeholder names to suffixes of the table's name: an
 	// entry "created_at_index": "_created_at" makes {{created_at_index}}
 	// expand to the quoted identifier Table+"_created_at".
 	Indexes map[string]string
 }
 
-func (t Target) String() string { return t.Schema + "." + t.Table }
+func (t Target) String() string {
+	if t.Line != "" {
+		return t.Schema + "." + t.Table + " (" + t.Line + " migrations)"
+	}
+	return t.Schema + "." + t.Table
+}
 
 func (t Target) expand(sql string) string {
 	pairs := []string{
@@ -153,6 +163,9 @@ func (t Target) expand(sql string) string {
 }
 
 func (t Target) migrationsTable() string {
+	if t.Line != "" {
+		return pgx.Identifier{t.Schema, t.Table + "_" + t.Line + "_migrations"}.Sanitize()
+	}
 	return pgx.Identifier{t.Schema, t.Table + "_migrations"}.Sanitize()
 }
 
@@ -186,7 +199,9 @@ func (s *Set) Migrate(ctx context.Context, db DB, t Target) ([]Migration, error)
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
 		return fail("set isolation", err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.lockKey("table:"+t.String())); err != nil {
+	// One lock per table, whatever the line: a line's migrations may
+	// change what the main line's apply to.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.lockKey("table:"+t.Schema+"."+t.Table)); err != nil {
 		return fail("lock", err)
 	}
 	// Check before creating: CREATE SCHEMA IF NOT EXISTS needs the CREATE

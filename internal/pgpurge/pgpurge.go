@@ -47,11 +47,8 @@ func (p Pace) wait(took time.Duration) time.Duration {
 }
 
 // Run computes the cutoff now() - olderThan on the database's clock, then
-// runs del with $1 = cutoff and $2 = batch, each execution its own short
-// statement, until one deletes fewer than batch rows or ctx is done. It
-// waits between two batches as pace says, so that deleting a large backlog
-// leaves the database to the work it runs beside. It returns the rows
-// deleted, and on failure the step that failed.
+// deletes by it as Batches does. It returns the rows deleted, and on
+// failure the step that failed.
 func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch int, pace Pace) (int64, Step, error) {
 	if olderThan <= 0 {
 		return 0, StepDelete, fmt.Errorf("olderThan is %s, must be positive", olderThan)
@@ -60,20 +57,34 @@ func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch 
 	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`, olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, StepCutoff, err
 	}
+	n, err := Batches(ctx, db, del, cutoff, batch, pace)
+	if err != nil {
+		return n, StepDelete, err
+	}
+	return n, "", nil
+}
+
+// Batches runs del with $1 = cutoff, $2 = batch and args from $3 on, each
+// execution its own short statement, until one deletes fewer than batch
+// rows or ctx is done. It waits between two batches as pace says, so that
+// deleting a large backlog leaves the database to the work it runs beside.
+// It returns the rows deleted.
+func Batches(ctx context.Context, db DB, del string, cutoff time.Time, batch int, pace Pace, args ...any) (int64, error) {
+	args = append([]any{cutoff, batch}, args...)
 	var total int64
 	for {
 		start := time.Now()
-		tag, err := db.Exec(ctx, del, cutoff, batch)
+		tag, err := db.Exec(ctx, del, args...)
 		if err != nil {
-			return total, StepDelete, err
+			return total, err
 		}
 		took := time.Since(start)
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
-			return total, "", nil
+			return total, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return total, StepDelete, err
+			return total, err
 		}
 		if pause := pace.wait(took); pause > 0 {
 			t := time.NewTimer(pause)
@@ -81,7 +92,7 @@ func Run(ctx context.Context, db DB, del string, olderThan time.Duration, batch 
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
-				return total, StepDelete, ctx.Err()
+				return total, ctx.Err()
 			}
 		}
 	}

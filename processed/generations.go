@@ -1,0 +1,288 @@
+package processed
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The partitioned layout (Config.Partitioned, migration gen/0001).
+//
+// The rows live in three generations, the tables Table+"_g0", "_g1" and
+// "_g2", each with its primary key on (consumer, message_id); the view
+// Table shows them all. g0 is the current generation. A claim inserts into
+// g0 with ON CONFLICT DO NOTHING, but only the ids that neither g1 nor g2
+// holds (NOT EXISTS on their primary keys), in one statement. Which
+// generation a row lives in depends on when it was claimed, never on its
+// processed_at, so no clock, and no setting of the session, can make a
+// claim miss a committed row.
+//
+// The upkeep (maintain) changes the generations under the table's DDL lock
+// (one upkeep at a time, across processes), in one transaction:
+//
+//   - It retires the oldest generation, g2, with a TRUNCATE, once every
+//     consumer with rows in it has recorded a purge horizon (see
+//     Store.Purge) at or past the generation's end: when g1 became
+//     current. A consumer that never records one holds its rows.
+//   - Once g2 is empty and g0 has been current for half the longest purge
+//     age the consumers have recorded, it rotates: g2 becomes g0, g1
+//     becomes g2 and g0 becomes g1, by renaming them. Rows then live
+//     between their consumer's purge age and about one and a half times
+//     the longest.
+//
+// Both take the tables' ACCESS EXCLUSIVE locks (a rotation all three,
+// waiting at most partitionLockTimeout, else it is left to the next
+// round). So a rotation waits for every claim transaction that took its
+// locks before it, and the claims that queue behind it resolve the names
+// g0, g1 and g2 again once it commits (Postgres does, for a plain statement
+// and for a prepared one alike), and take their snapshot after that: every
+// row of the generation that was current is committed and visible to
+// them, in g1. No claim can insert into a generation after it stopped
+// being current, so the primary key of g0 alone settles two concurrent
+// claims of one id.
+//
+// The table Table+"_generations" numbers the generations and says when
+// each became current, read by the database's clock after the rotation's
+// locks are taken: g0 holds the highest number, g1 the one before, g2 the
+// one before that. A generation ended when the next one began.
+type generations struct {
+	// tables are the quoted, qualified g0, g1 and g2; names their
+	// unqualified names, and spare the name g2 passes through while
+	// they rotate.
+	tables [genCount]string
+	names  [genCount]string
+	spare  string
+	// meta is the quoted, qualified table of generations.
+	meta string
+}
+
+// genCount is the number of generations.
+const genCount = 3
+
+// partitionLockTimeout bounds the upkeep's wait for the generations'
+// locks: claims queue behind a lock the upkeep waits for.
+const partitionLockTimeout = "1s"
+
+func newGenerations(schema, table string) *generations {
+	g := &generations{
+		spare: pgx.Identifier{table + "_gx"}.Sanitize(),
+		meta:  pgx.Identifier{schema, table + "_generations"}.Sanitize(),
+	}
+	for i := range genCount {
+		g.names[i] = table + "_g" + strconv.Itoa(i)
+		g.tables[i] = pgx.Identifier{schema, g.names[i]}.Sanitize()
+	}
+	return g
+}
+
+// ddlLockKey serialises the upkeep of one table across processes.
+func ddlLockKey(st *statements) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idemq.processed.generations:" + st.qTable))
+	return int64(h.Sum64())
+}
+
+// genState is what the upkeep reads before deciding.
+type genState struct {
+	now time.Time
+	// began holds when each generation became current, g0 first; zero
+	// for one that began before the layout did.
+	began [genCount]time.Time
+	// maxAge is the longest purge age recorded, 0 if none.
+	maxAge time.Duration
+	// empty says which generations have no rows, g0 first.
+	empty [genCount]bool
+}
+
+// read reads the generations' state through q.
+func (g *generations) read(ctx context.Context, q pgx.Tx, st *statements) (genState, error) {
+	var (
+		s      genState
+		began  []time.Time
+		finite []bool
+		maxMS  *int64
+	)
+	err := q.QueryRow(ctx, `SELECT clock_timestamp(),
+	array(SELECT CASE WHEN isfinite(began_at) THEN began_at ELSE 'epoch' END FROM `+g.meta+` ORDER BY generation DESC LIMIT `+strconv.Itoa(genCount)+`),
+	array(SELECT isfinite(began_at) FROM `+g.meta+` ORDER BY generation DESC LIMIT `+strconv.Itoa(genCount)+`),
+	(SELECT max(older_than_ms) FROM `+st.horizons+`),
+	NOT EXISTS (SELECT 1 FROM `+g.tables[0]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[1]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[2]+`)`).
+		Scan(&s.now, &began, &finite, &maxMS, &s.empty[0], &s.empty[1], &s.empty[2])
+	if err != nil {
+		return s, err
+	}
+	if len(began) != genCount {
+		return s, fmt.Errorf("%s holds %d generations, want %d", g.meta, len(began), genCount)
+	}
+	for i := range began {
+		if finite[i] {
+			s.began[i] = began[i]
+		}
+	}
+	if maxMS != nil {
+		s.maxAge = time.Duration(*maxMS) * time.Millisecond
+	}
+	return s, nil
+}
+
+// holders returns the consumers with rows in the oldest generation whose
+// purge horizon is not past its end (ended; zero, before any time, for a
+// generation that ended before the layout began), found by a loose scan of its primary
+// key: the consumers that keep it from being retired.
+func (g *generations) holders(ctx context.Context, q pgx.Tx, st *statements, ended time.Time) ([]string, error) {
+	oldest := g.tables[genCount-1]
+	rows, err := q.Query(ctx, `WITH RECURSIVE c(consumer) AS (
+	(SELECT consumer FROM `+oldest+` ORDER BY consumer LIMIT 1)
+	UNION ALL
+	SELECT (SELECT t.consumer FROM `+oldest+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+	FROM c WHERE c.consumer IS NOT NULL)
+SELECT c.consumer FROM c LEFT JOIN `+st.horizons+` h ON h.consumer = c.consumer
+WHERE c.consumer IS NOT NULL AND (h.purge_before IS NULL OR h.purge_before < $1::timestamptz)
+ORDER BY 1`, ended)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// maintain retires and rotates the generations as the top of this file
+// says, and returns how many rows it retired.
+func (g *generations) maintain(ctx context.Context, s *Store, st *statements) (int64, error) {
+	var retired int64
+	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
+		// Horizons move only after this decision is made: a consumer
+		// whose horizon goes back (its broker may redeliver older
+		// messages) waits for the retirement, or is seen by it.
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+st.horizons+` IN SHARE MODE`); err != nil {
+			return err
+		}
+		gs, err := g.read(ctx, tx, st)
+		if err != nil {
+			return err
+		}
+		oldestEmpty, retire := gs.empty[genCount-1], false
+		if !oldestEmpty {
+			held, err := g.holders(ctx, tx, st, gs.began[genCount-2])
+			if err != nil {
+				return err
+			}
+			retire = len(held) == 0
+		}
+		// A rotation needs an empty generation to make current, and
+		// moves rows towards retirement, so it waits for some.
+		rotate := (oldestEmpty || retire) && !(gs.empty[0] && gs.empty[1]) && gs.maxAge > 0 &&
+			gs.now.Sub(gs.began[0]) >= gs.maxAge/(genCount-1)
+		if !retire && !rotate {
+			return nil
+		}
+		lock := `LOCK TABLE ` + g.tables[genCount-1] + ` IN ACCESS EXCLUSIVE MODE`
+		if rotate {
+			lock = `LOCK TABLE ` + g.tables[0] + `, ` + g.tables[1] + `, ` + g.tables[2] + ` IN ACCESS EXCLUSIVE MODE`
+		}
+		if _, err := tx.Exec(ctx, lock); err != nil {
+			return err
+		}
+		if retire {
+			// The planner's estimate, if it has one: a count would read
+			// the whole generation.
+			if err := tx.QueryRow(ctx, `SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint
+	ELSE (SELECT count(*) FROM `+g.tables[genCount-1]+`) END FROM pg_class WHERE oid = $1::regclass`, g.tables[genCount-1]).Scan(&retired); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `TRUNCATE `+g.tables[genCount-1]); err != nil {
+				return err
+			}
+		}
+		if rotate {
+			b := &pgx.Batch{}
+			b.Queue(`ALTER TABLE ` + g.tables[2] + ` RENAME TO ` + g.spare)
+			b.Queue(`ALTER TABLE ` + g.tables[1] + ` RENAME TO ` + pgx.Identifier{g.names[2]}.Sanitize())
+			b.Queue(`ALTER TABLE ` + g.tables[0] + ` RENAME TO ` + pgx.Identifier{g.names[1]}.Sanitize())
+			b.Queue(`ALTER TABLE ` + pgx.Identifier{st.schema}.Sanitize() + `.` + g.spare + ` RENAME TO ` + pgx.Identifier{g.names[0]}.Sanitize())
+			b.Queue(`INSERT INTO ` + g.meta + ` SELECT max(generation) + 1, clock_timestamp() FROM ` + g.meta)
+			b.Queue(`DELETE FROM ` + g.meta + ` WHERE generation <= (SELECT max(generation) FROM ` + g.meta + `) - ` + strconv.Itoa(genCount))
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, s.wrap("upkeep of the generations", err)
+	}
+	return retired, nil
+}
+
+// ddlTx runs f in a transaction holding the table's DDL lock, with a lock
+// timeout.
+func (s *Store) ddlTx(ctx context.Context, st *statements, f func(pgx.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ddlLockKey(st)); err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Generation describes one generation of the partitioned layout.
+type Generation struct {
+	// Table is the generation's table: Table+"_g0" for the current one.
+	Table string
+	// BeganAt is when it became current (zero for the one that holds a
+	// converted plain table's rows); EndedAt when the next one did (zero
+	// for the current one).
+	BeganAt, EndedAt time.Time
+	// Rows is the planner's estimate of its rows (-1 if it has none).
+	Rows int64
+	// HeldBy, for the oldest, names the consumers with rows in it whose
+	// purge horizon is not past its end: they keep it from being retired.
+	HeldBy []string
+}
+
+// Generations describes the generations of the partitioned layout, the
+// current one first; none for a plain table.
+func (s *Store) Generations(ctx context.Context) ([]Generation, error) {
+	st, err := s.statements(ctx)
+	if err != nil || st.gen == nil {
+		return nil, err
+	}
+	g := st.gen
+	var out []Generation
+	err = pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		gs, err := g.read(ctx, tx, st)
+		if err != nil {
+			return err
+		}
+		for i := range genCount {
+			gen := Generation{Table: g.names[i], BeganAt: gs.began[i]}
+			if i > 0 {
+				gen.EndedAt = gs.began[i-1]
+			}
+			if err := tx.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE oid = $1::regclass`, g.tables[i]).Scan(&gen.Rows); err != nil {
+				return err
+			}
+			out = append(out, gen)
+		}
+		if !gs.empty[genCount-1] {
+			out[genCount-1].HeldBy, err = g.holders(ctx, tx, st, gs.began[genCount-2])
+		}
+		return err
+	})
+	if err != nil {
+		return nil, s.wrap("read the generations", err)
+	}
+	return out, nil
+}
