@@ -50,6 +50,7 @@ func TestStoreContract(t *testing.T) {
 		{"RowVanishesBetweenStatements", contractRowVanishes},
 		{"ClaimsAcrossBoundaries", contractAcrossBoundaries},
 		{"PurgeRacingClaims", contractPurgeRacingClaims},
+		{"TwoJanitorsAfterAnOutage", contractTwoJanitors},
 		{"RowsDatedAheadOrBehind", contractDatedRows},
 		{"TwoConsumersDifferentRetentions", contractTwoConsumers},
 		{"OnlyTheRuntimeCommits", contractOnlyRuntimeCommits},
@@ -753,5 +754,91 @@ func TestDateStyleAndTimeZone(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// contractTwoJanitors: after an outage longer than the retention, two
+// janitors (two runtimes sharing one table, or one Store) run their upkeep
+// and purges at once, beside claims: neither fails, no claim fails, every
+// id claimed beside them is new once, and the table is whole after them
+// (on the partitioned layout: three generations, no table left halfway
+// through a rotation).
+func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+	for i := range 20 {
+		claim(t, s, claimOf("old", fmt.Sprintf("o-%d", i), "x"))
+	}
+	// The old rows leave the current generation before the new ones
+	// come, so that no other consumer holds theirs.
+	if _, err := s.Purge(ctx(t), "old", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Schema = s.Schema()
+	s2, err := processed.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx(t), time.Second)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		news [60]atomic.Int32
+	)
+	for _, st := range []*processed.Store{s, s2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c.Err() == nil {
+				if _, err := st.Purge(c, "old", time.Millisecond); err != nil && c.Err() == nil {
+					t.Errorf("purge: %v", err)
+				}
+				if err := st.Maintain(c); err != nil && c.Err() == nil {
+					t.Errorf("maintain: %v", err)
+				}
+			}
+		}()
+	}
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; c.Err() == nil; i++ {
+				j := (i*7 + w) % len(news)
+				tx, res, err := s.BeginClaim(c, []consumer.Claim{claimOf("new", fmt.Sprintf("n-%d", j), "x")})
+				if err == nil {
+					err = tx.Commit(c)
+				}
+				if tx != nil {
+					_ = tx.Rollback(context.Background())
+				}
+				if err != nil {
+					if c.Err() == nil {
+						t.Errorf("claim: %v", err)
+					}
+					return
+				}
+				if res[0].Outcome == consumer.ClaimNew {
+					news[j].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for j := range news {
+		if n := news[j].Load(); n > 1 {
+			t.Errorf("n-%d claimed as new %d times", j, n)
+		}
+	}
+	if cfg.Partitioned {
+		gens, err := s.Generations(ctx(t))
+		if err != nil || len(gens) != 3 {
+			t.Fatalf("generations after the janitors: %+v, %v", gens, err)
+		}
+		var spare bool
+		if err := pool.QueryRow(ctx(t), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{s.Schema(), s.Table() + "_gx"}.Sanitize()).Scan(&spare); err != nil || spare {
+			t.Fatalf("a table left halfway through a rotation: %v, %v", spare, err)
+		}
+	}
+	if st, err := s.Stats(ctx(t), "old"); err != nil || st.Rows != 0 {
+		t.Fatalf("the old consumer's rows after its purges: %+v, %v; want none", st, err)
 	}
 }

@@ -2,12 +2,14 @@ package processed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The partitioned layout (Config.Partitioned, migration gen/0001).
@@ -34,9 +36,9 @@ import (
 //     between their consumer's purge age and about one and a half times
 //     the longest.
 //
-// Both take the tables' ACCESS EXCLUSIVE locks (a rotation all three,
-// waiting at most partitionLockTimeout, else it is left to the next
-// round). So a rotation waits for every claim transaction that took its
+// Both take the tables' ACCESS EXCLUSIVE locks (a rotation all three),
+// waiting at most a second (see setLockTimeout), else the work is left to
+// the next round, as it is while another upkeep holds the DDL lock. So a rotation waits for every claim transaction that took its
 // locks before it, and the claims that queue behind it resolve the names
 // g0, g1 and g2 again once it commits (Postgres does, for a plain statement
 // and for a prepared one alike), and take their snapshot after that: every
@@ -63,9 +65,15 @@ type generations struct {
 // genCount is the number of generations.
 const genCount = 3
 
-// partitionLockTimeout bounds the upkeep's wait for the generations'
-// locks: claims queue behind a lock the upkeep waits for.
-const partitionLockTimeout = "1s"
+// setLockTimeout bounds the upkeep's wait for the generations' locks, as
+// claims queue behind a lock the upkeep waits for: 1s, and in any case
+// half the server's deadlock_timeout. A claim planned before a rotation
+// takes its locks in the order the generations had then, so it and the
+// next upkeep can wait for each other; the upkeep then gives up first,
+// before the deadlock detector could pick the claim, and tries again at
+// the next round.
+const setLockTimeout = `SELECT set_config('lock_timeout',
+	least(1000, extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int || 'ms', true)`
 
 func newGenerations(schema, table string) *generations {
 	g := &generations{
@@ -211,25 +219,38 @@ func (g *generations) maintain(ctx context.Context, s *Store, st *statements) (i
 		}
 		return nil
 	})
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, errBusy), errors.As(err, &pgErr) && pgErr.Code == "55P03":
+		// Another upkeep is at it, or the tables' locks were not free
+		// within the timeout: the next round tries again.
+		return 0, nil
+	case err != nil:
 		return 0, s.wrap("upkeep of the generations", err)
 	}
 	return retired, nil
 }
 
+// errBusy is ddlTx's error when another upkeep holds the table's DDL lock.
+var errBusy = errors.New("another upkeep holds the lock")
+
 // ddlTx runs f in a transaction holding the table's DDL lock, with a lock
-// timeout.
+// timeout; errBusy if another transaction holds the DDL lock.
 func (s *Store) ddlTx(ctx context.Context, st *statements, f func(pgx.Tx) error) error {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+partitionLockTimeout+`'`); err != nil {
+	if _, err := tx.Exec(ctx, setLockTimeout); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, ddlLockKey(st)); err != nil {
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, ddlLockKey(st)).Scan(&locked); err != nil {
 		return err
+	}
+	if !locked {
+		return errBusy
 	}
 	if err := f(tx); err != nil {
 		return err
