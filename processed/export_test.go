@@ -2,11 +2,12 @@ package processed
 
 import "context"
 
-// ClaimSQL exposes the claim's statements to the plan test.
-func (s *Store) ClaimSQL(ctx context.Context) (insert, existing string, err error) {
+// ClaimSQL exposes the claim's statements to the plan test, by name.
+func (s *Store) ClaimSQL(ctx context.Context) (map[string]string, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
-		return "", "", err
+		return nil, err
 	}
-	return st.insert, st.existing, nil
+	return map[string]string{"insert": st.insert, "existing": st.existing,
+		"insertOne": st.insertOne, "existingOne": st.existingOne}, nil
 }
