@@ -473,6 +473,15 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 			res.Leaks = append(res.Leaks, fmt.Sprintf("worker %d.%d: %s", k.slot, k.inc, ex.Leaked[0]))
 		}
 	}
+	if s.Partitioned {
+		// Each rotation numbered a generation past the migration's three.
+		var gens int64
+		if err := h.pool.QueryRow(context.WithoutCancel(ctx), `SELECT max(generation) - 2 FROM `+
+			pgx.Identifier{r.schema, "processed_messages_generations"}.Sanitize()).Scan(&gens); err != nil {
+			return res, fmt.Errorf("chaos: read the generations: %w", err)
+		}
+		res.Injected["rotation"] = gens
+	}
 	for k, v := range res.Injected {
 		if v == 0 {
 			delete(res.Injected, k)
@@ -485,6 +494,9 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 	}
 	if s.CheckRedeliveryBound && res.Redeliveries.Max > res.RedeliveryBound {
 		failures = append(failures, fmt.Sprintf("a kill caused %d redeliveries, more than the bound %d", res.Redeliveries.Max, res.RedeliveryBound))
+	}
+	if s.Partitioned && res.Injected["rotation"] == 0 {
+		failures = append(failures, "the dedup store's generations never rotated: no claim straddled a boundary")
 	}
 	if res.LeakyExits > 0 {
 		failures = append(failures, fmt.Sprintf("%d workers leaked goroutines", res.LeakyExits))
