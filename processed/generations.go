@@ -87,6 +87,16 @@ func newGenerations(schema, table string) *generations {
 	return g
 }
 
+// claimTables: the current generation takes the rows that no other
+// generation has.
+func (g *generations) claimTables() (string, []string) { return g.tables[0], g.tables[1:] }
+
+// purge runs the upkeep: rows go a generation at a time, once every
+// consumer with rows in it has recorded a horizon past its end.
+func (g *generations) purge(ctx context.Context, s *Store, st *statements, _ string, _ time.Time) (int64, error) {
+	return g.maintain(ctx, s, st)
+}
+
 // ddlLockKey serialises the upkeep of one table across processes.
 func ddlLockKey(st *statements) int64 {
 	h := fnv.New64a()
@@ -277,10 +287,13 @@ type Generation struct {
 // current one first; none for a plain table.
 func (s *Store) Generations(ctx context.Context) ([]Generation, error) {
 	st, err := s.statements(ctx)
-	if err != nil || st.gen == nil {
+	if err != nil {
 		return nil, err
 	}
-	g := st.gen
+	g, ok := st.layout.(*generations)
+	if !ok {
+		return nil, nil
+	}
 	var out []Generation
 	err = pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		gs, err := g.read(ctx, tx, st)

@@ -39,7 +39,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
-	"github.com/idemq/idemq/internal/pgpurge"
 )
 
 // DB is a database handle a Store can be made from with New: a
@@ -104,8 +103,8 @@ type statements struct {
 	// qTable is the quoted, schema-qualified table: the plain table, or
 	// the view of the generations.
 	qTable string
-	// gen is the partitioned layout's, nil for a plain table.
-	gen *generations
+	// layout does what the table's layout does its own way.
+	layout layout
 	// insert claims a batch (RETURNING the ids it inserted); existing
 	// reads the rows of the ids it did not insert. insertOne and
 	// existingOne do the same for a single claim, with scalar arguments:
@@ -194,6 +193,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	}
 	t := pgx.Identifier{schema, s.cfg.Table}.Sanitize()
 	gen := newGenerations(schema, s.cfg.Table)
+	var lay layout = gen
 	var (
 		kind    *string
 		hasGens bool
@@ -211,7 +211,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	case *kind == "r" && s.cfg.Partitioned:
 		return nil, notMigrated("is a plain table, and Config.Partitioned asks for the partitioned layout: Migrate converts it")
 	case *kind == "r":
-		gen = nil
+		lay = newPlain(t)
 	case *kind == "v" && hasGens && !s.cfg.Partitioned:
 		return nil, &consumer.ConfigError{Field: "Partitioned", Reason: fmt.Sprintf("not set, and %s has the partitioned layout", s)}
 	case *kind == "v" && hasGens:
@@ -220,24 +220,19 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	default:
 		return nil, fmt.Errorf("processed: %s is not a table of idemq's (relkind %q)", s, *kind)
 	}
-	st := newStatements(schema, s.cfg.Table, gen)
+	st := newStatements(schema, s.cfg.Table, lay)
 	s.st.Store(st)
 	return st, nil
 }
 
-func newStatements(schema, table string, gen *generations) *statements {
+func newStatements(schema, table string, lay layout) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
-	st := &statements{schema: schema, qTable: t, gen: gen,
+	st := &statements{schema: schema, qTable: t, layout: lay,
 		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
 		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
 	}
 	st.syncCommit = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $1, true)`
-	// The plain table takes the rows; the partitioned layout's current
-	// generation takes them when no other generation has them.
-	into, others := t, []string(nil)
-	if gen != nil {
-		into, others = gen.tables[0], gen.tables[1:]
-	}
+	into, others := lay.claimTables()
 	// The synchronous commit and the token first: a row inserted has had
 	// every condition evaluated.
 	where := func(id string) string {
@@ -625,18 +620,7 @@ func (s *Store) Purge(ctx context.Context, consumerName string, olderThan time.D
 	if err := s.db.QueryRow(ctx, st.recordHorizon, consumerName, olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, s.wrap("purge: record the purge horizon of "+strconv.Quote(consumerName), err)
 	}
-	if st.gen != nil {
-		return st.gen.maintain(ctx, s, st)
-	}
-	del := `DELETE FROM ` + st.qTable + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + st.qTable + `
-	WHERE consumer COLLATE "C" = $3 AND processed_at < $1
-	LIMIT $2))`
-	n, err := pgpurge.Batches(ctx, s.db, del, cutoff, s.cfg.PurgeBatchSize, s.cfg.pace(), consumerName)
-	if err != nil {
-		return n, s.wrap("purge "+strconv.Quote(consumerName), err)
-	}
-	return n, nil
+	return st.layout.purge(ctx, s, st, consumerName, cutoff)
 }
 
 // PurgeAll purges the rows of every consumer that has rows, as Purge does
@@ -690,10 +674,10 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 // nothing.
 func (s *Store) Maintain(ctx context.Context) error {
 	st, err := s.statements(ctx)
-	if err != nil || st.gen == nil {
+	if err != nil {
 		return err
 	}
-	_, err = st.gen.maintain(ctx, s, st)
+	_, err = st.layout.maintain(ctx, s, st)
 	return err
 }
 

@@ -167,9 +167,9 @@ type Config struct {
 	// of their own, and the ledgers are dropped at the end. The naive
 	// modes need a plain table.
 	Schema string
-	// Partitioned makes the fresh schema's dedup table a partitioned one
-	// (processed.Config.Partitioned, daily partitions). With Schema, the
-	// table is what it is, and Partitioned must be false.
+	// Partitioned gives the fresh schema's dedup table the partitioned
+	// layout (processed.Config.Partitioned: three generations). With
+	// Schema, the table is what it is, and Partitioned must be false.
 	Partitioned bool
 	// AMQPURL is RabbitMQ's URL. Defaults to DefaultAMQPURL.
 	AMQPURL string
@@ -296,7 +296,7 @@ func (c Config) validate() error {
 	case c.Schema != "" && c.Partitioned:
 		return bad("Partitioned", "with Schema, the existing table decides; leave Partitioned false")
 	case c.Partitioned && (slices.Contains(c.Modes, ModeNaive) || slices.Contains(c.Modes, ModeNaive1)):
-		return bad("Modes", "the naive modes need a plain dedup table (their INSERT ... ON CONFLICT has no unique index to use on a partitioned one)")
+		return bad("Modes", "the naive modes need a plain dedup table (their INSERT ... ON CONFLICT goes into it; the partitioned layout's is a view)")
 	}
 	seen := map[Mode]bool{}
 	for _, m := range c.Modes {
