@@ -68,15 +68,17 @@ type Config struct {
 	// rows go a generation at a time instead of row by row: the rows live
 	// in three generations, tables with a primary key each; every claim
 	// inserts into the current one, after finding its id in neither of the
-	// others, and the janitor's upkeep (Maintain) retires the oldest with
-	// a TRUNCATE and makes a fresh one current, once every consumer with
-	// rows in it has purged past its end (see Purge). A generation stays
-	// current for half the longest purge age the consumers record, so rows
-	// live between their consumer's retention and about one and a half
-	// times the longest. Migrate converts a plain table, which becomes the
-	// generation before the first, keeping its rows. The upkeep needs to
-	// own the tables. Defaults to false: one plain table, whose purge
-	// deletes rows in batches.
+	// others. The janitor's upkeep (Maintain) rotates them once the
+	// current one has been current for half the longest purge age the
+	// consumers record and the oldest may be retired (every consumer with
+	// rows in it has purged past its end, see Purge): the oldest is
+	// retired and emptied with a TRUNCATE that no claim waits for, and an
+	// empty table becomes current. Rows so live between their consumer's
+	// retention and about one and a half times the longest. Migrate
+	// converts a plain table, which becomes the generation before the
+	// first, keeping its rows. The upkeep needs to own the tables.
+	// Defaults to false: one plain table, whose purge deletes rows in
+	// batches.
 	//
 	// The store reads the table's layout once, when first used: a store
 	// without Partitioned refuses a partitioned table, and one with it

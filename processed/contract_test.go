@@ -833,9 +833,10 @@ func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 		if err != nil || len(gens) != 3 {
 			t.Fatalf("generations after the janitors: %+v, %v", gens, err)
 		}
-		var spare bool
-		if err := pool.QueryRow(ctx(t), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{s.Schema(), s.Table() + "_gx"}.Sanitize()).Scan(&spare); err != nil || spare {
-			t.Fatalf("a table left halfway through a rotation: %v, %v", spare, err)
+		var spare, retiredEmpty bool
+		if err := pool.QueryRow(ctx(t), `SELECT to_regclass($1) IS NOT NULL, NOT EXISTS (SELECT 1 FROM `+gen(s, 3)+`)`,
+			pgx.Identifier{s.Schema(), s.Table() + "_gx"}.Sanitize()).Scan(&spare, &retiredEmpty); err != nil || spare || !retiredEmpty {
+			t.Fatalf("a table left halfway through a rotation: %v, the retired generation emptied: %v (%v)", spare, retiredEmpty, err)
 		}
 	}
 	if st, err := s.Stats(ctx(t), "old"); err != nil || st.Rows != 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,55 +16,60 @@ import (
 // The partitioned layout (Config.Partitioned, migration gen/0001).
 //
 // The rows live in three generations, the tables Table+"_g0", "_g1" and
-// "_g2", each with its primary key on (consumer, message_id); the view
-// Table shows them all. g0 is the current generation. A claim inserts into
-// g0 with ON CONFLICT DO NOTHING, but only the ids that neither g1 nor g2
-// holds (NOT EXISTS on their primary keys), in one statement. Which
-// generation a row lives in depends on when it was claimed, never on its
-// processed_at, so no clock, and no setting of the session, can make a
-// claim miss a committed row.
+// "_g2", each with its primary key on (consumer, message_id). g0 is the
+// current generation. A claim inserts into g0 with ON CONFLICT DO NOTHING,
+// but only the ids that neither g1 nor g2 holds (NOT EXISTS on their
+// primary keys), in one statement; the store reads rows from the three.
+// Which generation a row lives in depends on when it was claimed, never on
+// its processed_at, so no clock, and no setting of the session, can make a
+// claim miss a committed row. A fourth table, "_g3", holds a retired
+// generation until the upkeep has emptied it; no claim reads it. The view
+// Table shows the four.
 //
-// The upkeep (maintain) changes the generations under the table's DDL lock
-// (one upkeep at a time, across processes), in one transaction:
+// The upkeep (maintain) rotates the generations, under the table's DDL lock
+// (one upkeep at a time, across processes) and in one transaction, once g0
+// has been current for half the longest purge age the consumers have
+// recorded (see Store.Purge), and g2 is empty or may be retired: every
+// consumer with rows in it has recorded a purge horizon at or past the
+// generation's end, when g1 became current (a consumer that never records
+// one holds its rows). The rotation renames the tables: g2 becomes g3
+// (retired), g1 becomes g2, g0 becomes g1, and g3, empty, becomes g0. Rows
+// then live between their consumer's purge age and about one and a half
+// times the longest. Then, in a transaction of its own, the upkeep empties
+// g3 with a TRUNCATE; no claim waits for that.
 //
-//   - It retires the oldest generation, g2, with a TRUNCATE, once every
-//     consumer with rows in it has recorded a purge horizon (see
-//     Store.Purge) at or past the generation's end: when g1 became
-//     current. A consumer that never records one holds its rows.
-//   - Once g2 is empty and g0 has been current for half the longest purge
-//     age the consumers have recorded, it rotates: g2 becomes g0, g1
-//     becomes g2 and g0 becomes g1, by renaming them. Rows then live
-//     between their consumer's purge age and about one and a half times
-//     the longest.
-//
-// Both take the tables' ACCESS EXCLUSIVE locks (a rotation all three),
-// waiting at most a second (see setLockTimeout), else the work is left to
-// the next round, as it is while another upkeep holds the DDL lock. So a rotation waits for every claim transaction that took its
-// locks before it, and the claims that queue behind it resolve the names
-// g0, g1 and g2 again once it commits (Postgres does, for a plain statement
-// and for a prepared one alike), and take their snapshot after that: every
-// row of the generation that was current is committed and visible to
-// them, in g1. No claim can insert into a generation after it stopped
-// being current, so the primary key of g0 alone settles two concurrent
-// claims of one id.
+// The rotation takes the four tables' ACCESS EXCLUSIVE locks, waiting at
+// most a second (see setLockTimeout), else the work is left to the next
+// round, as it is while another upkeep holds the DDL lock. So it waits for
+// every claim transaction that took its locks before it, and the claims
+// that queue behind it resolve the names g0, g1 and g2 again once it
+// commits (Postgres does, for a plain statement and for a prepared one
+// alike), and take their snapshot after that: every row of the generation
+// that was current is committed and visible to them, in g1. No claim can
+// insert into a generation after it stopped being current, so the primary
+// key of g0 alone settles two concurrent claims of one id. The renames
+// change only the catalog: the claims wait milliseconds, whatever the size
+// of the generation retired.
 //
 // The table Table+"_generations" numbers the generations and says when
 // each became current, read by the database's clock after the rotation's
 // locks are taken: g0 holds the highest number, g1 the one before, g2 the
 // one before that. A generation ended when the next one began.
 type generations struct {
-	// tables are the quoted, qualified g0, g1 and g2; names their
-	// unqualified names, and spare the name g2 passes through while
-	// they rotate.
-	tables [genCount]string
-	names  [genCount]string
+	// tables are the quoted, qualified g0 to g3; names their unqualified
+	// names, and spare the name g3 passes through while they rotate.
+	tables [genCount + 1]string
+	names  [genCount + 1]string
 	spare  string
 	// meta is the quoted, qualified table of generations.
 	meta string
 }
 
-// genCount is the number of generations.
+// genCount is the number of generations claims look in.
 const genCount = 3
+
+// retired is the index of the table of the retired generation, g3.
+const retired = genCount
 
 // setLockTimeout bounds the upkeep's wait for the generations' locks, as
 // claims queue behind a lock the upkeep waits for: 1s, and in any case
@@ -80,7 +86,7 @@ func newGenerations(schema, table string) *generations {
 		spare: pgx.Identifier{table + "_gx"}.Sanitize(),
 		meta:  pgx.Identifier{schema, table + "_generations"}.Sanitize(),
 	}
-	for i := range genCount {
+	for i := range g.tables {
 		g.names[i] = table + "_g" + strconv.Itoa(i)
 		g.tables[i] = pgx.Identifier{schema, g.names[i]}.Sanitize()
 	}
@@ -89,7 +95,17 @@ func newGenerations(schema, table string) *generations {
 
 // claimTables: the current generation takes the rows that no other
 // generation has.
-func (g *generations) claimTables() (string, []string) { return g.tables[0], g.tables[1:] }
+func (g *generations) claimTables() (string, []string) { return g.tables[0], g.tables[1:genCount] }
+
+// readFrom is the three generations as one relation, t, for the store's
+// reads: not the view, which also shows g3.
+func (g *generations) readFrom() string {
+	parts := make([]string, genCount)
+	for i := range parts {
+		parts[i] = "SELECT * FROM " + g.tables[i]
+	}
+	return "(" + strings.Join(parts, " UNION ALL ") + ") AS t"
+}
 
 // purge runs the upkeep: rows go a generation at a time, once every
 // consumer with rows in it has recorded a horizon past its end.
@@ -112,8 +128,8 @@ type genState struct {
 	began [genCount]time.Time
 	// maxAge is the longest purge age recorded, 0 if none.
 	maxAge time.Duration
-	// empty says which generations have no rows, g0 first.
-	empty [genCount]bool
+	// empty says which tables have no rows, g0 first, g3 last.
+	empty [genCount + 1]bool
 }
 
 // read reads the generations' state through q.
@@ -128,8 +144,9 @@ func (g *generations) read(ctx context.Context, q pgx.Tx, st *statements) (genSt
 	array(SELECT CASE WHEN isfinite(began_at) THEN began_at ELSE 'epoch' END FROM `+g.meta+` ORDER BY generation DESC LIMIT `+strconv.Itoa(genCount)+`),
 	array(SELECT isfinite(began_at) FROM `+g.meta+` ORDER BY generation DESC LIMIT `+strconv.Itoa(genCount)+`),
 	(SELECT max(older_than_ms) FROM `+st.horizons+`),
-	NOT EXISTS (SELECT 1 FROM `+g.tables[0]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[1]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[2]+`)`).
-		Scan(&s.now, &began, &finite, &maxMS, &s.empty[0], &s.empty[1], &s.empty[2])
+	NOT EXISTS (SELECT 1 FROM `+g.tables[0]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[1]+`),
+	NOT EXISTS (SELECT 1 FROM `+g.tables[2]+`), NOT EXISTS (SELECT 1 FROM `+g.tables[3]+`)`).
+		Scan(&s.now, &began, &finite, &maxMS, &s.empty[0], &s.empty[1], &s.empty[2], &s.empty[3])
 	if err != nil {
 		return s, err
 	}
@@ -149,8 +166,8 @@ func (g *generations) read(ctx context.Context, q pgx.Tx, st *statements) (genSt
 
 // holders returns the consumers with rows in the oldest generation whose
 // purge horizon is not past its end (ended; zero, before any time, for a
-// generation that ended before the layout began), found by a loose scan of its primary
-// key: the consumers that keep it from being retired.
+// generation that ended before the layout began), found by a loose scan
+// of its primary key: the consumers that keep it from being retired.
 func (g *generations) holders(ctx context.Context, q pgx.Tx, st *statements, ended time.Time) ([]string, error) {
 	oldest := g.tables[genCount-1]
 	rows, err := q.Query(ctx, `WITH RECURSIVE c(consumer) AS (
@@ -167,10 +184,24 @@ ORDER BY 1`, ended)
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// maintain retires and rotates the generations as the top of this file
-// says, and returns how many rows it retired.
+// maintain empties g3, rotates the generations if they are due (see the top
+// of this file), then empties g3 again if the rotation retired rows into
+// it. It returns how many rows it retired.
 func (g *generations) maintain(ctx context.Context, s *Store, st *statements) (int64, error) {
-	var retired int64
+	if err := g.emptyRetired(ctx, s, st); err != nil {
+		return 0, err
+	}
+	n, err := g.rotate(ctx, s, st)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	return n, g.emptyRetired(ctx, s, st)
+}
+
+// rotate rotates the generations if they are due, and returns how many rows
+// the generation it retired held (the planner's estimate, if it has one).
+func (g *generations) rotate(ctx context.Context, s *Store, st *statements) (int64, error) {
+	var n int64
 	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
 		// Horizons move only after this decision is made: a consumer
 		// whose horizon goes back (its broker may redeliver older
@@ -182,63 +213,75 @@ func (g *generations) maintain(ctx context.Context, s *Store, st *statements) (i
 		if err != nil {
 			return err
 		}
-		oldestEmpty, retire := gs.empty[genCount-1], false
-		if !oldestEmpty {
+		oldestEmpty := gs.empty[genCount-1]
+		switch {
+		case !gs.empty[retired]: // emptying it failed: the next round
+			return nil
+		case gs.maxAge <= 0 || gs.now.Sub(gs.began[0]) < gs.maxAge/(genCount-1):
+			return nil // not due
+		case gs.empty[0] && gs.empty[1] && oldestEmpty:
+			return nil // nothing to move
+		case !oldestEmpty:
 			held, err := g.holders(ctx, tx, st, gs.began[genCount-2])
-			if err != nil {
+			if err != nil || len(held) > 0 {
 				return err
 			}
-			retire = len(held) == 0
 		}
-		// A rotation needs an empty generation to make current, and
-		// moves rows towards retirement, so it waits for some.
-		rotate := (oldestEmpty || retire) && !(gs.empty[0] && gs.empty[1]) && gs.maxAge > 0 &&
-			gs.now.Sub(gs.began[0]) >= gs.maxAge/(genCount-1)
-		if !retire && !rotate {
-			return nil
-		}
-		lock := `LOCK TABLE ` + g.tables[genCount-1] + ` IN ACCESS EXCLUSIVE MODE`
-		if rotate {
-			lock = `LOCK TABLE ` + g.tables[0] + `, ` + g.tables[1] + `, ` + g.tables[2] + ` IN ACCESS EXCLUSIVE MODE`
-		}
-		if _, err := tx.Exec(ctx, lock); err != nil {
+		lock := make([]string, len(g.tables))
+		copy(lock, g.tables[:])
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+strings.Join(lock, ", ")+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		if retire {
-			// The planner's estimate, if it has one: a count would read
-			// the whole generation.
-			if err := tx.QueryRow(ctx, `SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint
-	ELSE (SELECT count(*) FROM `+g.tables[genCount-1]+`) END FROM pg_class WHERE oid = $1::regclass`, g.tables[genCount-1]).Scan(&retired); err != nil {
+		if !oldestEmpty {
+			// The planner's estimate: a count would read the generation.
+			if err := tx.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = $1::regclass`, g.tables[genCount-1]).Scan(&n); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `TRUNCATE `+g.tables[genCount-1]); err != nil {
-				return err
-			}
+			n = max(n, 1) // retired rows, whatever the estimate says
 		}
-		if rotate {
-			b := &pgx.Batch{}
-			b.Queue(`ALTER TABLE ` + g.tables[2] + ` RENAME TO ` + g.spare)
-			b.Queue(`ALTER TABLE ` + g.tables[1] + ` RENAME TO ` + pgx.Identifier{g.names[2]}.Sanitize())
-			b.Queue(`ALTER TABLE ` + g.tables[0] + ` RENAME TO ` + pgx.Identifier{g.names[1]}.Sanitize())
-			b.Queue(`ALTER TABLE ` + pgx.Identifier{st.schema}.Sanitize() + `.` + g.spare + ` RENAME TO ` + pgx.Identifier{g.names[0]}.Sanitize())
-			b.Queue(`INSERT INTO ` + g.meta + ` SELECT max(generation) + 1, clock_timestamp() FROM ` + g.meta)
-			b.Queue(`DELETE FROM ` + g.meta + ` WHERE generation <= (SELECT max(generation) FROM ` + g.meta + `) - ` + strconv.Itoa(genCount))
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
+		b := &pgx.Batch{}
+		b.Queue(`ALTER TABLE ` + g.tables[retired] + ` RENAME TO ` + g.spare)
+		for i := retired - 1; i >= 0; i-- {
+			b.Queue(`ALTER TABLE ` + g.tables[i] + ` RENAME TO ` + pgx.Identifier{g.names[i+1]}.Sanitize())
 		}
-		return nil
+		b.Queue(`ALTER TABLE ` + pgx.Identifier{st.schema}.Sanitize() + `.` + g.spare + ` RENAME TO ` + pgx.Identifier{g.names[0]}.Sanitize())
+		b.Queue(`INSERT INTO ` + g.meta + ` SELECT max(generation) + 1, clock_timestamp() FROM ` + g.meta)
+		b.Queue(`DELETE FROM ` + g.meta + ` WHERE generation <= (SELECT max(generation) FROM ` + g.meta + `) - ` + strconv.Itoa(genCount))
+		return tx.SendBatch(ctx, b).Close()
 	})
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, errBusy), errors.As(err, &pgErr) && pgErr.Code == "55P03":
-		// Another upkeep is at it, or the tables' locks were not free
-		// within the timeout: the next round tries again.
-		return 0, nil
-	case err != nil:
-		return 0, s.wrap("upkeep of the generations", err)
+	if err := benign(err); err != nil {
+		return 0, s.wrap("upkeep of the generations: rotate", err)
 	}
-	return retired, nil
+	return n, nil
+}
+
+// emptyRetired empties g3, the retired generation, if it has rows. No
+// claim reads it; a claim planned before the rotation that retired it is
+// planned again, once, before it runs.
+func (g *generations) emptyRetired(ctx context.Context, s *Store, st *statements) error {
+	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
+		var empty bool
+		if err := tx.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+g.tables[retired]+`)`).Scan(&empty); err != nil || empty {
+			return err
+		}
+		_, err := tx.Exec(ctx, `TRUNCATE `+g.tables[retired])
+		return err
+	})
+	if err := benign(err); err != nil {
+		return s.wrap("upkeep of the generations: empty the retired one", err)
+	}
+	return nil
+}
+
+// benign is err, or nil when it only means that the upkeep's work is left
+// to the next round: another upkeep holds the DDL lock, or the tables'
+// locks were not free within the timeout.
+func benign(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.Is(err, errBusy) || errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return nil
+	}
+	return err
 }
 
 // errBusy is ddlTx's error when another upkeep holds the table's DDL lock.

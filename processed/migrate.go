@@ -49,7 +49,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 		"old_sealed":                  "_sealed",
 		"old_filter":                  "_filter",
 	}
-	for i := range genCount {
+	for i := range genCount + 1 {
 		names["g"+strconv.Itoa(i)] = "_g" + strconv.Itoa(i)
 	}
 	return pgmigrate.Target{Schema: schema, Table: s.cfg.Table, Line: line, Indexes: names}, nil

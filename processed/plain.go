@@ -16,6 +16,8 @@ type layout interface {
 	// claimTables returns the quoted table a claim inserts into, and
 	// those it must find the id in none of first.
 	claimTables() (into string, others []string)
+	// readFrom is the relation, named t, the store reads rows from.
+	readFrom() string
 	// purge purges consumerName's rows older than cutoff, the horizon
 	// Store.Purge just recorded, and returns how many went.
 	purge(ctx context.Context, s *Store, st *statements, consumerName string, cutoff time.Time) (int64, error)
@@ -42,6 +44,8 @@ func newPlain(table string) *plain {
 }
 
 func (p *plain) claimTables() (string, []string) { return p.table, nil }
+
+func (p *plain) readFrom() string { return p.table + " AS t" }
 
 // purge deletes the consumer's rows older than cutoff in batches of
 // Config.PurgeBatchSize, each its own short statement, paced by PurgePause

@@ -252,7 +252,8 @@ RETURNING message_id`
 	st.insertOne = head + `
 SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint` + where("$2::text") + `
 ON CONFLICT (consumer, message_id) DO NOTHING`
-	st.existingOne = `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
+	from := lay.readFrom()
+	st.existingOne = `SELECT fingerprint, processed_at FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
 	// One primary-key probe per id (per generation), whatever the planner
 	// believes. The plain form, WHERE consumer = $1 AND message_id =
 	// ANY($2), is planned as an index scan on consumer alone that filters
@@ -265,12 +266,12 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 	st.existing = `SELECT p.message_id, p.fingerprint, p.processed_at
 FROM unnest($2::text[]) AS u(id)
 CROSS JOIN LATERAL (
-	SELECT message_id, fingerprint, processed_at FROM ` + t + `
+	SELECT message_id, fingerprint, processed_at FROM ` + from + `
 	WHERE consumer = $1 AND message_id = u.id
 	LIMIT 1) AS p`
 	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
-FROM ` + t + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
-	st.stats = `SELECT count(*), min(processed_at) FROM ` + t + ` WHERE $1::text = '' OR consumer = $1::text`
+FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
+	st.stats = `SELECT count(*), min(processed_at) FROM ` + from + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.recordHorizon = `INSERT INTO ` + st.horizons + ` AS h (consumer, purge_before, older_than_ms)
 VALUES ($1, now() - $2::bigint * interval '1 microsecond', $2::bigint / 1000)
 ON CONFLICT (consumer) DO UPDATE SET purge_before = excluded.purge_before,
@@ -602,9 +603,9 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 // SELECT and DELETE privileges, and INSERT and UPDATE on the horizons. On
 // the partitioned layout it runs the upkeep (see Maintain), which retires
 // the oldest generation once every consumer with rows in it has recorded
-// a horizon past its end: a consumer's rows may so live longer than its
-// retention, never less. The count of a retired generation's rows is the
-// planner's estimate when it has one.
+// a horizon past its end, at the rotation after that: a consumer's rows
+// may so live longer than its retention, never less. The count of a
+// retired generation's rows is the planner's estimate when it has one.
 func (s *Store) Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error) {
 	if consumerName == "" {
 		return 0, errors.New("processed: purge: no consumer named (PurgeAll purges every consumer's rows)")
@@ -650,10 +651,11 @@ func (s *Store) consumers(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	from := st.layout.readFrom()
 	rows, err := s.db.Query(ctx, `WITH RECURSIVE c(consumer) AS (
-	(SELECT consumer FROM `+st.qTable+` ORDER BY consumer LIMIT 1)
+	(SELECT t.consumer FROM `+from+` ORDER BY t.consumer LIMIT 1)
 	UNION ALL
-	SELECT (SELECT t.consumer FROM `+st.qTable+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+	SELECT (SELECT t.consumer FROM `+from+` WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
 	FROM c WHERE c.consumer IS NOT NULL)
 SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	if err != nil {
@@ -667,9 +669,9 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 }
 
 // Maintain implements consumer.Maintainer, the upkeep the runtime's janitor
-// runs every JanitorInterval. On the partitioned layout it retires the
-// oldest generation if every consumer with rows in it allows it, and makes
-// a fresh generation current when the current one is due (see
+// runs every JanitorInterval. On the partitioned layout it rotates the
+// generations when the current one is due and every consumer with rows in
+// the oldest allows its retirement, then empties the retired one (see
 // generations.go); it needs to own the tables. On a plain table it does
 // nothing.
 func (s *Store) Maintain(ctx context.Context) error {

@@ -12,7 +12,8 @@ package bench
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),
 // IDEMQ_RB_DAYS (10), IDEMQ_RB_ROUNDS (3), IDEMQ_RB_GROUP (claims per
 // transaction, 1; the runtime's default groups hold up to 32). Set
-// IDEMQ_RB_KEEP=1 to keep the schemas (for `idemq bench --schema`),
+// IDEMQ_RB_KEEP=1 to keep the schemas (for `idemq bench --schema`; the plain
+// one is then not converted at the end),
 // IDEMQ_RB_REUSE=<plain>,<partitioned> to measure kept schemas again
 // without a prefill, and IDEMQ_RB_NO_PURGE=1 to stop before the purge
 // (which deletes rows).
@@ -20,9 +21,10 @@ package bench
 // The plain prefill spreads over IDEMQ_RB_DAYS past days. The partitioned
 // one puts 45% of its rows in each of the two past generations and 10% in
 // the current one, as a table in its steady state has them. The purge then
-// retires the oldest generation on the partitioned store, and deletes the
-// older half of the plain table's rows with the DELETE purge, each beside a
-// claiming consumer.
+// retires the oldest generation on the partitioned store (a rotation, then
+// the TRUNCATE of the retired table), and deletes the older half of the
+// plain table's rows with the DELETE purge, each beside a claiming
+// consumer.
 
 import (
 	"context"
@@ -325,13 +327,17 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind
 		})
 		how := "DELETE purge (default pacing: batches of 1000, duty cycle 0.25)"
 		if rb == part {
-			how = "generation retirement (TRUNCATE)"
+			how = "generation retirement (rotation, then TRUNCATE)"
 		}
 		t.Logf("RESULT %s of %d rows: took %s; consumer %.0f claims/s before, %.0f during (%.1f%%)",
 			how, rows, took.Round(time.Millisecond), base, during, 100*during/base)
 	}
 
-	// Converting the plain table to the partitioned layout.
+	// Converting the plain table to the partitioned layout, unless the
+	// schemas are kept as they are.
+	if os.Getenv("IDEMQ_RB_KEEP") != "" {
+		return
+	}
 	st, err := plain.store.Stats(ctx, "")
 	if err != nil {
 		t.Fatal(err)
