@@ -228,6 +228,10 @@ func TestMigrateFromEarlierPartitionedLayout(t *testing.T) {
 		retention,
 		`INSERT INTO ` + q("processed_messages") + ` (consumer, message_id, fingerprint, processed_at)
 	VALUES ('c', 'in-january', sha256('x'), '2026-01-15 00:00:00+00'), ('c', 'recent', sha256('x'), now())`,
+		// One id in two partitions, as the earlier layout's defects could
+		// leave it: the first claim's row is the one kept.
+		`INSERT INTO ` + q("processed_messages") + ` (consumer, message_id, fingerprint, processed_at)
+	VALUES ('c', 'twice', sha256('x'), '2026-01-16 00:00:00+00'), ('c', 'twice', sha256('y'), now())`,
 		`GRANT SELECT ON ` + q("processed_messages") + ` TO PUBLIC`,
 	} {
 		if _, err := pool.Exec(ctx(t), sql); err != nil {
@@ -255,7 +259,7 @@ func TestMigrateFromEarlierPartitionedLayout(t *testing.T) {
 WHERE n.nspname = $1 AND c.relname IN ('processed_messages_sealed', 'processed_messages_filter', 'processed_messages_default', 'processed_messages_p1')`, schema).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d tables of the earlier layout left (%v)", left, err)
 	}
-	for _, id := range []string{"in-january", "recent"} {
+	for _, id := range []string{"in-january", "recent", "twice"} {
 		if r := claim(t, s, claimOf("c", id, "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
 			t.Fatalf("%s after Migrate: %v, want duplicate", id, r.Outcome)
 		}

@@ -12,8 +12,13 @@ BEGIN
         RETURN;
     END IF;
     ALTER TABLE {{table}} RENAME TO {{old_partitioned}};
-    CREATE TABLE {{table}} (LIKE {{schema}}.{{old_partitioned}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-    INSERT INTO {{table}} SELECT * FROM {{schema}}.{{old_partitioned}};
+    CREATE TABLE {{table}} (LIKE {{schema}}.{{old_partitioned}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+        PRIMARY KEY (consumer, message_id));
+    -- The earlier layout's defects could leave one id in two partitions:
+    -- its first claim's row stays.
+    INSERT INTO {{table}}
+        SELECT DISTINCT ON (consumer, message_id) * FROM {{schema}}.{{old_partitioned}}
+        ORDER BY consumer, message_id, processed_at;
     FOR g IN
         SELECT a.privilege_type AS priv,
                CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
@@ -24,6 +29,5 @@ BEGIN
     END LOOP;
     DROP TABLE {{schema}}.{{old_partitioned}} CASCADE;
     DROP TABLE IF EXISTS {{schema}}.{{old_sealed}}, {{schema}}.{{old_filter}};
-    ALTER TABLE {{table}} ADD PRIMARY KEY (consumer, message_id);
 END
 $$;
