@@ -410,6 +410,13 @@ func classifyCommitErr(err error) attemptResult {
 	switch {
 	case errors.As(err, &pgErr) && isConflict(err):
 		return attemptResult{out: outConflict, err: fmt.Errorf("commit: %w", err), failed: -1}
+	case errors.As(err, &pgErr) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"):
+		// The server ended the session (idle_in_transaction_session_timeout
+		// under a slow handler, an administrator): the outcome is not the
+		// message's fault, and the next attempt's claim finds it out. (An
+		// ERROR closes pgx's connection too, after a failed COMMIT: that
+		// one is the server's answer, below.)
+		return attemptResult{out: outConnLost, err: fmt.Errorf("commit: the session ended: %w", err), failed: -1}
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "25"):
 		// Invalid transaction state: the Store refused to commit a
 		// transaction other than the one it began (a handler ended it

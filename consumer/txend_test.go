@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,10 +35,10 @@ var endings = map[string][]string{
 // TestHandlerEndingTheTransactionWithSQL: a handler that ends the runtime's
 // transaction with SQL, ignoring any error, must not have its message acked
 // as applied with nothing applied, and the handlers after it in a group must
-// not run outside the transaction. Whatever happens, every effect has its
-// dedup row and every dedup row its effect, and the misusing message is
-// either dead-lettered (permanent, with the reason) or durably applied by
-// the handler's own COMMIT.
+// not run outside the transaction. Every effect has its dedup row and every
+// dedup row its effect; the misusing message is dead-lettered (permanent,
+// with the reason) with nothing applied, even when the handler ran COMMIT
+// (the store's commit guard refuses it), and the others are applied once.
 func TestHandlerEndingTheTransactionWithSQL(t *testing.T) {
 	t.Parallel()
 	modes := map[string]func(*consumer.Config, consumer.Handler){
@@ -102,8 +104,8 @@ func TestHandlerEndingTheTransactionWithSQL(t *testing.T) {
 						t.Errorf("m dead-lettered as %s: %v; want permanent, saying the handler ended the transaction", e.f.Class, e.f.Err)
 					}
 				}
-				if _, err := b.store.Lookup(context.Background(), "test-consumer", "m"); err != nil && (len(dead) != 1 || dead[0] != "m") {
-					t.Errorf("dead letters %v: m was not applied, so it must be dead-lettered, and only it", dead)
+				if effects["m"] != 0 || len(dead) != 1 || dead[0] != "m" {
+					t.Errorf("m: %d effects, dead letters %v: want m not applied and dead-lettered, alone", effects["m"], dead)
 				}
 			})
 		}
@@ -140,5 +142,47 @@ func TestHandlerSavepointRecovers(t *testing.T) {
 	waitFor(t, "applied", func() bool { return r.rt.Stats().Applied == 1 && b.settled() })
 	if got := b.effectCounts(); got["s"] != 1 {
 		t.Fatalf("effects %v", got)
+	}
+}
+
+// TestSessionKilledAtCommitIsNotTheHandlers: a session the server ends
+// while the handler holds its transaction open (here
+// idle_in_transaction_session_timeout, a FATAL error of class 25 at
+// COMMIT) is a lost connection, retried, not a handler that ended the
+// transaction: the message is applied on the next attempt.
+func TestSessionKilledAtCommitIsNotTheHandlers(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	conf := b.pool.Config()
+	conf.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "300"
+	conf.MaxConns = 4
+	pool, err := newPool(context.Background(), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := processed.New(pool, processed.Config{Schema: b.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.publish(msg("slow", "x"))
+	var attempts atomic.Int32
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := b.insertEffect(ctx, tx, m); err != nil {
+			return err
+		}
+		if attempts.Add(1) == 1 {
+			time.Sleep(700 * time.Millisecond) // idle in transaction past the timeout
+		}
+		return nil
+	})
+	cfg.Store, cfg.BatchSize = store, 1
+	r := start(t, cfg)
+	waitFor(t, "applied", func() bool { s := r.rt.Stats(); return (s.Applied == 1 || s.DeadLettered == 1) && b.settled() })
+	if dl := b.dlq.list(); len(dl) != 0 {
+		t.Fatalf("dead-lettered as %s: %v; want a lost connection, retried", dl[0].f.Class, dl[0].f.Err)
+	}
+	if got := b.effectCounts(); got["slow"] != 1 || attempts.Load() < 2 {
+		t.Fatalf("effects %v after %d attempts", got, attempts.Load())
 	}
 }
