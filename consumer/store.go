@@ -91,9 +91,11 @@ type Store interface {
 	// connection that is the message's fault from a database outage by it.
 	Ping(ctx context.Context) error
 	// Purge deletes the claims of the consumer named consumerName older
-	// than olderThan, and never another consumer's, and returns how many
-	// it deleted. It may keep some longer, never delete one sooner. The
-	// janitor that Config.Retention starts calls it with Config.Name.
+	// than olderThan, and never another consumer's claims younger than
+	// their own purges allow, and returns how many rows went (a Store that
+	// retires rows in bulk counts the bulk). It may keep claims longer,
+	// never delete one sooner. The janitor that Config.Retention starts
+	// calls it with Config.Name.
 	Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error)
 	// MaxConns is the most transactions the store can have open at once:
 	// its pool's size, 1 for a single connection, 0 if unknown. With 1,

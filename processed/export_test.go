@@ -11,3 +11,7 @@ func (s *Store) ClaimSQL(ctx context.Context) (map[string]string, error) {
 	return map[string]string{"insert": st.insert, "existing": st.existing,
 		"insertOne": st.insertOne, "existingOne": st.existingOne}, nil
 }
+
+// ErrPostponed exposes the error of a postponed rotation to the tests that
+// run the upkeep beside claims, where the lock timeout may be hit.
+var ErrPostponed = errPostponed

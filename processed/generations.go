@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,20 +28,22 @@ import (
 // Table shows the four.
 //
 // The upkeep (maintain) rotates the generations, under the table's DDL lock
-// (one upkeep at a time, across processes) and in one transaction, once g0
-// has been current for half the longest purge age the consumers have
-// recorded (see Store.Purge), and g2 is empty or may be retired: every
-// consumer with rows in it has recorded a purge horizon at or past the
-// generation's end, when g1 became current (a consumer that never records
-// one holds its rows). The rotation renames the tables: g2 becomes g3
+// (one upkeep at a time, across processes) and in one transaction, as soon
+// as g2 may be retired: every consumer with rows in it has recorded a purge
+// horizon at or past the generation's end, when g1 became current (see
+// Store.Purge; a consumer that never records one holds its rows). With g2
+// empty, it rotates once g0 has been current for half the longest purge age
+// the consumers have recorded. The rotation renames the tables: g2 becomes g3
 // (retired), g1 becomes g2, g0 becomes g1, and g3, empty, becomes g0. Rows
 // then live between their consumer's purge age and about one and a half
 // times the longest. Then, in a transaction of its own, the upkeep empties
 // g3 with a TRUNCATE; no claim waits for that.
 //
 // The rotation takes the four tables' ACCESS EXCLUSIVE locks, waiting at
-// most a second (see setLockTimeout), else the work is left to the next
-// round, as it is while another upkeep holds the DDL lock. So it waits for
+// most a second (see setLockTimeout), else it is postponed to the next
+// round, with an error for the janitor to log (a claim transaction held
+// them that long); while another upkeep holds the DDL lock, it is that
+// one's work. So it waits for
 // every claim transaction that took its locks before it, and the claims
 // that queue behind it resolve the names g0, g1 and g2 again once it
 // commits (Postgres does, for a plain statement and for a prepared one
@@ -63,6 +66,9 @@ type generations struct {
 	spare  string
 	// meta is the quoted, qualified table of generations.
 	meta string
+	// postponed is when a rotation was last postponed (Unix nanoseconds),
+	// 0 if the last one was not.
+	postponed atomic.Int64
 }
 
 // genCount is the number of generations claims look in.
@@ -169,12 +175,7 @@ func (g *generations) read(ctx context.Context, q pgx.Tx, st *statements) (genSt
 // generation that ended before the layout began), found by a loose scan
 // of its primary key: the consumers that keep it from being retired.
 func (g *generations) holders(ctx context.Context, q pgx.Tx, st *statements, ended time.Time) ([]string, error) {
-	oldest := g.tables[genCount-1]
-	rows, err := q.Query(ctx, `WITH RECURSIVE c(consumer) AS (
-	(SELECT consumer FROM `+oldest+` ORDER BY consumer LIMIT 1)
-	UNION ALL
-	SELECT (SELECT t.consumer FROM `+oldest+` t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-	FROM c WHERE c.consumer IS NOT NULL)
+	rows, err := q.Query(ctx, distinctConsumers(g.tables[genCount-1]+` AS t`)+`
 SELECT c.consumer FROM c LEFT JOIN `+st.horizons+` h ON h.consumer = c.consumer
 WHERE c.consumer IS NOT NULL AND (h.purge_before IS NULL OR h.purge_before < $1::timestamptz)
 ORDER BY 1`, ended)
@@ -198,10 +199,25 @@ func (g *generations) maintain(ctx context.Context, s *Store, st *statements) (i
 	return n, g.emptyRetired(ctx, s, st)
 }
 
+// postponeFor is how long after a rotation was postponed (its locks not
+// free in time) the upkeep does not try again: the janitor runs Maintain,
+// then Purge, which runs it again, and one round should make claims wait
+// once.
+const postponeFor = 5 * time.Second
+
+// errPostponed is wrapped by the error of a rotation that was due but
+// could not take the generations' locks in time.
+var errPostponed = errors.New("the rotation of the generations is due, but their locks were not free within the lock timeout " +
+	"(a claim transaction held them; handlers that keep their transaction open for long hold it back): postponed to the next round")
+
 // rotate rotates the generations if they are due, and returns how many rows
 // the generation it retired held (the planner's estimate, if it has one).
 func (g *generations) rotate(ctx context.Context, s *Store, st *statements) (int64, error) {
+	if at := g.postponed.Load(); at != 0 && time.Since(time.Unix(0, at)) < postponeFor {
+		return 0, nil
+	}
 	var n int64
+	locking := false
 	err := s.ddlTx(ctx, st, func(tx pgx.Tx) error {
 		// Horizons move only after this decision is made: a consumer
 		// whose horizon goes back (its broker may redeliver older
@@ -213,25 +229,27 @@ func (g *generations) rotate(ctx context.Context, s *Store, st *statements) (int
 		if err != nil {
 			return err
 		}
+		if !gs.empty[retired] {
+			return nil // emptying it failed: the next round
+		}
 		oldestEmpty := gs.empty[genCount-1]
-		switch {
-		case !gs.empty[retired]: // emptying it failed: the next round
-			return nil
-		case gs.maxAge <= 0 || gs.now.Sub(gs.began[0]) < gs.maxAge/(genCount-1):
-			return nil // not due
-		case gs.empty[0] && gs.empty[1] && oldestEmpty:
-			return nil // nothing to move
-		case !oldestEmpty:
+		if oldestEmpty {
+			due := gs.maxAge > 0 && gs.now.Sub(gs.began[0]) >= gs.maxAge/(genCount-1)
+			if !due || gs.empty[0] && gs.empty[1] {
+				return nil // not due, or nothing to move
+			}
+		} else {
+			// Rows that may go go at once, due or not.
 			held, err := g.holders(ctx, tx, st, gs.began[genCount-2])
 			if err != nil || len(held) > 0 {
 				return err
 			}
 		}
-		lock := make([]string, len(g.tables))
-		copy(lock, g.tables[:])
-		if _, err := tx.Exec(ctx, `LOCK TABLE `+strings.Join(lock, ", ")+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		locking = true
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+strings.Join(g.tables[:], ", ")+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
+		locking = false
 		if !oldestEmpty {
 			// The planner's estimate: a count would read the generation.
 			if err := tx.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = $1::regclass`, g.tables[genCount-1]).Scan(&n); err != nil {
@@ -249,9 +267,15 @@ func (g *generations) rotate(ctx context.Context, s *Store, st *statements) (int
 		b.Queue(`DELETE FROM ` + g.meta + ` WHERE generation <= (SELECT max(generation) FROM ` + g.meta + `) - ` + strconv.Itoa(genCount))
 		return tx.SendBatch(ctx, b).Close()
 	})
+	var pgErr *pgconn.PgError
+	if locking && errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		g.postponed.Store(time.Now().UnixNano())
+		return 0, fmt.Errorf("processed: upkeep of %s: %w", s, errPostponed)
+	}
 	if err := benign(err); err != nil {
 		return 0, s.wrap("upkeep of the generations: rotate", err)
 	}
+	g.postponed.Store(0)
 	return n, nil
 }
 

@@ -278,3 +278,52 @@ func TestHostileIdentifiersRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLeastPrivilegeRolePartitioned: the least-privilege grants, made on a
+// plain table, carry over when Migrate converts it: the limited role
+// claims on the partitioned layout (new, duplicate, mismatch, in the
+// generations the conversion made); its upkeep, which renames tables,
+// needs the owner, and says so.
+func TestLeastPrivilegeRolePartitioned(t *testing.T) {
+	ctx := context.Background()
+	admin := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	plain, err := processed.New(admin, processed.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE TABLE "+pgx.Identifier{schema, "ledger"}.Sanitize()+" (id text)"); err != nil {
+		t.Fatal(err)
+	}
+	_, pool := limitedRole(t, admin, plain, "ledger")
+	part, err := processed.New(admin, processed.Config{Schema: schema, Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := part.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store, err := processed.New(pool, processed.Config{Schema: schema, Partitioned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		body string
+		want consumer.ClaimOutcome
+	}{{"x", consumer.ClaimNew}, {"x", consumer.ClaimDuplicate}, {"y", consumer.ClaimMismatch}} {
+		if got := claim(t, store, claimOf("c", "m", tc.body), claimOf("c", "m-"+tc.body+tc.want.String(), "z"))[0]; got.Outcome != tc.want {
+			t.Fatalf("claim as the limited role: %v, want %v", got.Outcome, tc.want)
+		}
+	}
+	if _, err := store.Lookup(ctx, "c", "m"); err != nil {
+		t.Fatalf("Lookup as the limited role: %v", err)
+	}
+	_, err = store.Purge(ctx, "c", time.Millisecond)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(err.Error(), "upkeep of the generations") {
+		t.Fatalf("upkeep as the limited role: %v, want a permission error (42501) naming the upkeep", err)
+	}
+}

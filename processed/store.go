@@ -195,11 +195,16 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	gen := newGenerations(schema, s.cfg.Table)
 	var lay layout = gen
 	var (
-		kind    *string
-		hasGens bool
+		kind             *string
+		hasGens, current bool
 	)
-	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL`,
-		t, gen.meta).Scan(&kind, &hasGens); err != nil {
+	// From the catalog, which needs no privilege on the tables: what the
+	// table is, and whether the objects this version's claims and purges
+	// use exist (the latest migrations made them).
+	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL,
+	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)`,
+		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitCheckSuffix}.Sanitize(),
+		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired]).Scan(&kind, &hasGens, &current); err != nil {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
@@ -219,6 +224,11 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 		return nil, notMigrated("has the partitioned layout of earlier versions: Migrate converts it")
 	default:
 		return nil, fmt.Errorf("processed: %s is not a table of idemq's (relkind %q)", s, *kind)
+	}
+	if !current {
+		// A table of earlier migrations lacks what the claims use: this
+		// version of idemq refuses it until Migrate has run.
+		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons)")
 	}
 	st := newStatements(schema, s.cfg.Table, lay)
 	s.st.Store(st)
@@ -515,7 +525,7 @@ func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx,
 			return b.results, nil
 		}
 		if attempt >= maxClaimAttempts {
-			return nil, fmt.Errorf("processed: claim: %d rows conflicted but vanished %d times", len(pending), attempt)
+			return nil, fmt.Errorf("processed: claim on %s: %d rows conflicted but vanished %d times", s, len(pending), attempt)
 		}
 		if inserted, err = b.insert(ctx, tx, st, pending); err != nil {
 			return nil, s.wrap("claim: insert", err)
@@ -600,12 +610,13 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 // the table Table+"_horizons". On a plain table it then deletes the
 // consumer's older rows in batches of Config.PurgeBatchSize, each its own
 // short statement, paced by PurgePause and PurgeDutyCycle; it needs the
-// SELECT and DELETE privileges, and INSERT and UPDATE on the horizons. On
-// the partitioned layout it runs the upkeep (see Maintain), which retires
-// the oldest generation once every consumer with rows in it has recorded
-// a horizon past its end, at the rotation after that: a consumer's rows
-// may so live longer than its retention, never less. The count of a
-// retired generation's rows is the planner's estimate when it has one.
+// SELECT and DELETE privileges, and SELECT, INSERT and UPDATE on the
+// horizons. On the partitioned layout it runs the upkeep (see Maintain),
+// which retires the oldest generation once every consumer with rows in it
+// has recorded a horizon past its end: a consumer's rows may so live
+// longer than its retention, never less. The count is then that of the
+// generation retired, every consumer's rows, by the planner's estimate
+// when it has one.
 func (s *Store) Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error) {
 	if consumerName == "" {
 		return 0, errors.New("processed: purge: no consumer named (PurgeAll purges every consumer's rows)")
@@ -644,19 +655,24 @@ func (s *Store) PurgeAll(ctx context.Context, olderThan time.Duration) (int64, e
 	return total, nil
 }
 
-// consumers returns the consumers that have rows, in order, each found by
-// one probe of the primary key (a loose index scan).
+// distinctConsumers is a WITH clause whose c(consumer) has the consumers of
+// the rows of from (a relation named t), then a NULL: each found by one
+// probe of the primary key (a loose index scan), not a read of every row.
+func distinctConsumers(from string) string {
+	return `WITH RECURSIVE c(consumer) AS (
+	(SELECT t.consumer FROM ` + from + ` ORDER BY t.consumer LIMIT 1)
+	UNION ALL
+	SELECT (SELECT t.consumer FROM ` + from + ` WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+	FROM c WHERE c.consumer IS NOT NULL)`
+}
+
+// consumers returns the consumers that have rows, in order.
 func (s *Store) consumers(ctx context.Context) ([]string, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
 		return nil, err
 	}
-	from := st.layout.readFrom()
-	rows, err := s.db.Query(ctx, `WITH RECURSIVE c(consumer) AS (
-	(SELECT t.consumer FROM `+from+` ORDER BY t.consumer LIMIT 1)
-	UNION ALL
-	SELECT (SELECT t.consumer FROM `+from+` WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
-	FROM c WHERE c.consumer IS NOT NULL)
+	rows, err := s.db.Query(ctx, distinctConsumers(st.layout.readFrom())+`
 SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	if err != nil {
 		return nil, s.wrap("list the consumers", err)
@@ -750,7 +766,7 @@ func (s *Store) wrap(op string, err error) error {
 	switch {
 	case pgmigrate.IsUndefined(err):
 		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.HasPrefix(pgErr.Message, "cannot insert into view"):
+	case errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.HasPrefix(op, "claim"): // cannot insert into view
 		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("processed: %s on %s: %w", op, s, err)
