@@ -21,10 +21,16 @@
 // delivered one after another and at once, a crash between COMMIT and ack,
 // a COMMIT that fails after the handler ran, a transient error and its
 // retry, the same id with another payload, a dead-letter replay after a fix,
-// the BatchHandler against the Handler, and determinism. Each case runs the
-// real consumer runtime over the in-memory broker (brokers/memory) with
-// faults injected around it, in a fresh schema, and compares the end state,
-// read by the Suite's Effect, with the state after applying each sample once.
+// the BatchHandler against the Handler, determinism, and a probe that rolls
+// the handler's transaction back. Each case runs the real consumer runtime
+// over the in-memory broker (brokers/memory) with faults injected around
+// it, in a fresh schema, and compares the end state, read by the Suite's
+// Effect, with the state after applying each sample once; every sample must
+// also end applied, with its dedup row, not dead-lettered (but where the
+// case dead-letters on purpose). The probe runs the handler on each sample
+// in a transaction it then rolls back, and fails if any table of the
+// schema, or the Recorder, changed all the same: a write through the pool,
+// even one a retry cannot double (ON CONFLICT DO NOTHING), is named there.
 // A failure names the case, says what was done and what usually causes the
 // difference, and shows a line diff of the effect as JSON.
 //
@@ -55,10 +61,11 @@
 //
 // # Limits
 //
-// The kit tests per-message mode and, given a BatchHandler, batch mode; a
-// runtime with BatchSize above 1 and a per-message Handler is not supported
-// by consumer. The concurrent case clears the messages' ordering Key, as
-// redeliveries to another process would not share this process's key lanes.
+// The kit runs the runtime on its defaults: a per-message Handler in groups
+// (BatchSize 32, the deliveries waiting when a lane starts a transaction
+// share it), and, given a BatchHandler, batch mode. The concurrent case
+// clears the messages' ordering Key, as redeliveries to another process
+// would not share this process's key lanes.
 // Run and RunHTTP need a *testing.T; Check and CheckHTTP run the same cases
 // anywhere and return the results.
 package idemqtest

@@ -60,4 +60,5 @@ INSERT INTO accounts VALUES ('alice', 0), ('bob', 0)`)
 	// fingerprint-mismatch: ok
 	// dlq-replay: ok
 	// batch: SKIP: Suite.BatchHandler is not set
+	// rolled-back: ok
 }

@@ -130,8 +130,8 @@ func TestCorrectHandlerPasses(t *testing.T) {
 	s := suite()
 	s.BatchHandler = creditBatch
 	got := checkSuite(t, s)
-	if len(got) != 9 {
-		t.Errorf("%d cases, want 9", len(got))
+	if len(got) != 10 {
+		t.Errorf("%d cases, want 10", len(got))
 	}
 	expectFailures(t, got, nil)
 	if got["batch"].Skipped {
@@ -159,6 +159,7 @@ func TestBrokenPoolWrite(t *testing.T) {
 	expectFailures(t, checkSuite(t, s), map[string][]string{
 		"commit-fails":          {"commit-fails: each message's first COMMIT failed", "outside its transaction", `+ "message_id": "credit-1",`},
 		"handler-error-retried": {"handler-error-retried: each message's first attempt failed with a transient error"},
+		"rolled-back":           {"table entries changed", "outside its transaction"},
 	})
 }
 
@@ -241,6 +242,7 @@ func TestBrokenOutOfProcessCall(t *testing.T) {
 	expectFailures(t, checkSuite(t, s), map[string][]string{
 		"commit-fails":          {"a call to another service", `+ "body": "credit-1",`},
 		"handler-error-retried": {"handler-error-retried:", `"path": "/emails"`},
+		"rolled-back":           {"call(s) to the Recorder", "called another service"},
 	})
 }
 
@@ -292,5 +294,84 @@ func TestUnreachableDatabase(t *testing.T) {
 	_, err := Check(context.Background(), s)
 	if err == nil || !strings.Contains(err.Error(), `idemqtest: cannot reach the test database "none" on 127.0.0.1:1`) {
 		t.Errorf("got %v", err)
+	}
+}
+
+// A handler that writes its whole effect through the pool, with statements
+// a retry cannot double (ON CONFLICT DO NOTHING, a balance set rather than
+// added to): the end states match, yet nothing it does is in the
+// transaction that holds the claim. The probe that rolls the handler's
+// transaction back finds it.
+func TestBrokenPoolWriteIdempotent(t *testing.T) {
+	s := suite()
+	s.Setup = func(ctx context.Context, env *Env) error {
+		_, err := env.Pool.Exec(ctx, `CREATE TABLE entries (message_id text PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)`)
+		return err
+	}
+	s.Effect = Rows(`SELECT * FROM entries`)
+	s.Handler = nil
+	s.NewHandler = func(env *Env) consumer.Handler {
+		return consumer.JSON(func(ctx context.Context, _ pgx.Tx, msg *consumer.Message, c creditMsg) error {
+			_, err := env.Pool.Exec(ctx, `INSERT INTO entries (message_id, account, amount) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, msg.ID, c.Account, c.Amount)
+			return err
+		})
+	}
+	expectFailures(t, checkSuite(t, s), map[string][]string{
+		"rolled-back": {"rolled-back: each sample's handler ran in a transaction that was then rolled back", "table entries changed", "outside its transaction"},
+	})
+}
+
+// A handler that writes part of its effect through the pool with ON
+// CONFLICT DO NOTHING, the rest in its transaction.
+func TestBrokenPartialPoolWrite(t *testing.T) {
+	s := suite()
+	s.Setup = func(ctx context.Context, env *Env) error {
+		if err := creditSetup(ctx, env); err != nil {
+			return err
+		}
+		_, err := env.Pool.Exec(ctx, `CREATE UNIQUE INDEX ON entries (message_id)`)
+		return err
+	}
+	s.Handler = nil
+	s.NewHandler = func(env *Env) consumer.Handler {
+		return consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, c creditMsg) error {
+			if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $2 WHERE id = $1`, c.Account, c.Amount); err != nil {
+				return err
+			}
+			_, err := env.Pool.Exec(ctx, `INSERT INTO entries (message_id, account, amount) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, msg.ID, c.Account, c.Amount)
+			return err
+		})
+	}
+	expectFailures(t, checkSuite(t, s), map[string][]string{
+		"rolled-back": {"table entries changed", "outside its transaction"},
+	})
+}
+
+// A handler that fails on every retry: the cases that retry must say that
+// the samples ended dead-lettered rather than applied, whatever the end
+// state.
+func TestRetriedSamplesMustEndApplied(t *testing.T) {
+	s := suite()
+	s.Handler = nil
+	s.NewHandler = func(env *Env) consumer.Handler {
+		var mu sync.Mutex
+		seen := map[string]bool{}
+		return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			mu.Lock()
+			again := seen[msg.ID]
+			seen[msg.ID] = true
+			mu.Unlock()
+			if again {
+				return consumer.Permanent(fmt.Errorf("fails when run again"))
+			}
+			return credit(ctx, tx, msg)
+		}
+	}
+	got := checkSuite(t, s)
+	for _, name := range []string{"commit-fails", "handler-error-retried"} {
+		r := got[name]
+		if !r.Failed || !containsFragment(strings.Join(r.Messages, "\n"), "ended dead-lettered") {
+			t.Errorf("case %s: %s; want it to fail, saying samples ended dead-lettered", name, r)
+		}
 	}
 }

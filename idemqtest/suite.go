@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
 )
 
 // Suite describes a consumer handler under test: the handler, a few sample
@@ -164,6 +165,14 @@ func (s Suite) validate() error {
 //     dlq.Replay after the fix and applied once; replayed again, skipped.
 //   - batch: the BatchHandler leaves the same end state as Handler
 //     (skipped without one).
+//   - rolled-back: the handler runs on each sample in a transaction that
+//     is then rolled back, and no table of the run's schema (but the
+//     dedup store's) and no Recorder call may change (catches writes
+//     outside the transaction that a retry cannot double).
+//
+// Every case but rolled-back also checks that each sample ended applied,
+// with its dedup row, and none was dead-lettered but those the case
+// dead-letters on purpose (catches a handler that fails when run again).
 //
 // Run drives the real consumer runtime over the in-memory broker, with the
 // faults injected around it (a Store whose transaction fails at COMMIT, a
@@ -233,6 +242,7 @@ func runSuite(ctx context.Context, t tb, s Suite) {
 	t.Run("fingerprint-mismatch", k.fingerprintMismatch)
 	t.Run("dlq-replay", k.dlqReplay)
 	t.Run("batch", k.batch)
+	t.Run("rolled-back", k.rolledBack)
 }
 
 // clean applies each sample once and returns the state.
@@ -304,8 +314,10 @@ func (k *kit) compare(t tb, name, what string, got any) {
 	t.Errorf("%s: %s\n%s%s", name, what, diff(label, "got", want, g), note)
 }
 
-// runCase runs a case's run and compares its state.
-func (k *kit) runCase(t tb, name, what string, f func(ctx context.Context, r *consumerRun) error) {
+// runCase runs a case's run and compares its state; then every sample must
+// have ended applied, with its dedup row, and none dead-lettered but those
+// expected allows (nil: none).
+func (k *kit) runCase(t tb, name, what string, expected func(consumer.Failure) bool, f func(ctx context.Context, r *consumerRun) error) {
 	t.Helper()
 	err := k.with(func(ctx context.Context, r *consumerRun) error {
 		if err := f(ctx, r); err != nil {
@@ -316,11 +328,35 @@ func (k *kit) runCase(t tb, name, what string, f func(ctx context.Context, r *co
 			return err
 		}
 		k.compare(t, name, what, st)
-		return nil
+		return k.endedApplied(ctx, t, name, r, expected)
 	})
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+}
+
+// endedApplied reports the samples that did not end applied: dead-lettered
+// (unless expected), or without a dedup row.
+func (k *kit) endedApplied(ctx context.Context, t tb, name string, r *consumerRun, expected func(consumer.Failure) bool) error {
+	t.Helper()
+	for _, f := range r.deadLetters() {
+		if expected == nil || !expected(f) {
+			t.Errorf("%s: message %q ended dead-lettered (%s) instead of applied: %v. "+
+				"Every sample must end applied once: a handler that fails when retried, or on a redelivery, loses messages that a fault made it run twice.",
+				name, f.MessageID, f.Class, f.Err)
+		}
+	}
+	for _, m := range k.s.Messages {
+		id := r.id(m)
+		if _, err := r.store.Lookup(ctx, k.s.Name, id); err != nil {
+			if errors.Is(err, processed.ErrNotFound) {
+				t.Errorf("%s: message %q ended without its dedup row: it was never applied", name, id)
+				continue
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 const outsideTx = "A difference means the handler changed something outside its transaction " +
@@ -340,7 +376,7 @@ func (k *kit) determinism(t tb) {
 
 func (k *kit) duplicatesSequential(t tb) {
 	const name = "duplicates-sequential"
-	k.runCase(t, name, fmt.Sprintf("every sample was delivered %d times, one delivery after another; the end state differs from applying each message once.", k.s.Duplicates),
+	k.runCase(t, name, fmt.Sprintf("every sample was delivered %d times, one delivery after another; the end state differs from applying each message once.", k.s.Duplicates), nil,
 		func(ctx context.Context, r *consumerRun) error {
 			var msgs []*consumer.Message
 			for range k.s.Duplicates {
@@ -358,7 +394,7 @@ func (k *kit) duplicatesSequential(t tb) {
 
 func (k *kit) duplicatesConcurrent(t tb) {
 	const name = "duplicates-concurrent"
-	k.runCase(t, name, fmt.Sprintf("every sample was delivered %d times at once to %d workers; the end state differs from applying each message once.", k.s.Duplicates, k.s.Concurrency),
+	k.runCase(t, name, fmt.Sprintf("every sample was delivered %d times at once to %d workers; the end state differs from applying each message once.", k.s.Duplicates, k.s.Concurrency), nil,
 		func(ctx context.Context, r *consumerRun) error {
 			var phases [][]*consumer.Message
 			for _, m := range k.s.Messages {
@@ -383,7 +419,7 @@ func (k *kit) duplicatesConcurrent(t tb) {
 func (k *kit) crashAfterCommit(t tb) {
 	const name = "crash-after-commit"
 	k.runCase(t, name, "each message's first ack was lost after its transaction committed (a crash between COMMIT and ack), and the broker redelivered it; "+
-		"the redelivery must be skipped as a duplicate, but the end state differs from applying each message once.",
+		"the redelivery must be skipped as a duplicate, but the end state differs from applying each message once.", nil,
 		func(ctx context.Context, r *consumerRun) error {
 			if err := r.consume(ctx, faults{dropFirstAck: true}, false, 1, k.samples()); err != nil {
 				return err
@@ -397,7 +433,7 @@ func (k *kit) crashAfterCommit(t tb) {
 
 func (k *kit) commitFails(t tb) {
 	k.runCase(t, "commit-fails", "each message's first COMMIT failed after the handler returned nil (the transaction rolled back), and the runtime retried it; "+
-		"the end state differs from applying each message once. "+outsideTx,
+		"the end state differs from applying each message once. "+outsideTx, nil,
 		func(ctx context.Context, r *consumerRun) error {
 			return r.consume(ctx, faults{failCommit: true}, false, 1, k.samples())
 		})
@@ -405,7 +441,7 @@ func (k *kit) commitFails(t tb) {
 
 func (k *kit) handlerErrorRetried(t tb) {
 	k.runCase(t, "handler-error-retried", "each message's first attempt failed with a transient error after the handler's statements ran (the transaction rolled back), "+
-		"and the runtime retried it; the end state differs from applying each message once. "+outsideTx,
+		"and the runtime retried it; the end state differs from applying each message once. "+outsideTx, nil,
 		func(ctx context.Context, r *consumerRun) error {
 			return r.consume(ctx, faults{failAfterHandler: true}, false, 1, k.samples())
 		})
@@ -423,6 +459,7 @@ func (k *kit) fingerprintMismatch(t tb) {
 	const name = "fingerprint-mismatch"
 	k.runCase(t, name, "each sample was applied, then re-sent with the same id and a different payload; that must be dead-lettered, not applied, "+
 		"but the end state differs from applying each original once.",
+		func(f consumer.Failure) bool { return f.Class == consumer.ClassFingerprintMismatch },
 		func(ctx context.Context, r *consumerRun) error {
 			var m []*consumer.Message
 			for _, s := range k.s.Messages {
@@ -449,6 +486,7 @@ func (k *kit) dlqReplay(t tb) {
 	const name = "dlq-replay"
 	k.runCase(t, name, "every sample was dead-lettered by a handler bug, then replayed from the dead-letter queue after the fix, then replayed again; "+
 		"the end state differs from applying each message once.",
+		func(f consumer.Failure) bool { return errors.Is(f.Err, errInjectedBug) },
 		func(ctx context.Context, r *consumerRun) error {
 			if err := r.consume(ctx, faults{bug: true}, false, 1, k.samples()); err != nil {
 				return err
@@ -484,7 +522,7 @@ func (k *kit) batch(t tb) {
 	if k.s.BatchHandler == nil && k.s.NewBatchHandler == nil {
 		t.Skipf("Suite.BatchHandler is not set")
 	}
-	k.runCase(t, "batch", "the BatchHandler, given every sample twice in batches, left a different end state from the per-message Handler applying each once.",
+	k.runCase(t, "batch", "the BatchHandler, given every sample twice in batches, left a different end state from the per-message Handler applying each once.", nil,
 		func(ctx context.Context, r *consumerRun) error {
 			if r.bh == nil {
 				return errors.New("Suite.NewBatchHandler returned nil")
