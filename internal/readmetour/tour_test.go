@@ -26,12 +26,14 @@ const (
 
 // What the tour leaves behind, dropped before it starts so that it runs on
 // a fresh database: the quickstart's schema, the dedup table `idemq
-// migrate` creates in public, and the RabbitMQ queues and exchange of
+// migrate` creates in public with its tables and functions, and the
+// RabbitMQ queues and exchange of
 // examples/rabbitmq-dlq. (The other examples recreate their own schemas and
 // queues, and their tests may be using them.)
 var (
 	tourSchemas   = []string{"idemq_quickstart"}
-	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention"} // in public
+	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention", "processed_messages_horizons"} // in public
+	tourFunctions = []string{"processed_messages_commit_check(text)", "processed_messages_commit_guard()"}                                         // in public
 	tourQueues    = []string{"payments", "payments.dlq"}
 	tourExchanges = []string{"payments.dlx"}
 )
@@ -148,6 +150,11 @@ func resetDatabase(ctx context.Context, t *testing.T, url string) {
 	for _, tbl := range tourTables {
 		if _, err := conn.Exec(cctx, "DROP TABLE IF EXISTS "+pgx.Identifier{"public", tbl}.Sanitize()); err != nil {
 			t.Fatalf("drop table public.%s: %v", tbl, err)
+		}
+	}
+	for _, fn := range tourFunctions {
+		if _, err := conn.Exec(cctx, "DROP FUNCTION IF EXISTS public."+fn); err != nil {
+			t.Fatalf("drop function public.%s: %v", fn, err)
 		}
 	}
 }

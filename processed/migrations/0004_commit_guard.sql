@@ -7,7 +7,7 @@
 -- below makes it fail: the transaction rolls back, claims and effects
 -- together. Rows inserted outside BeginClaim's transactions (idemq.tx
 -- unset) queue no trigger event.
-CREATE FUNCTION {{schema}}.{{commit_check}}(token text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {{schema}}.{{commit_check}}(token text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('idemq.tx', true) IS DISTINCT FROM token THEN
         RAISE EXCEPTION 'idemq: the transaction open at commit is not the one the runtime began: a handler ended it with SQL and began another; nothing is committed'
@@ -17,7 +17,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION {{schema}}.{{commit_guard}}() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {{schema}}.{{commit_guard}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('idemq.commit', true) IS DISTINCT FROM current_setting('idemq.tx', true) THEN
         RAISE EXCEPTION 'idemq: a handler ran COMMIT, END or PREPARE TRANSACTION on the runtime''s transaction; only the runtime commits it, so the transaction is rolled back'
