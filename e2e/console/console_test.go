@@ -203,7 +203,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshots in %s", out)
-	cmd := exec.CommandContext(ctx, "node", "run.mjs", base, strings.SplitN(token, ":", 2)[1], out)
+	cmd := exec.CommandContext(ctx, "node", "run.mjs", base, token, out)
 	cmd.Env = append(os.Environ(), "E2E_KAFKA_TOPIC="+topic+".dlq", "E2E_RABBIT_QUEUE="+dead)
 	b, err := cmd.CombinedOutput()
 	t.Logf("node run.mjs:\n%s", b)

@@ -224,6 +224,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this console does not serve the host "+strconv.Quote(r.Host)+" (see --allowed-host)", http.StatusMisdirectedRequest)
 		return
 	}
+	if !s.signedIn(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 

@@ -172,9 +172,8 @@ func TestConsoleDryRun(t *testing.T) {
 	for verdict, n := range map[string]string{"already-applied": "1", "will-apply": "1", "fingerprint-mismatch": "1", "beyond-horizon": "0", "unverified": "0"} {
 		must(t, body, `data-count="`+verdict+`">`+n+`<`)
 	}
-	// Not signed in: no confirmation form, a link to sign in.
-	mustNot(t, body, `id="confirm"`)
-	must(t, body, "Sign in with a token")
+	// Signed in: the confirmation form.
+	must(t, body, `id="confirm"`)
 
 	// A selection.
 	body = c.mustGet("/dry-run?" + sel(b.fingerprint("pay-1"), "pay-2"))
@@ -332,18 +331,24 @@ func TestConsoleMutationsNeedCSRFOriginAndToken(t *testing.T) {
 		t.Errorf("GET /actions: %d", code)
 	}
 
-	// A session that did not sign in may not act, CSRF token or not.
-	anon := b.client()
+	// A session that did not sign in may not act, CSRF token or not
+	// (another session's included).
+	anon := b.anonymous()
 	anon.mustGet("/login")
 	f := form()
 	f.Set("csrf", anon.csrf)
 	if code, _, _ := anon.post("/actions", f, nil); code != http.StatusUnauthorized {
 		t.Errorf("anonymous: %d", code)
 	}
-	// Another session's CSRF token is refused.
 	f.Set("csrf", c.csrf)
-	if code, _, _ := anon.post("/actions", f, nil); code != http.StatusForbidden {
+	if code, _, _ := anon.post("/actions", f, nil); code != http.StatusUnauthorized {
 		t.Errorf("another session's CSRF token: %d", code)
+	}
+	// A signed-in session with another session's CSRF token is refused.
+	other := b.client()
+	f.Set("csrf", c.csrf)
+	if code, _, _ := other.post("/actions", f, nil); code != http.StatusForbidden {
+		t.Errorf("another session's CSRF token, signed in: %d", code)
 	}
 	if len(b.q.sent()) != 0 || b.q.len() != 6 {
 		t.Errorf("a refused request changed the queue")
@@ -352,7 +357,7 @@ func TestConsoleMutationsNeedCSRFOriginAndToken(t *testing.T) {
 
 func TestConsoleLogin(t *testing.T) {
 	b := newBundle(t)
-	c := b.client()
+	c := b.anonymous()
 	c.mustGet("/login")
 	u, _ := url.Parse(b.ts.URL)
 	before := c.http.Jar.Cookies(u)[0].Value
@@ -379,7 +384,10 @@ func TestConsoleLogin(t *testing.T) {
 	if code, _, _ := c.post("/logout", url.Values{"csrf": {c.csrf}}, nil); code != http.StatusSeeOther {
 		t.Errorf("logout: %d", code)
 	}
-	mustNot(t, c.mustGet("/"), "signed in as")
+	// Signed out, every page goes to the sign-in page again.
+	if code, _, h := c.get("/"); code != http.StatusSeeOther || !strings.HasPrefix(h.Get("Location"), "/login") {
+		t.Errorf("GET / signed out: %d to %q", code, h.Get("Location"))
+	}
 }
 
 func TestConsoleReadOnly(t *testing.T) {
@@ -391,8 +399,12 @@ func TestConsoleReadOnly(t *testing.T) {
 			body := c.mustGet("/dry-run?" + sel(fp))
 			mustNot(t, body, `id="confirm"`, `action="/actions"`, "Sign in with a token", `href="/login`)
 			must(t, body, "read-only")
-			if code, _, _ := c.post("/login", url.Values{"csrf": {c.csrf}, "token": {"alice-secret-1"}}, nil); code != http.StatusForbidden {
-				t.Errorf("login: %d", code)
+			c.mustGet("/login")
+			// With tokens (read-only), every page needs a sign-in, so
+			// it takes them; without, there is nothing to sign in for.
+			want := map[string]int{"read-only": http.StatusSeeOther, "no token": http.StatusForbidden}[name]
+			if code, _, _ := c.post("/login", url.Values{"csrf": {c.csrf}, "token": {"alice-secret-1"}}, nil); code != want {
+				t.Errorf("login: %d, want %d", code, want)
 			}
 			f := url.Values{"dlq": {"memory:payments.dlq"}, "fp": {fp}, "csrf": {c.csrf}, "action": {"replay"}}
 			if code, _, _ := c.post("/actions", f, nil); code != http.StatusForbidden {

@@ -254,7 +254,17 @@ type client struct {
 	csrf string
 }
 
+// client is a browser signed in as alice when the console has tokens
+// (every page then needs a sign-in); anonymous, one that is not.
 func (b *bundle) client() *client {
+	c := b.anonymous()
+	if len(b.srv.cfg.Tokens) > 0 {
+		c.login("alice-secret-1")
+	}
+	return c
+}
+
+func (b *bundle) anonymous() *client {
 	jar, _ := cookiejar.New(nil)
 	return &client{b: b, http: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }

@@ -120,8 +120,10 @@ type pageData struct {
 	User     string
 	Mutable  bool
 	ReadOnly bool
-	Path     string
-	Data     any
+	// SignIn: the console has tokens, and every page needs a sign-in.
+	SignIn bool
+	Path   string
+	Data   any
 }
 
 var titles = map[string]string{"overview": "Overview", "deadletters": "Dead letters", "group": "Dead-letter group",
@@ -134,7 +136,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, page string, dat
 func (s *Server) renderStatus(w http.ResponseWriter, r *http.Request, code int, page string, data any) {
 	sess := s.sessions.ensure(w, r)
 	pd := pageData{Title: titles[page], Page: page, CSRF: sess.csrf, User: sess.user, Mutable: s.Mutable(),
-		ReadOnly: s.cfg.ReadOnly, Path: r.URL.RequestURI(), Data: data}
+		ReadOnly: s.cfg.ReadOnly, SignIn: s.signIn(), Path: r.URL.RequestURI(), Data: data}
 	var buf bytes.Buffer
 	if err := pages[page].Execute(&buf, pd); err != nil {
 		s.log.Error("idemq console: render", "page", page, "err", err)

@@ -163,16 +163,48 @@ func (s *Server) checkMutation(w http.ResponseWriter, r *http.Request) *session 
 	return sess
 }
 
-// tokenName returns the name of the token whose secret is given, comparing
-// every token in constant time.
-func (s *Server) tokenName(secret string) (string, bool) {
+// tokenName returns the name of the token typed: its secret alone, or
+// name:secret, the form it is configured in (IDEMQ_CONSOLE_TOKEN). Every
+// token is compared, in constant time.
+func (s *Server) tokenName(typed string) (string, bool) {
 	name, ok := "", false
 	for _, t := range s.cfg.Tokens {
-		if equal(secret, t.Secret) && !ok {
+		match := equal(typed, t.Secret)
+		match = equal(typed, t.Name+":"+t.Secret) || match
+		if match && !ok {
 			name, ok = t.Name, true
 		}
 	}
 	return name, ok
+}
+
+// signIn reports whether the console asks for a sign-in: it has tokens,
+// and then may listen beyond loopback (see CheckAddr).
+func (s *Server) signIn() bool { return len(s.cfg.Tokens) > 0 }
+
+// public reports whether path is served to a session that has not signed
+// in: the sign-in page, its static files and the health check.
+func public(path string) bool {
+	return path == "/login" || path == "/healthz" || path == "/favicon.ico" || strings.HasPrefix(path, "/static/")
+}
+
+// signedIn lets r through, or refuses it: with tokens, every page but the
+// public ones needs a signed-in session. A GET goes to the sign-in page,
+// which comes back to it; anything else is refused. It writes the refusal
+// and returns false.
+func (s *Server) signedIn(w http.ResponseWriter, r *http.Request) bool {
+	if !s.signIn() || public(r.URL.Path) {
+		return true
+	}
+	if sess := s.sessions.get(r); sess != nil && sess.user != "" {
+		return true
+	}
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+		return false
+	}
+	s.fail(w, r, http.StatusUnauthorized, "sign in with a token first")
+	return false
 }
 
 func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
@@ -180,8 +212,8 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, "login", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
 		return
 	}
-	if !s.Mutable() {
-		s.fail(w, r, http.StatusForbidden, "the console is read-only: there is nothing to sign in for")
+	if !s.signIn() {
+		s.fail(w, r, http.StatusForbidden, "the console has no tokens: there is nothing to sign in for")
 		return
 	}
 	sess := s.checkPost(w, r)
@@ -211,9 +243,21 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect target on this console.
+// safeNext keeps a redirect target on this console: a path that resolves
+// against this console's origin to the same origin. Browsers drop tabs and
+// newlines from a URL and read a backslash as a slash, so any control
+// character, space or backslash is refused first ("/\t/evil.example" is
+// "//evil.example").
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
+	if next == "" || strings.IndexFunc(next, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '\\' }) >= 0 {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+		return "/"
+	}
+	base := &url.URL{Scheme: "http", Host: "console.invalid", Path: "/"}
+	if r := base.ResolveReference(u); r.Scheme != base.Scheme || r.Host != base.Host {
 		return "/"
 	}
 	return next
