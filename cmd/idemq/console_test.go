@@ -109,6 +109,24 @@ func (b *browser) get(path string) string {
 	return string(body)
 }
 
+// signIn checks that the console sends an anonymous browser to its
+// sign-in page, then signs in with token, typed as it was configured.
+func (b *browser) signIn(token string) {
+	b.t.Helper()
+	resp, err := b.c.Get(b.base + "/dead-letters")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/login?next=%2Fdead-letters" {
+		b.t.Fatalf("anonymous GET /dead-letters: %d to %q, want 303 to the sign-in page", resp.StatusCode, loc)
+	}
+	b.get("/login")
+	if code, body := b.post("/login", url.Values{"csrf": {b.csrf}, "token": {token}}); code != http.StatusSeeOther {
+		b.t.Fatalf("sign in: %d %s", code, body)
+	}
+}
+
 func (b *browser) post(path string, form url.Values) (int, string) {
 	b.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
@@ -175,6 +193,7 @@ func TestConsoleRabbitMQAndKafka(t *testing.T) {
 		"--retention", "7d", "--dlq-queue", dead, "--dlq-topic", topic+".dlq", "--kafka-brokers", strings.Join(kc.Addrs(), ","))...)
 	contains(t, stderr.String(), "1 token(s) may replay")
 	b := newBrowser(t, base)
+	b.signIn("bob:bob-secret-42")
 	page := b.get("/")
 	contains(t, page, `<a href="/lookup?consumer=billing">billing</a>`, "<code>m-3</code>", "payments [2] @7", // status's last applied
 		"(older than 168h0m0s)", `<td class="num">1</td>`, // status's purge-eligible
@@ -194,10 +213,6 @@ func TestConsoleRabbitMQAndKafka(t *testing.T) {
 	kpage := b.get("/dead-letters?dlq=" + url.QueryEscape("kafka:"+topic+".dlq"))
 	contains(t, kpage, "1 dead letters in 1 groups", topic)
 
-	b.get("/login")
-	if code, body := b.post("/login", url.Values{"csrf": {b.csrf}, "token": {"bob-secret-42"}}); code != http.StatusSeeOther {
-		t.Fatalf("login: %d %s", code, body)
-	}
 	page = b.get("/dry-run?" + sel.Encode())
 	contains(t, page, `data-count="will-apply">3<`)
 	confirm := regexp.MustCompile(`name="confirm" value="([^"]+)"`).FindStringSubmatch(page)[1]
@@ -227,10 +242,12 @@ func TestConsoleReadOnlyCommand(t *testing.T) {
 	base, stderr := startConsole(t, map[string]string{"IDEMQ_CONSOLE_TOKEN": "bob:bob-secret-42"}, append(dbArgs, "--read-only")...)
 	contains(t, stderr.String(), "(read-only)")
 	b := newBrowser(t, base)
+	// With a token, even a read-only console shows nothing before a
+	// sign-in; after it, nothing can be replayed.
+	b.signIn("bob-secret-42")
 	contains(t, b.get("/"), "read-only")
-	b.get("/login")
-	if code, _ := b.post("/login", url.Values{"csrf": {b.csrf}, "token": {"bob-secret-42"}}); code != http.StatusForbidden {
-		t.Errorf("login on a read-only console: %d", code)
+	if code, _ := b.post("/actions", url.Values{"csrf": {b.csrf}, "action": {"replay"}}); code != http.StatusForbidden {
+		t.Errorf("an action on a read-only console: %d, want 403", code)
 	}
 }
 
@@ -258,10 +275,7 @@ func TestConsoleTokenFile(t *testing.T) {
 	base, stderr := startConsole(t, nil, append(dbArgs, "--token-file", f)...)
 	contains(t, stderr.String(), "2 token(s) may replay")
 	b := newBrowser(t, base)
-	b.get("/login")
-	if code, _ := b.post("/login", url.Values{"csrf": {b.csrf}, "token": {"dave-secret-9"}}); code != http.StatusSeeOther {
-		t.Errorf("login with a token from the file: %d", code)
-	}
+	b.signIn("dave-secret-9")
 	contains(t, b.get("/"), "signed in as <strong>dave</strong>")
 }
 
