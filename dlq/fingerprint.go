@@ -45,6 +45,7 @@ const (
 	ruleUUID                  // a UUID
 	ruleEmail                 // an e-mail address
 	ruleAddr                  // an IPv4 address (and port), a bracketed IPv6 one
+	ruleName                  // a name that holds digits (UTF-8, sha256): kept
 	ruleHex                   // 0x..., or a word of 8 or more hex digits
 	ruleNumber                // a number, with the rest of its word
 )
@@ -69,6 +70,9 @@ var rulePatterns = [...]string{
 	ruleUUID:      `(\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)`,
 	ruleEmail:     `([A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,})`,
 	ruleAddr:      `(\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b|\[[0-9a-fA-F:.]*:[0-9a-fA-F:.]*\](?::\d{1,5})?)`,
+	// Encodings, hashes, types and protocols whose names hold digits:
+	// words, not values. A whole word only: "sha2567" is not a hash.
+	ruleName: `(?i:\b((?:utf-?(?:8|16|32)(?:le|be)?|iso-8859-\d{1,2}|sha-?(?:1|224|256|384|512)|md5|base(?:32|64)|u?int(?:8|16|32|64)|float(?:32|64)|ipv[46]|http/[123](?:\.[01])?)\b))`,
 	// Replaced only if it holds a digit: "deadbeef" might be a word.
 	ruleHex: `(\b0[xX][0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b)`,
 	// 42, 1,000, 1.5s, 1h2m3.5s, 0042abc.
@@ -117,9 +121,12 @@ var objectKeywords = []string{
 //     digits, one of them a decimal digit) with their placeholders;
 //   - numbers, with the rest of their word and their decimals (1.5s,
 //     1h2m3.5s, 42nd, 1,000), with PlaceholderNumber: "order-0042"
-//     becomes "order-<n>", "sha256" "sha<n>".
+//     becomes "order-<n>", "user42" "user<n>".
 //
-// A SQLSTATE code, "(SQLSTATE 23505)", is kept: it names the cause. Runs
+// A SQLSTATE code, "(SQLSTATE 23505)", is kept: it names the cause. So are
+// the names of encodings, hashes, types and protocols that hold digits, as
+// whole words: UTF-8, UTF-16LE, ISO-8859-1, sha256, SHA-512, MD5, base64,
+// int64, uint32, float64, IPv6, HTTP/1.1. Runs
 // of white space become one space. A text the envelope truncated (it ends
 // in "…[truncated]") keeps only the first 256 bytes of its shape, followed
 // by "…": texts cut at the same length differ near the cut whenever their
@@ -201,7 +208,7 @@ func (r rule) replace(tok, before string) string {
 	case ruleNumber:
 		return PlaceholderNumber
 	}
-	return tok // ruleSQLState, and a UUID or hex word without a digit
+	return tok // ruleSQLState, ruleName, and a UUID or hex word without a digit
 }
 
 // afterObjectKeyword reports whether before ends in one of objectKeywords

@@ -38,7 +38,12 @@ func TestNormalizeError(t *testing.T) {
 			`extract message id: message id is <n> bytes, over the <n>-byte limit`},
 		{"id not UTF-8", "",
 			`extract message id: message id "\xff\x00ab" is not valid UTF-8 text (or holds a NUL byte), which Postgres cannot store`,
-			`extract message id: message id "<q>" is not valid UTF-<n> text (or holds a NUL byte), which Postgres cannot store`},
+			`extract message id: message id "<q>" is not valid UTF-8 text (or holds a NUL byte), which Postgres cannot store`},
+		// Names that hold digits are words, not values: they stay.
+		{"names with digits", "m-1",
+			`decode UTF-16LE as utf8 then ISO-8859-15: sha256 and SHA-512 of base64 body differ (int64, float32, IPv6, HTTP/1.1, MD5) for acct-42 at step 3`,
+			`decode UTF-16LE as utf8 then ISO-8859-15: sha256 and SHA-512 of base64 body differ (int64, float32, IPv6, HTTP/1.1, MD5) for acct-<n> at step <n>`},
+		{"a name inside a longer word is not a name", "m-1", `xutf8 base640 sha2567`, `xutf<n> base<n> sha<n>`},
 		{"no id", "", `extract message id: message has no id`, `extract message id: message has no id`},
 		{"MessageID panicked", "",
 			`extract message id: MessageID function panicked: runtime error: invalid memory address or nil pointer dereference`,
