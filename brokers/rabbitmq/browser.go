@@ -18,8 +18,8 @@ import (
 // selects a documented default. The message mapping fields mean the same as
 // in Config, so a browsed message looks exactly like a consumed one.
 type BrowserConfig struct {
-	// URL is the broker's AMQP URL. Defaults to DefaultURL,
-	// amqp://guest:guest@127.0.0.1:5672/.
+	// URL is the broker's AMQP URL, one URL: a comma-separated list is
+	// refused. Defaults to DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
 	URL string
 	// Queue is the queue to browse, typically a dead-letter queue.
 	// Required. It must exist.

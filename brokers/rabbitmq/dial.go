@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // DefaultURL is the broker URL used when a config leaves URL empty.
@@ -58,16 +61,25 @@ func dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*amq
 	conn, err := amqp.DialConfig(rawURL, cfg)
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, fmt.Errorf("rabbitmq: dial %s: %w", redact(rawURL), ctxErr)
+			err = ctxErr
 		}
-		return nil, fmt.Errorf("rabbitmq: dial %s: %w", redact(rawURL), err)
+		// The broker's reply may quote what the URL gave it (a vhost).
+		return nil, redact.Error(fmt.Errorf("rabbitmq: dial %s: %w", redact.URL(rawURL), err), rawURL)
 	}
 	return conn, nil
 }
 
+// schemes finds the start of each URL in a string: "amqp://", "amqps://".
+var schemes = regexp.MustCompile(`(?i)amqps?://`)
+
 // checkURL validates rawURL as amqp.ParseURI does, without the URL in the
 // error: net/url's parse errors quote the whole URL, password included.
+// A comma-separated list is refused: amqp091 would read the rest of the
+// list as the vhost's name.
 func checkURL(rawURL string) error {
+	if n := len(schemes.FindAllStringIndex(rawURL, -1)); n > 1 {
+		return configError("URL", "holds %d URLs; give one (a comma-separated list is not supported)", n)
+	}
 	if _, err := amqp.ParseURI(rawURL); err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -92,15 +104,6 @@ func checkName(field, name string) error {
 		return configError(field, "%d bytes, more than AMQP's %d-byte limit", len(name), maxShortstr)
 	}
 	return nil
-}
-
-// redact returns rawURL without its password, for logs and errors.
-func redact(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "(unparseable URL)"
-	}
-	return u.Redacted()
 }
 
 // isClosed reports whether err says an amqp091 connection or channel is

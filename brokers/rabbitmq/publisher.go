@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // DefaultPublisherChannels is PublisherConfig.Channels' default.
@@ -24,8 +25,8 @@ const returnBuffer = 64
 // PublisherConfig configures a Publisher. The zero value of every optional
 // field selects a documented default.
 type PublisherConfig struct {
-	// URL is the broker's AMQP URL. Defaults to DefaultURL,
-	// amqp://guest:guest@127.0.0.1:5672/.
+	// URL is the broker's AMQP URL, one URL: a comma-separated list is
+	// refused. Defaults to DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
 	URL string
 	// ConnectionName is shown by the broker's management tools. Defaults
 	// to none.
@@ -293,7 +294,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 	}
 	if p.conn == nil || p.conn.IsClosed() {
 		p.idle = nil
-		p.log.Info("rabbitmq: publisher reconnecting", slog.String("url", redact(p.cfg.URL)))
+		p.log.Info("rabbitmq: publisher reconnecting", slog.String("url", redact.URL(p.cfg.URL)))
 		conn, err := dial(ctx, p.cfg.URL, p.cfg.ConnectionName, p.cfg.DialTimeout)
 		if err != nil {
 			return nil, err

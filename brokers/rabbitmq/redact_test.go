@@ -53,6 +53,12 @@ func TestURLPasswordNeverInErrorsOrLogs(t *testing.T) {
 		{"bad host", "amqp://app:" + secret + "@[::1/", "URL: cannot parse the URL", true},
 		{"whitespace", "amqp://app:" + secret + " x@127.0.0.1/", "URL:", true},
 		{"bad scheme", "http://app:" + secret + "@127.0.0.1/", "URL:", true},
+		// A list is not one URL: amqp091 would read the rest as the vhost,
+		// and the broker's "vhost ... not found" would echo its passwords.
+		{"a list of URLs", "amqp://guest:guest@127.0.0.1:5672/,amqp://app:" + secret + "@127.0.0.1:5672/",
+			"URL: holds 2 URLs; give one (a comma-separated list is not supported)", true},
+		{"a list with spaces", "amqp://guest:guest@127.0.0.1:5672/, amqps://app:" + secret + "@127.0.0.1:5671/",
+			"URL: holds 2 URLs", true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

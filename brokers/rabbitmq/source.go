@@ -52,8 +52,8 @@ const (
 // The runtime's Concurrency, BatchSize and Logger are not restated here:
 // consumer.New passes them to the Source through Configure.
 type Config struct {
-	// URL is the broker's AMQP URL. Defaults to DefaultURL,
-	// amqp://guest:guest@127.0.0.1:5672/.
+	// URL is the broker's AMQP URL, one URL: a comma-separated list is
+	// refused. Defaults to DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
 	URL string
 	// Queue is the queue to consume. Required. It must exist: set
 	// Topology to have NewSource declare it, or declare it beforehand

@@ -208,7 +208,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 func deleteTopology(url, queue string) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
-		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err)
+		return redact.Error(fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err), url)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

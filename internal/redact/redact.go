@@ -58,7 +58,8 @@ func maskURL(u *url.URL) string {
 var passwordRE = regexp.MustCompile(`(?i)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s&]+)`)
 
 // Error returns err with every password found in the given DSNs or URLs
-// masked in its text; nil if err is nil. pgx redacts its own parse errors
+// (several in one string included, as in a comma-separated list) masked
+// in its text; nil if err is nil. pgx redacts its own parse errors
 // only on a best-effort basis, and says so; net/url's errors quote the
 // whole URL. This makes sure no password reaches the terminal or a log. The
 // result still unwraps to err. Passwords shorter than 3 bytes are not
@@ -81,7 +82,11 @@ func Error(err error, dsns ...string) error {
 			add(m[1])
 			add(strings.Trim(m[1], "'"))
 		}
-		if _, rest, ok := strings.Cut(dsn, "://"); ok {
+		// Every URL in the string, for a list mistaken for one URL: the
+		// user information of each runs from its "://" to the last "@"
+		// before the next "://" (net/url takes the last "@" too).
+		parts := strings.Split(dsn, "://")
+		for _, rest := range parts[1:] {
 			if at := strings.LastIndex(rest, "@"); at >= 0 {
 				if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
 					add(pw)

@@ -101,6 +101,22 @@ func TestError(t *testing.T) {
 	}
 }
 
+// TestErrorURLList: a string that holds several URLs, as a comma-separated
+// list mistaken for one URL does, has each URL's password masked, also
+// where an error quotes only a part of it (a broker that echoes the rest
+// of the list as a vhost name).
+func TestErrorURLList(t *testing.T) {
+	list := "amqp://guest:guest@127.0.0.1:5672/,amqp://app:" + secret + "@127.0.0.1:5673/,amqps://ops:" + secret + "2@h/"
+	echo := errors.New(`Exception (402) Reason: "NOT_ALLOWED - vhost ,amqp://app:` + secret + `@127.0.0.1:5673/,amqps://ops:` + secret + `2@h/ not found"`)
+	got := redact.Error(echo, list).Error()
+	if strings.Contains(got, secret) || strings.Contains(got, "guest:guest") {
+		t.Fatalf("password leaked: %s", got)
+	}
+	if want := "amqp://app:" + redact.Mask + "@127.0.0.1:5673/"; !strings.Contains(got, want) {
+		t.Errorf("%s lacks %s", got, want)
+	}
+}
+
 // mustUnescape returns s unescaped, or s if it does not unescape.
 func mustUnescape(s string) string {
 	if u, err := url.QueryUnescape(s); err == nil {
