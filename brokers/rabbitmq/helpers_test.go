@@ -209,17 +209,25 @@ type proxy struct {
 	accepted int // client connections accepted
 }
 
-func newProxy(t *testing.T) *proxy {
+// proxyListener listens on a loopback port for a proxy to the test
+// broker, whose address it returns.
+func proxyListener(t *testing.T) (ln net.Listener, target string) {
 	t.Helper()
 	u, err := url.Parse(amqpURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
+	return ln, u.Host
+}
+
+func newProxy(t *testing.T) *proxy {
+	t.Helper()
+	ln, target := proxyListener(t)
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		_ = ln.Close()

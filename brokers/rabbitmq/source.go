@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -373,7 +375,7 @@ func (s *Source) checkQueues(ctx context.Context, conn *amqp.Connection) error {
 		}
 		defer func() { _ = ch.Close() }()
 		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: %s %q (%s): %w", what, queue, hint, err)
+			return queueCheckError(what, queue, hint, err)
 		}
 		return nil
 	}
@@ -383,6 +385,27 @@ func (s *Source) checkQueues(ctx context.Context, conn *amqp.Connection) error {
 	return check(s.cfg.DeadLetter.Queue, "dead-letter queue", fmt.Sprintf(
 		"declare it: set Config.Topology, or call DeclareTopology, which declares %s; or name an existing queue in Config.DeadLetter.Queue",
 		DLQName(s.cfg.Queue)))
+}
+
+// queueCheckError says why checking that a queue exists failed. Only the
+// broker's 404 means that it does not exist, and only then does the error
+// give hint, how to declare it: a lost connection, a refused access or a
+// closing broker say so instead.
+func queueCheckError(what, queue, hint string, err error) error {
+	var ae *amqp.Error
+	isAMQP := errors.As(err, &ae)
+	switch {
+	case isAMQP && ae.Code == amqp.NotFound:
+		return fmt.Errorf("rabbitmq: %s %q does not exist (%s): %w", what, queue, hint, err)
+	case isAMQP && ae.Code == amqp.AccessRefused:
+		return fmt.Errorf("rabbitmq: the broker refused access to %s %q: check the user's permissions on it: %w", what, queue, err)
+	case isAMQP && ae.Code == amqp.ConnectionForced:
+		return fmt.Errorf("rabbitmq: the broker closed the connection while checking %s %q (a node shutting down, or an operator): %w", what, queue, err)
+	case isClosed(err) || (isAMQP && ae.Code == amqp.FrameError) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+		// amqp091 reports a failed read of the socket as a 501 frame error.
+		return fmt.Errorf("rabbitmq: the connection was lost while checking %s %q, so whether it exists is unknown: %w", what, queue, err)
+	}
+	return fmt.Errorf("rabbitmq: check %s %q: %w", what, queue, err)
 }
 
 // logger returns the Source's logger, with its queue attribute.
