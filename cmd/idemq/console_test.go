@@ -231,7 +231,8 @@ func TestConsoleRabbitMQAndKafka(t *testing.T) {
 	if w, d := rmqDepth(t, work), rmqDepth(t, dead); w != 3 || d != 0 {
 		t.Fatalf("after the replay: work queue %d (want 3), DLQ %d (want 0)", w, d)
 	}
-	contains(t, b.get("/audit"), "<td>bob</td><td>replay</td><td>rabbitmq:"+dead+"</td>", `&#34;republished&#34;:3`)
+	contains(t, b.get("/audit"), "<td>bob</td><td>replay</td><td>rabbitmq:"+dead+"</td>", "group "+fp[1]+", every message",
+		"3 selected, 3 would apply, 0 already applied", "republished 3, skipped 0 as already applied, 3 scanned", `&#34;republished&#34;: 3`)
 	contains(t, b.get("/lookup?consumer=billing&id=m-3"), "<strong>Applied</strong>", "<dd>payments</dd>", "<dd>7</dd>")
 	_ = store
 }

@@ -157,8 +157,8 @@ func TestConsoleNATSAndRedis(t *testing.T) {
 	if w, d := len(rf.read(ctx, t, rf.work)), len(rf.read(ctx, t, rf.dead)); w != 2 || d != 0 {
 		t.Fatalf("after the requeue: work stream %d (want 2), DLQ %d (want 0)", w, d)
 	}
-	contains(t, b.get("/audit"), "<td>bob</td><td>replay</td><td>nats:"+nf.dead+"</td>", `&#34;republished&#34;:2`,
-		"<td>bob</td><td>requeue</td><td>redis:"+rf.dead+"</td>")
+	contains(t, b.get("/audit"), "<td>bob</td><td>replay</td><td>nats:"+nf.dead+"</td>", "republished 2, skipped 1 as already applied, 3 scanned",
+		`&#34;republished&#34;: 2`, "<td>bob</td><td>requeue</td><td>redis:"+rf.dead+"</td>", "republished 2, skipped 0 as already applied, 2 scanned")
 }
 
 // TestConsoleStreamURLPasswordNeverShown: the console's overview shows a

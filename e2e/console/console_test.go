@@ -227,7 +227,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if who != "e2e" || outcome != "done" {
 		t.Errorf("audit row: who %q, outcome %q", who, outcome)
 	}
-	for _, png := range []string{"overview", "dead-letters", "group", "group-injection", "dry-run", "replay", "audit", "lookup"} {
+	for _, png := range []string{"overview", "dead-letters", "group", "group-injection", "dry-run", "dry-run-forged", "replay", "audit", "audit-json", "lookup"} {
 		if st, err := os.Stat(filepath.Join(out, png+".png")); err != nil || st.Size() < 1000 {
 			t.Errorf("screenshot %s.png: %v", png, err)
 		}

@@ -128,6 +128,13 @@ try {
   await page.locator("#groups tr", { hasText: "refund" }).locator("td.num a").click();
   await page.waitForURL(/\/group\?/);
   check((await text("article.envelope header")).includes("signature bad signature"), "the forged envelope is not flagged");
+  await page.click("#dry-run-group");
+  await page.waitForURL(/\/dry-run\?/);
+  const unverified = page.locator("#counts li", { has: page.locator('[data-count="unverified"]') });
+  check((await unverified.textContent()).trim().startsWith("1"), `the forged dry run: ${await unverified.textContent()}`);
+  check((await unverified.getAttribute("class")) === "tile-bad", `the unverified tile: ${await unverified.getAttribute("class")}`);
+  check((await unverified.locator("strong").evaluate((e) => getComputedStyle(e).color)) === "rgb(179, 38, 30)", "an unverified count is not red");
+  await shot("dry-run-forged");
 
   step = "group";
   await page.goto(base + "/dead-letters");
@@ -146,6 +153,14 @@ try {
   check((await count("will-apply")) === 2, "will-apply");
   check((await count("fingerprint-mismatch")) === 0, "mismatch");
   check((await count("unverified")) === 0, "unverified");
+  // A zero is calm: only a bad outcome that happened takes a warning colour.
+  const tile = (k) => page.locator("#counts li", { has: page.locator(`[data-count="${k}"]`) });
+  for (const k of ["fingerprint-mismatch", "beyond-horizon", "unverified", "missing-id"]) {
+    check((await tile(k).getAttribute("class")) === "tile-zero", `the zero ${k} tile: ${await tile(k).getAttribute("class")}`);
+  }
+  check((await tile("already-applied").getAttribute("class")) === "tile-ok", "the already-applied tile");
+  const zeroColour = await tile("unverified").locator("strong").evaluate((e) => getComputedStyle(e).color);
+  check(zeroColour !== "rgb(179, 38, 30)", `a zero unverified count is red: ${zeroColour}`);
   check(await page.locator("#confirm").isVisible(), "no confirmation");
   await shot("dry-run");
 
@@ -161,9 +176,19 @@ try {
   step = "audit";
   await page.click("nav >> text=Audit");
   await page.waitForURL(/\/audit/);
-  const audit = await text("#audit tbody tr");
+  const row = page.locator("#audit tbody tr").first();
+  const audit = (await row.textContent()) ?? "";
   check(audit.includes("e2e") && audit.includes("replay") && audit.includes("done"), `audit row: ${audit}`);
+  // In words; the JSON is behind a click.
+  check(audit.includes("republished 2, skipped 1 as already applied") && audit.includes("3 selected, 2 would apply, 1 already applied"),
+    `the audit row's words: ${audit}`);
+  const raw = row.locator("details.raw pre.json").last();
+  check(!(await raw.isVisible()), "the result's JSON is shown before a click");
   await shot("audit");
+  await row.locator("details.raw summary").last().click();
+  check(await raw.isVisible(), "a click does not show the result's JSON");
+  check(((await raw.textContent()) ?? "").includes('"republished": 2'), `the result's JSON: ${await raw.textContent()}`);
+  await shot("audit-json");
 
   step = "lookup";
   await page.click("nav >> text=Lookup");

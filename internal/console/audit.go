@@ -36,11 +36,14 @@ type AuditRow struct {
 	Who        string
 	Action     string
 	DLQ        string
-	Filter     map[string]any
-	DryRun     map[string]any
-	Result     map[string]any
-	Outcome    string
-	Error      string
+	// Filter, DryRun and Result are the JSON as stored, whatever its
+	// shape: a row another version wrote is shown, not dropped. Result is
+	// null until the action finishes.
+	Filter  json.RawMessage
+	DryRun  json.RawMessage
+	Result  json.RawMessage
+	Outcome string
+	Error   string
 }
 
 type audit struct {
@@ -98,7 +101,7 @@ func (a *audit) finish(ctx context.Context, id int64, result any, outcome string
 func (a *audit) list(ctx context.Context, limit int) ([]AuditRow, error) {
 	var exists bool
 	if err := a.db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.table()).Scan(&exists); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("console: look for %s: %w", a.table(), err)
 	}
 	if !exists {
 		return nil, nil
@@ -106,7 +109,7 @@ func (a *audit) list(ctx context.Context, limit int) ([]AuditRow, error) {
 	rows, err := a.db.Query(ctx, `SELECT id, started_at, finished_at, who, action, dlq, filter, dry_run, coalesce(result, 'null'), outcome, coalesce(error, '')
 FROM `+a.table()+` ORDER BY id DESC LIMIT $1`, limit)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("console: read %s: %w", a.table(), err)
 	}
 	defer rows.Close()
 	var out []AuditRow
@@ -114,12 +117,13 @@ FROM `+a.table()+` ORDER BY id DESC LIMIT $1`, limit)
 		var r AuditRow
 		var fj, dj, rj []byte
 		if err := rows.Scan(&r.ID, &r.StartedAt, &r.FinishedAt, &r.Who, &r.Action, &r.DLQ, &fj, &dj, &rj, &r.Outcome, &r.Error); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("console: read %s: %w", a.table(), err)
 		}
-		_ = json.Unmarshal(fj, &r.Filter)
-		_ = json.Unmarshal(dj, &r.DryRun)
-		_ = json.Unmarshal(rj, &r.Result)
+		r.Filter, r.DryRun, r.Result = fj, dj, rj
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("console: read %s: %w", a.table(), err)
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -193,6 +194,78 @@ func TestConsoleDryRunBeyondHorizon(t *testing.T) {
 	must(t, body, `data-count="beyond-horizon">3<`)
 }
 
+var (
+	tileRE    = regexp.MustCompile(`<li class="([^"]*)"><strong data-count="([a-z-]+)">(\d+)<`)
+	cssRuleRE = regexp.MustCompile(`([^{}]+)\{([^}]*)\}`)
+)
+
+// tiles maps each dry-run tile to its count and classes.
+func tiles(t *testing.T, body string) map[string][2]string {
+	t.Helper()
+	out := map[string][2]string{}
+	for _, m := range tileRE.FindAllStringSubmatch(body, -1) {
+		out[m[2]] = [2]string{m[3], m[1]}
+	}
+	if len(out) != 6 {
+		t.Fatalf("%d dry-run tiles, want 6: %v", len(out), out)
+	}
+	return out
+}
+
+// TestConsoleDryRunTilesWarnOnlyWhenNonZero: a tile of a bad outcome
+// (mismatch, beyond the horizon, unverified, without an id) takes the
+// warning colour only when its count is not zero; a zero looks calm.
+func TestConsoleDryRunTilesWarnOnlyWhenNonZero(t *testing.T) {
+	b := newBundle(t)
+	c := b.client()
+	// The class of each tile with a count that is not zero; a zero's is
+	// tile-zero. tile-bad and tile-warn are the warning colours.
+	tones := map[string]string{"already-applied": "tile-ok", "will-apply": "tile-info", "fingerprint-mismatch": "tile-bad",
+		"beyond-horizon": "tile-warn", "unverified": "tile-bad", "missing-id": "tile-warn"}
+	check := func(q string, nonZero ...string) {
+		t.Helper()
+		got := tiles(t, c.mustGet("/dry-run?"+q))
+		for k, v := range got {
+			n, class := v[0], strings.Fields(v[1])
+			want := tones[k]
+			if n == "0" {
+				want = "tile-zero"
+			}
+			if !slices.Contains(class, want) || slices.Contains(class, "tile-bad") && want != "tile-bad" || slices.Contains(class, "tile-warn") && want != "tile-warn" {
+				t.Errorf("%s: %s in a tile of class %q, want %s", k, n, v[1], want)
+			}
+		}
+		for _, k := range nonZero {
+			if got[k][0] == "0" {
+				t.Errorf("%s: 0, want a count to see its colour", k)
+			}
+		}
+	}
+	// One mismatch; no unverified, none without an id.
+	check(sel(b.fingerprint("pay-1")), "fingerprint-mismatch")
+	// One unverified.
+	check(sel(b.fingerprint("forged-1")), "unverified")
+	// Beyond the horizon.
+	hb := newBundle(t, func(c *Config) { c.Retention = time.Minute })
+	c = hb.client()
+	check(sel(hb.fingerprint("pay-1")), "beyond-horizon")
+
+	// The stylesheet colours a tile's count as a warning only through
+	// the classes a non-zero bad count gets.
+	css := c.mustGet("/static/console.css")
+	for _, m := range cssRuleRE.FindAllStringSubmatch(css, -1) {
+		selector, decl := strings.TrimSpace(m[1]), m[2]
+		if !strings.Contains(decl, "var(--bad)") && !strings.Contains(decl, "var(--warn)") {
+			continue
+		}
+		for _, one := range strings.Split(selector, ",") {
+			if (strings.Contains(one, ".c-") || strings.Contains(one, ".counts")) && !strings.Contains(one, ".tile-bad") && !strings.Contains(one, ".tile-warn") {
+				t.Errorf("console.css colours a dry-run tile whatever its count: %q { %s }", strings.TrimSpace(one), strings.TrimSpace(decl))
+			}
+		}
+	}
+}
+
 // runAction signs in, dry-runs sel and confirms action.
 func runAction(t *testing.T, b *bundle, c *client, action, q string) job {
 	t.Helper()
@@ -251,7 +324,10 @@ func TestConsoleReplayGroupAndAudit(t *testing.T) {
 	}
 
 	body = c.mustGet("/audit")
-	must(t, body, "<td>alice</td><td>replay</td><td>memory:payments.dlq</td>", fp, `&#34;will_apply&#34;:1`, `&#34;republished&#34;:1`, `outcome-done`)
+	must(t, body, "<td>alice</td><td>replay</td><td>memory:payments.dlq</td>", "group "+fp+", every message",
+		"3 selected, 1 would apply, 1 already applied, 1 with a fingerprint mismatch",
+		"republished 1, skipped 1 as already applied, left 1 with a fingerprint mismatch, 3 scanned",
+		`&#34;will_apply&#34;: 1`, `&#34;republished&#34;: 1`, `outcome-done`)
 	var who, outcome string
 	if err := b.pool.QueryRow(context.Background(), `SELECT who, outcome FROM `+b.schema+`.idemq_console_audit`).Scan(&who, &outcome); err != nil {
 		t.Fatal(err)

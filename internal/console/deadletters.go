@@ -204,6 +204,40 @@ func countsOf(cl dlq.Classification) dryCounts {
 		BeyondHorizon: cl.BeyondHorizon, Unverified: cl.Unverified, MissingID: cl.MissingID}
 }
 
+// tile is one count of a dry run, as the dry-run page shows it.
+type tile struct {
+	Key   string // its data-count
+	Count int
+	Label string
+	Note  string
+	// tone is the colour of a count that is not zero: "ok" and "info" for
+	// what a replay settles, "warn" and "bad" for what it leaves in the
+	// queue for a human.
+	tone string
+}
+
+// Class is the tile's CSS class: a zero is calm whatever the tile, so
+// only a count of a bad outcome that is not zero takes a warning colour.
+func (t tile) Class() string {
+	if t.Count == 0 {
+		return "tile-zero"
+	}
+	return "tile-" + t.tone
+}
+
+// tiles are the counts as the dry-run page shows them, in order.
+func (c dryCounts) tiles() []tile {
+	const left = "left in the queue"
+	return []tile{
+		{Key: "already-applied", Count: c.AlreadyApplied, Label: "already applied", Note: "replay removes them, republishes nothing", tone: "ok"},
+		{Key: "will-apply", Count: c.WillApply, Label: "will apply", tone: "info"},
+		{Key: "fingerprint-mismatch", Count: c.Mismatch, Label: "fingerprint mismatch", Note: left, tone: "bad"},
+		{Key: "beyond-horizon", Count: c.BeyondHorizon, Label: "beyond the retention horizon", Note: left, tone: "warn"},
+		{Key: "unverified", Count: c.Unverified, Label: "unverified signature", Note: left, tone: "bad"},
+		{Key: "missing-id", Count: c.MissingID, Label: "without an id", Note: left, tone: "warn"},
+	}
+}
+
 // requeue runs an action on sel. "replay" is `idemq dlq replay`: each
 // message is checked against the dedup table first (already applied:
 // removed, not republished; fingerprint mismatch: left), the others are

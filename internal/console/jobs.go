@@ -59,12 +59,17 @@ func (js *jobs) snapshot(id string) (job, bool) {
 	return c, true
 }
 
+// filterOf is the audit row's filter of sel: ids is null for a whole
+// group.
+func filterOf(sel selection) map[string]any {
+	return map[string]any{"dlq": sel.DLQ, "fingerprint": sel.Fingerprint, "ids": sel.IDs}
+}
+
 // start runs an action in the background, recording it in the audit
 // table before and after.
 func (s *Server) start(who, action string, sel selection, dry dryCounts) (string, error) {
-	filter := map[string]any{"dlq": sel.DLQ, "fingerprint": sel.Fingerprint, "ids": sel.IDs}
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-	auditID, err := s.audit.start(ctx, who, action, sel.DLQ, filter, dry)
+	auditID, err := s.audit.start(ctx, who, action, sel.DLQ, filterOf(sel), dry)
 	cancel()
 	if err != nil {
 		return "", err

@@ -303,6 +303,7 @@ type dryRunView struct {
 	Sel     selection
 	DLQ     DLQ
 	Counts  dryCounts
+	Tiles   []tile
 	Confirm string
 	Items   []dlq.Item
 	Scanned int
@@ -324,7 +325,7 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) {
 	}
 	cl, err := s.classify(ctx, sel)
 	c := countsOf(cl)
-	s.render(w, r, "dryrun", dryRunView{Sel: sel, DLQ: s.dlqs[sel.DLQ], Counts: c, Confirm: c.confirm(), Items: cl.Items,
+	s.render(w, r, "dryrun", dryRunView{Sel: sel, DLQ: s.dlqs[sel.DLQ], Counts: c, Tiles: c.tiles(), Confirm: c.confirm(), Items: cl.Items,
 		Scanned: cl.Scanned, Error: s.clean(err), Back: "/group?" + (selection{DLQ: sel.DLQ, Fingerprint: sel.Fingerprint}).query().Encode()})
 }
 

@@ -58,13 +58,6 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprint(*p)
 	},
-	"json": func(v any) string {
-		if v == nil {
-			return "–"
-		}
-		b, _ := json.Marshal(v)
-		return string(b)
-	},
 	"add": func(a, b int) int { return a + b },
 	"deref32": func(p *int32) string {
 		if p == nil {
