@@ -12,9 +12,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 var dlqInspectCommand = &command{
@@ -36,7 +40,8 @@ The broker is the one whose dead-letter flag is given: --queue (RabbitMQ,
 --amqp-url), --topic (Kafka, --kafka-brokers), --subject (NATS JetStream,
 --nats-url; the stream is the one that captures the subject unless --stream
 names it) or --stream-key (Redis Streams, --redis-url); --broker says it
-explicitly.
+explicitly. A Redis stream key that does not exist reads as empty, and a
+note on stderr says so.
 
 Examples:
   idemq dlq inspect --queue payments.dlq
@@ -127,6 +132,9 @@ type dlqConn struct {
 	browser dlq.Browser
 	publish dlq.PublishToFunc
 	close   func()
+	// note, if set, is said on stderr: the DLQ reads as empty because it
+	// does not exist.
+	note string
 }
 
 // name is the dead-letter queue's name: its queue, topic, subject or
@@ -196,7 +204,15 @@ func (b *brokerFlags) open(ctx context.Context, withPublisher bool) (*dlqConn, e
 	case "nats":
 		return openNATSDLQ(ctx, b, withPublisher)
 	case "redis":
-		return openRedisDLQ(ctx, b, withPublisher)
+		c, err := openRedisDLQ(ctx, b, withPublisher)
+		if err != nil {
+			return nil, err
+		}
+		if c.note, err = missingRedisStream(ctx, b, c.browser); err != nil {
+			c.close()
+			return nil, err
+		}
+		return c, nil
 	default:
 		br, err := rabbitmq.NewBrowser(ctx, rabbitmq.BrowserConfig{URL: b.amqpURL, Queue: b.queue})
 		if err != nil {
@@ -216,6 +232,31 @@ func (b *brokerFlags) open(ctx context.Context, withPublisher bool) (*dlqConn, e
 		}
 		return c, nil
 	}
+}
+
+// missingRedisStream returns a note when b's Redis dead-letter stream does
+// not exist. It then browses as empty, as an emptied one does, and a
+// mistyped key or database would go unnoticed; a dead-letterer creates the
+// stream with its first dead letter, so a missing one is not an error.
+func missingRedisStream(ctx context.Context, b *brokerFlags, br dlq.Browser) (string, error) {
+	if rb, ok := br.(*redisstream.Browser); ok && rb.Depth() > 0 {
+		return "", nil
+	}
+	opt, err := redis.ParseURL(b.redisURL)
+	if err != nil {
+		return "", fmt.Errorf("--redis-url: %w", redact.Error(err, b.redisURL))
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	n, err := rdb.Exists(ctx, b.streamKey).Result()
+	if err != nil {
+		return "", fmt.Errorf("EXISTS %q at %s: %w", b.streamKey, redact.URL(b.redisURL), redact.Error(err, b.redisURL))
+	}
+	if n > 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("the Redis stream %q does not exist at %s: nothing was dead-lettered to it yet, or the key (or the URL's database) is wrong",
+		b.streamKey, redact.URL(b.redisURL)), nil
 }
 
 // filterFlags select messages.
@@ -346,6 +387,7 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 		return err
 	}
 	defer conn.close()
+	conn.sayNote(e)
 	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, dlq.VerifyWith(keys...))
 	if err != nil {
 		return err
@@ -465,6 +507,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		return err
 	}
 	defer conn.close()
+	conn.sayNote(e)
 	prog := newProgress(e.stderr)
 
 	if dryRun {
@@ -535,6 +578,14 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		fmt.Fprintf(e.stderr, "idemq: %d messages are older than --retention %s and were left in place; replay them with --force once you are sure their dedup rows were not purged\n", res.BeyondHorizon, retention)
 	}
 	return nil
+}
+
+// sayNote writes the DLQ's note, if any, to stderr: stdout stays the
+// report (JSON with --json).
+func (c *dlqConn) sayNote(e *env) {
+	if c.note != "" {
+		fmt.Fprintln(e.stderr, "idemq: "+c.note)
+	}
 }
 
 func orDash(s string) string {

@@ -1,14 +1,16 @@
 // Command nats runs an idemq payment consumer on NATS JetStream.
 //
-// It declares a work stream and its dead-letter stream (deleting both
-// first, so every run starts from an empty stream), publishes payments to
-// the work subject (one of them twice with the same Nats-Msg-Id, which
-// JetStream itself discards inside its duplicate window, plus a poison
-// payment for an unknown account and one without an id), and consumes them
-// with a handler that credits account balances in Postgres. The poison
-// payments go to the dead-letter stream with their failure envelope, which
-// the program then reads back with a Browser. It checks every balance and
-// exits non-zero if any effect is wrong.
+// It declares the work stream PAYMENTS on the subject payments and its
+// dead-letter stream PAYMENTS_DLQ on payments.dlq (deleting both first, so
+// every run starts from an empty stream), publishes payments to the work
+// subject (one of them twice with the same Nats-Msg-Id, which JetStream
+// itself discards inside its duplicate window, plus a poison payment for an
+// unknown account and one without an id), and consumes them with a handler
+// that credits account balances in Postgres. The poison payments go to the
+// dead-letter stream with their failure envelope, which the program reads
+// back with a Browser and leaves in place for the README's `idemq dlq`
+// commands. It checks every balance and exits non-zero if any effect is
+// wrong.
 //
 // Run it twice: the second run publishes the same payments to a fresh
 // stream, where JetStream's duplicate window knows nothing of them, and the
@@ -87,8 +89,8 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		fs.PrintDefaults()
 	}
 	schema := fs.String("schema", "idemq_example_nats", "Postgres `schema` for the accounts and the dedup table")
-	stream := fs.String("stream", "IDEMQ_EXAMPLE_PAYMENTS", "the work `stream`; its dead letters go to <stream>_DLQ")
-	subject := fs.String("subject", "idemq-example.payments", "the work `subject`; its dead letters go to <subject>.dlq")
+	stream := fs.String("stream", "PAYMENTS", "the work `stream`; its dead letters go to <stream>_DLQ")
+	subject := fs.String("subject", "payments", "the work `subject`; its dead letters go to <subject>.dlq")
 	del := fs.Bool("delete", false, "delete the work and dead-letter streams, and exit")
 	if err := fs.Parse(args); err != nil {
 		return err

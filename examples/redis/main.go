@@ -2,13 +2,15 @@
 // payments to account balances in Postgres exactly once, and leaves the ones
 // it cannot apply, with their reasons, in the stream's dead-letter stream.
 //
-// It creates its tables in its own schema (idemq_redis, -schema), publishes
-// a few payments to the stream payments (-stream): five good ones, one of
-// them sent twice (the same idempotency-key: applied once), two for an
-// account that does not exist (dead-lettered as permanent) and one without
-// an id (dead-lettered as missing-id). It consumes them with idemq as the
-// consumer ledger, then lists what the dead-letter stream payments.dlq
-// holds. -delete removes both streams and exits.
+// It creates its tables in its own schema (idemq_redis, -schema), deletes
+// the stream payments (-stream) and its dead-letter stream payments.dlq, so
+// every run starts from empty streams, and publishes a few payments: five
+// good ones, one of them sent twice (the same idempotency-key: applied
+// once), two for an account that does not exist (dead-lettered as
+// permanent) and one without an id (dead-lettered as missing-id). It
+// consumes them with idemq as the consumer ledger, then lists what
+// payments.dlq holds and leaves it in place for the README's `idemq dlq`
+// commands. -delete removes both streams and exits.
 //
 //	go run ./examples/redis
 //
@@ -94,10 +96,12 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	// Every run starts from empty streams: the dead-letter stream then
+	// holds this run's dead letters only.
+	if err := deleteStreams(ctx, redisURL, *stream); err != nil {
+		return err
+	}
 	if *del {
-		if err := deleteStreams(ctx, redisURL, *stream); err != nil {
-			return err
-		}
 		fmt.Fprintf(out, "deleted %s and %s\n", *stream, redisstream.DLQName(*stream))
 		return nil
 	}
@@ -224,7 +228,7 @@ func deleteStreams(ctx context.Context, redisURL, stream string) error {
 	c := redis.NewClient(opt)
 	defer c.Close()
 	if err := c.Del(ctx, stream, redisstream.DLQName(stream)).Err(); err != nil {
-		return fmt.Errorf("delete %s at %s: %w", stream, redact.URL(redisURL), err)
+		return fmt.Errorf("delete %s and %s at %s (start Redis, or set REDIS_URL): %w", stream, redisstream.DLQName(stream), redact.URL(redisURL), err)
 	}
 	return nil
 }

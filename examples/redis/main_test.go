@@ -81,8 +81,9 @@ func TestPayments(t *testing.T) {
 		t.Errorf("pending %+v (%v), want none", p, err)
 	}
 
-	// A second run publishes the same payment ids again: all six good
-	// ones are duplicates, and the three bad ones dead-lettered again.
+	// A second run, on fresh streams, publishes the same payment ids
+	// again: all six good ones are duplicates, and the three bad ones
+	// dead-lettered again, the only ones the dead-letter stream holds.
 	out.Reset()
 	if err := run(ctx, []string{"-schema", schema, "-stream", stream}, &out); err != nil {
 		t.Fatalf("second run: %v", err)
@@ -92,6 +93,9 @@ func TestPayments(t *testing.T) {
 	}
 	if err := pool.QueryRow(ctx, `SELECT sum(balance_cents) FROM `+schema+`.accounts`).Scan(&sum); err != nil || sum != 5000 {
 		t.Errorf("after a second run balances sum to %d (%v), want 5000", sum, err)
+	}
+	if n, err := c.XLen(ctx, redisstream.DLQName(stream)).Result(); err != nil || n != 3 {
+		t.Errorf("after a second run %s holds %d entries (%v), want 3", redisstream.DLQName(stream), n, err)
 	}
 }
 

@@ -25,13 +25,14 @@ const (
 )
 
 // What the tour leaves behind, dropped before it starts so that it runs on
-// a fresh database: the quickstart's schema, the dedup table `idemq
-// migrate` creates in public with its tables and functions, and the
-// RabbitMQ queues and exchange of
+// a fresh database: the schemas of the quickstart and of examples/nats and
+// examples/redis, the dedup table `idemq migrate` creates in public with its
+// tables and functions, and the RabbitMQ queues and exchange of
 // examples/rabbitmq-dlq. (The other examples recreate their own schemas and
-// queues, and their tests may be using them.)
+// queues, and their tests may be using them.) The NATS and Redis streams
+// (streams_test.go) are deleted after the tour as well.
 var (
-	tourSchemas   = []string{"idemq_quickstart"}
+	tourSchemas   = []string{"idemq_quickstart", "idemq_example_nats", "idemq_redis"}
 	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention", "processed_messages_horizons"} // in public
 	tourFunctions = []string{"processed_messages_commit_check(text)", "processed_messages_commit_guard()"}                                         // in public
 	tourQueues    = []string{"payments", "payments.dlq"}
@@ -78,6 +79,14 @@ func TestReadmeTour(t *testing.T) {
 	amqpURL := envOr("AMQP_URL", defaultAMQPURL)
 	resetDatabase(ctx, t, dbURL)
 	resetRabbitMQ(t, amqpURL)
+	if err := resetStreams(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := resetStreams(); err != nil {
+			t.Errorf("after the tour: %v", err)
+		}
+	})
 
 	// `go install` puts idemq in GOBIN, or GOPATH/bin: first on PATH, so
 	// that the README's idemq is the one it just installed.
@@ -115,6 +124,9 @@ func TestReadmeTour(t *testing.T) {
 		t.Logf("README.md:%d: ok in %s: %s", c.line, time.Since(t0).Round(time.Millisecond), c.text)
 	}
 	t.Logf("tour: %d commands in %s", len(cmds), time.Since(started).Round(time.Millisecond))
+	if err := checkDLQsRead(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func envOr(name, def string) string {
