@@ -26,6 +26,12 @@ var (
 	// no message can be applied until the migrations have run.
 	// processed.ErrNotMigrated wraps it.
 	ErrNotMigrated = errors.New("idemq: dedup table does not exist (run migrations)")
+	// ErrMessageTooLarge is wrapped by a publish that the broker, or its
+	// client, refused for the message's size (body and headers, as the
+	// broker counts them): publishing it again as it is fails again. The
+	// broker adapters translate their own errors into it; a dlq
+	// DeadLetterer then publishes the dead letter truncated.
+	ErrMessageTooLarge = errors.New("idemq: message too large for the broker")
 )
 
 // Permanent wraps err so that the runtime does not retry it: the message is

@@ -37,6 +37,10 @@ const (
 	// VerdictUnverified: ClassifyConfig.VerifyKeys is set and the
 	// envelope is not signed by any of them; replay leaves it in the queue.
 	VerdictUnverified Verdict = "unverified"
+	// VerdictTruncated: the dead letter was cut to fit the broker
+	// (HeaderTruncated); replay leaves it in the queue, never applying a
+	// body that is not whole.
+	VerdictTruncated Verdict = "truncated"
 )
 
 // Item is one classified message.
@@ -64,6 +68,7 @@ type Classification struct {
 	Mismatch       int    `json:"fingerprint_mismatch"`
 	MissingID      int    `json:"missing_id"`
 	Unverified     int    `json:"unverified"`
+	Truncated      int    `json:"truncated"`
 	BeyondHorizon  int    `json:"beyond_horizon"`
 	Malformed      int    `json:"malformed"`
 }
@@ -148,6 +153,8 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		switch {
 		case !verify.trusted(msg):
 			it.Verdict = VerdictUnverified
+		case rec.Truncated != "":
+			it.Verdict = VerdictTruncated
 		case id == "":
 			it.Verdict = VerdictMissingID
 		default:
@@ -177,6 +184,8 @@ func (c *Classification) add(it Item) {
 		c.MissingID++
 	case VerdictUnverified:
 		c.Unverified++
+	case VerdictTruncated:
+		c.Truncated++
 	}
 	if it.BeyondHorizon {
 		c.BeyondHorizon++

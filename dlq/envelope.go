@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,7 +38,9 @@ const (
 	HeaderSource = "x-idemq-source"
 	// HeaderPartition is the original Kafka partition; absent elsewhere.
 	HeaderPartition = "x-idemq-partition"
-	// HeaderOffset is the original Kafka offset; absent elsewhere.
+	// HeaderOffset is the original's position where its broker keeps one:
+	// its Kafka offset, or its JetStream stream sequence. Absent
+	// elsewhere.
 	HeaderOffset = "x-idemq-offset"
 	// HeaderHost is the host name of the process that dead-lettered it.
 	HeaderHost = "x-idemq-host"
@@ -54,12 +57,28 @@ const (
 	// Absent for other classes, and in envelopes written before it
 	// existed.
 	HeaderOriginalProcessedAt = "x-idemq-original-processed-at"
+	// HeaderTruncated marks a dead letter cut to fit the broker (see
+	// DeadLetterer): a comma-separated list of what it lacks of the
+	// original message, among "body" (it holds only the first
+	// Options.PreviewBytes), "headers" (original headers that did not fit)
+	// and "history" (the earlier failures). Absent on a whole dead letter.
+	// Replay, Requeue and Classify never run or republish a truncated
+	// dead letter: they leave it in the queue.
+	HeaderTruncated = "x-idemq-truncated"
+	// HeaderOriginalSize is, on a truncated dead letter, the original
+	// body's size in bytes, in decimal.
+	HeaderOriginalSize = "x-idemq-original-size"
+	// HeaderOriginalSHA256 is, on a truncated dead letter, the hex SHA-256
+	// of the original body: its consumer.Message.Fingerprint, which the
+	// dedup row of an applied original holds.
+	HeaderOriginalSHA256 = "x-idemq-original-sha256"
 )
 
 // Defaults for Options.
 const (
 	DefaultMaxErrorBytes = 1024
 	DefaultMaxHistory    = 10
+	DefaultPreviewBytes  = 1024
 )
 
 // Options tune the envelope. The zero value is ready to use.
@@ -77,6 +96,10 @@ type Options struct {
 	// queue. At least MinKeyBytes; use 32 random bytes, kept secret.
 	// Defaults to none: envelopes are not signed.
 	SigningKey []byte
+	// PreviewBytes is how much of the body a truncated dead letter keeps,
+	// and how many bytes of the original's headers (names and values) it
+	// keeps at most, smallest first (see DeadLetterer). Defaults to 1024.
+	PreviewBytes int
 }
 
 func (o Options) withDefaults() Options {
@@ -89,6 +112,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxHistory == 0 {
 		o.MaxHistory = DefaultMaxHistory
 	}
+	if o.PreviewBytes == 0 {
+		o.PreviewBytes = DefaultPreviewBytes
+	}
 	return o
 }
 
@@ -98,6 +124,8 @@ func (o Options) validate() error {
 		return &consumer.ConfigError{Field: "MaxErrorBytes", Reason: fmt.Sprintf("%d, must be at least 16", o.MaxErrorBytes)}
 	case o.MaxHistory < 0:
 		return &consumer.ConfigError{Field: "MaxHistory", Reason: "negative"}
+	case o.PreviewBytes < 0:
+		return &consumer.ConfigError{Field: "PreviewBytes", Reason: "negative"}
 	case o.SigningKey != nil:
 		if err := ValidateKey(o.SigningKey); err != nil {
 			return &consumer.ConfigError{Field: "SigningKey", Reason: err.Error()}
@@ -133,6 +161,13 @@ type Record struct {
 	// History holds the earlier failures, oldest first (possibly
 	// truncated to Options.MaxHistory).
 	History []Entry
+	// Truncated says what the dead letter lacks of the original, if it
+	// was cut to fit its broker (HeaderTruncated): "" for a whole one.
+	Truncated string
+	// OriginalSize and OriginalSHA256 describe the original body of a
+	// truncated dead letter: 0 and "" for a whole one.
+	OriginalSize   int64
+	OriginalSHA256 string
 }
 
 // ErrNoEnvelope is returned by Parse for a message without idemq failure
@@ -192,8 +227,10 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	h[HeaderSource] = cur.Source
 	delete(h, HeaderPartition)
 	delete(h, HeaderOffset)
-	if cur.Partition >= 0 && cur.Offset >= 0 {
+	if cur.Partition >= 0 {
 		h[HeaderPartition] = strconv.Itoa(int(cur.Partition))
+	}
+	if cur.Offset >= 0 {
 		h[HeaderOffset] = strconv.FormatInt(cur.Offset, 10)
 	}
 	h[HeaderHost] = cur.Host
@@ -258,6 +295,15 @@ func Parse(msg *consumer.Message) (Record, error) {
 		if err := json.Unmarshal([]byte(v), &r.History); err != nil {
 			return r, bad(HeaderHistory, err)
 		}
+	}
+	if v, ok := h[HeaderTruncated]; ok {
+		// A truncated dead letter must never pass for a whole one: an
+		// empty mark is still a mark.
+		r.Truncated = cmp.Or(v, "body")
+		if r.OriginalSize, err = strconv.ParseInt(h[HeaderOriginalSize], 10, 64); err != nil {
+			return r, bad(HeaderOriginalSize, err)
+		}
+		r.OriginalSHA256 = h[HeaderOriginalSHA256]
 	}
 	return r, nil
 }

@@ -38,6 +38,9 @@ type Group struct {
 	// Unverified counts the group's messages whose envelope is not signed
 	// by any key given with VerifyWith (always 0 without it).
 	Unverified int `json:"unverified,omitempty"`
+	// Truncated counts the group's dead letters that were cut to fit the
+	// broker (Record.Truncated): a replay leaves them in the queue.
+	Truncated int `json:"truncated,omitempty"`
 }
 
 // Report is what Inspect found.
@@ -46,8 +49,10 @@ type Report struct {
 	Malformed int `json:"malformed"`
 	// Unverified counts the messages whose envelope is not signed by any
 	// key given with VerifyWith; a replay with those keys leaves them.
-	Unverified int     `json:"unverified,omitempty"`
-	Groups     []Group `json:"groups"`
+	Unverified int `json:"unverified,omitempty"`
+	// Truncated counts the dead letters cut to fit the broker.
+	Truncated int     `json:"truncated,omitempty"`
+	Groups    []Group `json:"groups"`
 }
 
 // InspectOption tunes Inspect.
@@ -125,6 +130,10 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...I
 		if !verify.trusted(msg) {
 			g.Unverified++
 			rep.Unverified++
+		}
+		if rec.Truncated != "" {
+			g.Truncated++
+			rep.Truncated++
 		}
 	}
 	slices.SortStableFunc(rep.Groups, func(a, b Group) int { return b.Count - a.Count })

@@ -86,6 +86,10 @@ type Result struct {
 	// Unverified counts selected messages left in the queue because their
 	// envelope is not signed by any of VerifyKeys.
 	Unverified int64 `json:"unverified"`
+	// Truncated counts selected messages left in the queue because they
+	// were cut to fit the broker (HeaderTruncated): their body is not
+	// whole, so it is never applied.
+	Truncated int64 `json:"truncated"`
 }
 
 // errEnd marks the end of the dead-letter queue to the runtime.
@@ -224,7 +228,7 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 			beyond string
 			gerr   error
 		)
-		if trusted && !s.force {
+		if trusted && !s.force && rec.Truncated == "" {
 			// Outside the lock: it may look the original's row up.
 			beyond, gerr = s.guard.check(ctx, rec, msg, time.Now())
 		}
@@ -241,6 +245,12 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		case !trusted:
 			s.res.Unverified++
 			s.mu.Unlock()
+			continue // left unacked: back in the queue at Close
+		case rec.Truncated != "":
+			s.res.Truncated++
+			s.mu.Unlock()
+			s.log.Warn("idemq: dlq replay: left a truncated dead letter", "message_id", rec.MessageID, "truncated", rec.Truncated,
+				"original_size", rec.OriginalSize, "source", rec.Source, "offset", rec.Offset)
 			continue // left unacked: back in the queue at Close
 		case gerr != nil && ctx.Err() != nil:
 			s.mu.Unlock()

@@ -62,6 +62,9 @@ type RequeueResult struct {
 	BeyondHorizon int64 `json:"beyond_horizon"`
 	Malformed     int64 `json:"malformed"`
 	Unverified    int64 `json:"unverified"`
+	// Truncated counts dead letters left in the queue because they were
+	// cut to fit the broker (HeaderTruncated): never republished.
+	Truncated int64 `json:"truncated_left"`
 }
 
 // Requeue is the alternative replay mode: instead of running a handler here,
@@ -119,6 +122,10 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			continue
 		case !verify.trusted(msg):
 			res.Unverified++
+			progress()
+			continue
+		case rec.Truncated != "":
+			res.Truncated++
 			progress()
 			continue
 		}
