@@ -2,6 +2,8 @@ package natsjs_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/brokers/brokertest"
 	natsjs "github.com/idemq/idemq/brokers/nats"
@@ -522,4 +525,82 @@ func TestE2EBatchMode(t *testing.T) {
 		t.Errorf("effects: %d rows for %d ids, want %d", rows, distinct, count)
 	}
 	t.Logf("runtime %+v; source %+v", rt.Stats(), src.Stats())
+}
+
+// TestE2EDeadLetterTooLargeForTheServer: a message that fits the server's
+// max_payload, whose dead letter does not (the envelope's headers take it
+// over), is dead-lettered truncated at once: the worker is not held on it,
+// and the dead letter says what it lacks, the original's size and SHA-256,
+// and its stream sequence.
+func TestE2EDeadLetterTooLargeForTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	e := newE2E(t)
+	n := newNames(t)
+	cfg := n.config()
+	cfg.Topology = &natsjs.Topology{}
+	src := newSource(t, cfg)
+	nc, err := nats.Connect(serverURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// As large as the server takes with the publisher's own headers.
+	big := &consumer.Message{ID: "big-1", Body: []byte(strings.Repeat("x", int(nc.MaxPayload())-256))}
+	if err := newPublisher(t, natsjs.PublisherConfig{}).Publish(ctx, n.subject, big); err != nil {
+		t.Fatalf("publish a message the server takes: %v", err)
+	}
+	rejecting := func(*consumer.Message) error { return consumer.Permanent(errors.New("cannot parse the order")) }
+	rt, stop := e.run(t, src, src.DeadLetterer(), 1, rejecting)
+	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool {
+		st := rt.Stats()
+		return st.DeadLettered == 1 && st.InFlight == 0
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	d, err := newBrowser(t, natsjs.BrowserConfig{Subject: n.dlqSubject}).Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dlq.Parse(d.Message())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(big.Body)
+	if r.Truncated != "body" || r.OriginalSize != int64(len(big.Body)) || r.OriginalSHA256 != hex.EncodeToString(sum[:]) ||
+		len(d.Message().Body) != dlq.DefaultPreviewBytes {
+		t.Errorf("dead letter %+v with a %d-byte body: want it truncated to %d bytes, with the original's size and hash",
+			r, len(d.Message().Body), dlq.DefaultPreviewBytes)
+	}
+	if r.MessageID != "big-1" || r.Source != n.subject || r.Offset != 1 || !strings.Contains(r.Error, "cannot parse the order") {
+		t.Errorf("dead letter %+v: want id big-1 from %s at stream sequence 1, with its reason", r, n.subject)
+	}
+}
+
+// TestDeadLetterTooLargeForTheStream: a dead-letter stream whose
+// max_msg_size refuses the whole dead letter gets it truncated.
+func TestDeadLetterTooLargeForTheStream(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	n := newNames(t)
+	j := js(t)
+	if _, err := j.CreateStream(ctx, jetstream.StreamConfig{Name: n.stream, Subjects: []string{n.subject}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.CreateStream(ctx, jetstream.StreamConfig{Name: n.dlqStream, Subjects: []string{n.dlqSubject}, MaxMsgSize: 8192}); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, n.config())
+	m := &consumer.Message{ID: "big-2", Body: []byte(strings.Repeat("y", 8000)), Source: n.subject, Partition: -1, Offset: 7}
+	if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{Consumer: "c", MessageID: "big-2", Class: consumer.ClassPermanent, Err: errors.New("bad")}); err != nil {
+		t.Fatalf("DeadLetter: %v", err)
+	}
+	d, err := newBrowser(t, natsjs.BrowserConfig{Subject: n.dlqSubject}).Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := dlq.Parse(d.Message()); err != nil || r.Truncated != "body" || r.OriginalSize != 8000 || r.Offset != 7 {
+		t.Fatalf("dead letter %+v (%v): want it truncated, from sequence 7", r, err)
+	}
 }

@@ -173,6 +173,12 @@ func classifyPublish(err error) error {
 	switch {
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse):
 		return fmt.Errorf("%w (%v)", ErrNoStream, err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		// The client checks the server's max_payload before sending.
+		return fmt.Errorf("%w: %v", consumer.ErrMessageTooLarge, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		// The stream's own max_msg_size.
+		return fmt.Errorf("%w: %w: %s (code %d)", ErrRejected, consumer.ErrMessageTooLarge, apiErr.Description, apiErr.ErrorCode)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: %s (code %d)", ErrRejected, apiErr.Description, apiErr.ErrorCode)
 	default:
