@@ -8,3 +8,6 @@ func DeadLetterPublisher(s *Source) (sharesTransport, closed bool) {
 	defer pub.mu.RUnlock()
 	return pub.transport == s.transport && !pub.owned, pub.closed
 }
+
+// TooLarge is tooLarge, for its unit test.
+var TooLarge = tooLarge

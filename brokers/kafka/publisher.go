@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/idemq/idemq/consumer"
@@ -95,12 +96,27 @@ func (p *Publisher) Publish(ctx context.Context, topic string, msgs ...*consumer
 		return fmt.Errorf("kafka: publish to %q: %w", topic, ErrPublisherClosed)
 	}
 	if err := p.w.WriteMessages(ctx, records...); err != nil {
-		if errors.Is(err, io.ErrClosedPipe) {
+		switch {
+		case errors.Is(err, io.ErrClosedPipe):
 			err = ErrPublisherClosed
+		case tooLarge(err):
+			err = fmt.Errorf("%w: %w", consumer.ErrMessageTooLarge, err)
 		}
 		return fmt.Errorf("kafka: publish %d messages to %q: %w", len(msgs), topic, err)
 	}
 	return nil
+}
+
+// tooLarge reports whether a write failed for a record's size: refused by
+// the writer's BatchBytes, or by the broker (max.message.bytes), for the
+// whole write or, in kafka-go's WriteErrors, for one of its records.
+func tooLarge(err error) bool {
+	var wes kafkago.WriteErrors
+	if errors.As(err, &wes) {
+		return slices.ContainsFunc(wes, func(e error) bool { return e != nil && tooLarge(e) })
+	}
+	var mtl kafkago.MessageTooLargeError
+	return errors.As(err, &mtl) || errors.Is(err, kafkago.MessageSizeTooLarge)
 }
 
 func (p *Publisher) record(topic string, m *consumer.Message) kafkago.Message {

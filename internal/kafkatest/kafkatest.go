@@ -87,15 +87,32 @@ func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int) {
 	}
 }
 
+// CreateTopicConfig creates topic as CreateTopic does, with the given
+// topic configuration (max.message.bytes, say).
+func (c *Cluster) CreateTopicConfig(t testing.TB, topic string, partitions int, config map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := createTopic(ctx, c.Addrs()[0], topic, partitions, config); err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+}
+
 // CreateTopic creates topic with the given number of partitions on the
 // cluster reachable at addr.
 func CreateTopic(ctx context.Context, addr, topic string, partitions int) error {
+	return createTopic(ctx, addr, topic, partitions, nil)
+}
+
+func createTopic(ctx context.Context, addr, topic string, partitions int, config map[string]string) error {
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}
-	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{
-		Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
-	})
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
+	for k, v := range config {
+		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+	}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{tc}})
 	if err != nil {
 		return fmt.Errorf("create topic %q: %w", topic, err)
 	}
