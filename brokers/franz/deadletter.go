@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq/brokers/kafka"
@@ -59,6 +60,13 @@ func (s *Source) newDeadLetterer() error {
 		if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 			if errors.Is(err, kgo.ErrClientClosed) || s.isClosed() {
 				return fmt.Errorf("franz: dead-letter to %q: %w (%v)", topic, consumer.ErrSourceClosed, err)
+			}
+			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+				// Refused for its size, by the client's
+				// ProducerBatchMaxBytes or the topic's
+				// max.message.bytes: the dead-letterer retries it
+				// truncated.
+				err = fmt.Errorf("%w: %w", consumer.ErrMessageTooLarge, err)
 			}
 			return fmt.Errorf("franz: dead-letter to %q: %w", topic, err)
 		}
