@@ -120,7 +120,10 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 // PublisherConfig.KeyHeader, if set), Timestamp the timestamp; the delivery
 // mode is persistent. A message that no queue receives is an error wrapping
 // ErrUnroutable, a broker nack one wrapping ErrNacked, and a connection lost
-// before the confirm one wrapping ErrUnconfirmed. Each failed message gets a
+// before the confirm one wrapping ErrUnconfirmed. A message whose headers
+// and properties do not fit one frame of the connection's frame_max
+// (131072 bytes by default) is not sent: its error wraps
+// consumer.ErrMessageTooLarge. Each failed message gets a
 // *PublishError; they are joined with errors.Join. Publishing the failed
 // messages again is safe: consumers deduplicate by id.
 func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, msgs ...*consumer.Message) error {
@@ -175,8 +178,17 @@ func checkPublish(exchange, routingKey string, msgs []*consumer.Message) error {
 // returns for this call may still arrive.
 func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routingKey string, msgs []*consumer.Message) (healthy bool, err error) {
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	// tooLarge[i], if set, is why msgs[i] is not sent: its properties do
+	// not fit one frame, and the broker would close the whole connection
+	// on it.
+	tooLarge := make([]error, len(msgs))
 	for i, m := range msgs {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, publishing(m, keyHeader))
+		pub := publishing(m, keyHeader)
+		if err := checkFrame(pc.conn.Config.FrameSize, pub); err != nil {
+			tooLarge[i] = err
+			continue
+		}
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, pub)
 		if err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return false, fmt.Errorf("rabbitmq: publish: %w", ctxErr)
@@ -188,7 +200,11 @@ func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routing
 			reason := pc.reason(err)
 			errs := make([]error, len(msgs))
 			for j := range msgs {
-				errs[j] = &PublishError{Index: j, MessageID: msgs[j].ID, Err: fmt.Errorf("%w: %s", ErrUnconfirmed, reason)}
+				err := tooLarge[j]
+				if err == nil {
+					err = fmt.Errorf("%w: %s", ErrUnconfirmed, reason)
+				}
+				errs[j] = &PublishError{Index: j, MessageID: msgs[j].ID, Err: err}
 			}
 			return false, errors.Join(errs...)
 		}
@@ -202,6 +218,9 @@ func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routing
 	var returns []amqp.Return
 	retCh := pc.returns // nil once amqp091 closes it with the channel
 	for _, dc := range confirms {
+		if dc == nil {
+			continue // not sent
+		}
 	wait:
 		for {
 			select {
@@ -239,6 +258,8 @@ drain:
 	for i, dc := range confirms {
 		var reason error
 		switch {
+		case tooLarge[i] != nil:
+			reason = tooLarge[i]
 		case returned[i] != nil:
 			reason = fmt.Errorf("%w: exchange %q, routing key %q: %d %s", ErrUnroutable, exchange, routingKey, returned[i].ReplyCode, returned[i].ReplyText)
 		case dc.Acked():
@@ -364,6 +385,50 @@ func publishing(m *consumer.Message, keyHeader string) amqp.Publishing {
 		Timestamp:    m.Timestamp,
 		Body:         m.Body,
 	}
+}
+
+// checkFrame returns an error wrapping consumer.ErrMessageTooLarge if p's
+// content header, its properties, would not fit one frame of frameSize
+// bytes (the connection's negotiated frame_max; 0 for no limit). RabbitMQ
+// closes the whole connection (501 FRAME_ERROR) on a frame over its
+// frame_max, so such a message must not be sent. The body is split into as
+// many frames as it needs; its limit, max_message_size, is the broker's.
+func checkFrame(frameSize int, p amqp.Publishing) error {
+	if frameSize <= 0 {
+		return nil
+	}
+	// The frame's payload (frame_max less its 7-byte header and its end
+	// octet): class id, weight, body size and property flags, then each
+	// property publishing sets, as amqp091 writes them.
+	n := 2 + 2 + 8 + 2
+	if len(p.Headers) > 0 {
+		n += 4 // the table's length
+		for k, v := range p.Headers {
+			n += 1 + len(k) + 1 // the name, a short string, and the type
+			switch v := v.(type) {
+			case string:
+				n += 4 + len(v)
+			case []byte:
+				n += 4 + len(v)
+			default:
+				n += 8 // publishing sets strings only; 8 is the largest of the rest
+			}
+		}
+	}
+	if p.DeliveryMode > 0 {
+		n++
+	}
+	if p.MessageId != "" {
+		n += 1 + len(p.MessageId)
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	if limit := frameSize - 8; n > limit {
+		return fmt.Errorf("%w: its headers and properties take %d bytes, the connection's frame_max allows %d",
+			consumer.ErrMessageTooLarge, n, limit)
+	}
+	return nil
 }
 
 // reason describes why pc's channel closed, for errors.
