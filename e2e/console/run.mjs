@@ -155,7 +155,7 @@ try {
   check((await count("unverified")) === 0, "unverified");
   // A zero is calm: only a bad outcome that happened takes a warning colour.
   const tile = (k) => page.locator("#counts li", { has: page.locator(`[data-count="${k}"]`) });
-  for (const k of ["fingerprint-mismatch", "beyond-horizon", "unverified", "missing-id"]) {
+  for (const k of ["fingerprint-mismatch", "beyond-horizon", "unverified", "missing-id", "truncated"]) {
     check((await tile(k).getAttribute("class")) === "tile-zero", `the zero ${k} tile: ${await tile(k).getAttribute("class")}`);
   }
   check((await tile("already-applied").getAttribute("class")) === "tile-ok", "the already-applied tile");

@@ -32,6 +32,7 @@ var (
 		{"beyond_horizon", "%s beyond the retention horizon", false},
 		{"unverified", "%s with an unverified signature", false},
 		{"missing_id", "%s without an id", false},
+		{"truncated", "%s truncated to fit the broker", false},
 	}
 	resultPhrases = []phrase{
 		{"republished", "republished %s", true},
@@ -40,6 +41,7 @@ var (
 		{"beyond_horizon", "left %s beyond the retention horizon", false},
 		{"unverified", "left %s with an unverified signature", false},
 		{"missing_id_left", "left %s without an id", false},
+		{"truncated_left", "left %s truncated", false},
 		{"malformed", "left %s unreadable", false},
 		{"scanned", "%s scanned", true},
 	}

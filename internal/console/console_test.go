@@ -206,8 +206,8 @@ func tiles(t *testing.T, body string) map[string][2]string {
 	for _, m := range tileRE.FindAllStringSubmatch(body, -1) {
 		out[m[2]] = [2]string{m[3], m[1]}
 	}
-	if len(out) != 6 {
-		t.Fatalf("%d dry-run tiles, want 6: %v", len(out), out)
+	if len(out) != 7 {
+		t.Fatalf("%d dry-run tiles, want 7: %v", len(out), out)
 	}
 	return out
 }
@@ -221,7 +221,8 @@ func TestConsoleDryRunTilesWarnOnlyWhenNonZero(t *testing.T) {
 	// The class of each tile with a count that is not zero; a zero's is
 	// tile-zero. tile-bad and tile-warn are the warning colours.
 	tones := map[string]string{"already-applied": "tile-ok", "will-apply": "tile-info", "fingerprint-mismatch": "tile-bad",
-		"beyond-horizon": "tile-warn", "unverified": "tile-bad", "missing-id": "tile-warn"}
+		"beyond-horizon": "tile-warn", "unverified": "tile-bad", "missing-id": "tile-warn",
+		"truncated": "tile-warn"}
 	check := func(q string, nonZero ...string) {
 		t.Helper()
 		got := tiles(t, c.mustGet("/dry-run?"+q))

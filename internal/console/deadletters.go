@@ -197,11 +197,12 @@ type dryCounts struct {
 	BeyondHorizon  int `json:"beyond_horizon"`
 	Unverified     int `json:"unverified"`
 	MissingID      int `json:"missing_id"`
+	Truncated      int `json:"truncated"`
 }
 
 func countsOf(cl dlq.Classification) dryCounts {
 	return dryCounts{Selected: len(cl.Items), AlreadyApplied: cl.AlreadyApplied, WillApply: cl.WillApply, Mismatch: cl.Mismatch,
-		BeyondHorizon: cl.BeyondHorizon, Unverified: cl.Unverified, MissingID: cl.MissingID}
+		BeyondHorizon: cl.BeyondHorizon, Unverified: cl.Unverified, MissingID: cl.MissingID, Truncated: cl.Truncated}
 }
 
 // tile is one count of a dry run, as the dry-run page shows it.
@@ -235,6 +236,7 @@ func (c dryCounts) tiles() []tile {
 		{Key: "beyond-horizon", Count: c.BeyondHorizon, Label: "beyond the retention horizon", Note: left, tone: "warn"},
 		{Key: "unverified", Count: c.Unverified, Label: "unverified signature", Note: left, tone: "bad"},
 		{Key: "missing-id", Count: c.MissingID, Label: "without an id", Note: left, tone: "warn"},
+		{Key: "truncated", Count: c.Truncated, Label: "truncated to fit the broker", Note: left + ": the body is not whole", tone: "warn"},
 	}
 }
 

@@ -312,7 +312,7 @@ type dryRunView struct {
 }
 
 func (c dryCounts) confirm() string {
-	return fmt.Sprintf("%d/%d/%d/%d/%d/%d/%d", c.Selected, c.WillApply, c.AlreadyApplied, c.Mismatch, c.BeyondHorizon, c.Unverified, c.MissingID)
+	return fmt.Sprintf("%d/%d/%d/%d/%d/%d/%d/%d", c.Selected, c.WillApply, c.AlreadyApplied, c.Mismatch, c.BeyondHorizon, c.Unverified, c.MissingID, c.Truncated)
 }
 
 func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) {

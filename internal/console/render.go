@@ -77,7 +77,7 @@ var funcs = template.FuncMap{
 
 // done counts the messages a replay settled, for its progress bar.
 func done(r dlq.RequeueResult) int64 {
-	return r.Republished + r.Skipped + r.Mismatched + r.BeyondHorizon + r.Unverified + r.MissingID
+	return r.Republished + r.Skipped + r.Mismatched + r.BeyondHorizon + r.Unverified + r.MissingID + r.Truncated
 }
 
 // age renders a duration coarsely: 42s, 3m12s, 5h3m, 12d4h.
