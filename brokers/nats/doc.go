@@ -5,15 +5,19 @@
 //
 //	import natsjs "github.com/idemq/idemq/brokers/nats"
 //
-// [Source] implements [consumer.Source], [consumer.ConfigurableSource] and
-// [consumer.BatchAcker]: it consumes a stream through a durable pull
-// consumer with explicit acks. [NewSource] connects, declares
-// [Config].Topology if set, and checks the stream and the dead-letter
-// subject, but pulls nothing: the first Receive creates (or updates) the
-// durable consumer with the AckWait, MaxDeliver and MaxAckPending in force,
-// MaxAckPending being 2× the runtime's window (Concurrency × BatchSize)
-// unless [Config].MaxAckPending fixes it, and the client buffers at most a
-// window's worth of messages besides the ones the runtime holds.
+// [Source] implements [consumer.Source], [consumer.ConfigurableSource],
+// [consumer.BatchAcker] and [consumer.HorizonSource]: it consumes a stream
+// through a durable pull consumer with explicit acks. [NewSource] connects,
+// declares [Config].Topology if set, and checks the stream and the
+// dead-letter subject, but pulls nothing: the first Receive creates (or
+// updates) the durable consumer with the AckWait, MaxDeliver and
+// MaxAckPending in force, MaxAckPending being 2× the runtime's window
+// (Concurrency × BatchSize) unless [Config].MaxAckPending fixes it, and
+// the client buffers at most a window's worth of messages besides the ones
+// the runtime holds. [Source.RedeliveryHorizon] tells the runtime's
+// janitor when the stream stored the oldest message the durable could
+// still hand out (the first on its subject past its ack floor), so that no
+// dedup row is purged while its message can come back.
 //
 // Acks are confirmed: Ack is a double ack, which returns nil only once the
 // server recorded it. The runtime acks only after the dedup row and the
