@@ -405,6 +405,9 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	if len(keys) > 0 {
 		fmt.Fprintf(e.stdout, "; %d unverified (not signed with a given key)", rep.Unverified)
 	}
+	if rep.Truncated > 0 {
+		fmt.Fprintf(e.stdout, "; %d truncated to fit the broker (%s)", rep.Truncated, truncatedNote)
+	}
 	fmt.Fprintln(e.stdout)
 	if len(rep.Groups) == 0 {
 		return nil
@@ -418,6 +421,9 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 			orDash(strings.Join(g.Sources, ",")), when(g.FirstSeen), when(g.LastSeen), orDash(oneLine(g.Pattern, 160)))
 		if sample := oneLine(g.Error, 160); sample != oneLine(g.Pattern, 160) {
 			fmt.Fprintf(tw, "\t\t\t\t\t\te.g. %s\n", sample)
+		}
+		if g.Truncated > 0 {
+			fmt.Fprintf(tw, "\t\t\t\t\t\t%d of them truncated to fit the broker\n", g.Truncated)
 		}
 	}
 	return tw.Flush()
@@ -541,8 +547,12 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		if len(keys) > 0 {
 			unverified = fmt.Sprintf(", %d unverified (not signed with a given key)", cl.Unverified)
 		}
-		fmt.Fprintf(e.stdout, "\ndry run: scanned %d, selected %d: %d will apply, %d already applied, %d fingerprint mismatch, %d missing id%s; %d beyond the retention horizon. Nothing was consumed.\n",
-			cl.Scanned, len(cl.Items), cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.MissingID, unverified, cl.BeyondHorizon)
+		truncated := ""
+		if cl.Truncated > 0 {
+			truncated = fmt.Sprintf(", %d truncated (%s)", cl.Truncated, truncatedNote)
+		}
+		fmt.Fprintf(e.stdout, "\ndry run: scanned %d, selected %d: %d will apply, %d already applied, %d fingerprint mismatch, %d missing id%s%s; %d beyond the retention horizon. Nothing was consumed.\n",
+			cl.Scanned, len(cl.Items), cl.WillApply, cl.AlreadyApplied, cl.Mismatch, cl.MissingID, unverified, truncated, cl.BeyondHorizon)
 		return nil
 	}
 
@@ -569,7 +579,16 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		if res.Unverified > 0 {
 			fmt.Fprintf(e.stdout, "; %d unverified (not signed with a given key)", res.Unverified)
 		}
+		if res.Truncated > 0 {
+			fmt.Fprintf(e.stdout, "; left %d truncated", res.Truncated)
+		}
 		fmt.Fprintln(e.stdout)
+	}
+	if res.Truncated > 0 {
+		fmt.Fprintf(e.stderr, "idemq: %d truncated dead letters were left in place: each was cut to fit the broker, so its body is not the original's. "+
+			"Its envelope holds the original's size and sha256 (%s, %s) and, where the broker keeps them, its source and offset (%s, %s): "+
+			"republish the original from there, and delete the dead letter by hand\n",
+			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, dlq.HeaderSource, dlq.HeaderOffset)
 	}
 	if err != nil {
 		return hint(err, store)
@@ -579,6 +598,9 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	}
 	return nil
 }
+
+// truncatedNote says what a truncated dead letter is, after its count.
+const truncatedNote = "their body is not whole: replay leaves them"
 
 // sayNote writes the DLQ's note, if any, to stderr: stdout stays the
 // report (JSON with --json).
