@@ -11,8 +11,8 @@ import (
 
 // HorizonSource is a Source that can tell how far back a redelivery could
 // reach: the janitor then never purges a dedup row whose message the broker
-// could still hand out again. The Kafka and RabbitMQ adapters implement it;
-// other adapters may.
+// could still hand out again. The Kafka, RabbitMQ, NATS JetStream and Redis
+// Streams adapters implement it; other adapters may.
 type HorizonSource interface {
 	Source
 	// RedeliveryHorizon returns the oldest time a message the broker could

@@ -54,8 +54,8 @@ type Stats struct {
 }
 
 // Source consumes a JetStream stream through a durable pull consumer with
-// explicit acks. It implements consumer.Source, consumer.ConfigurableSource
-// and consumer.BatchAcker; create it with NewSource. It is safe for
+// explicit acks. It implements consumer.Source, consumer.ConfigurableSource,
+// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
 	cfg Config

@@ -64,8 +64,8 @@ type Stats struct {
 }
 
 // Source consumes one Redis stream as a member of a consumer group. It
-// implements consumer.Source, consumer.ConfigurableSource and
-// consumer.BatchAcker; create it with NewSource. It is safe for concurrent
+// implements consumer.Source, consumer.ConfigurableSource,
+// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for concurrent
 // use.
 type Source struct {
 	cfg  Config
