@@ -26,8 +26,13 @@ const returnBuffer = 64
 // field selects a documented default.
 type PublisherConfig struct {
 	// URL is the broker's AMQP URL, one URL: a comma-separated list is
-	// refused. Defaults to DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
+	// refused (a cluster's other nodes go in FailoverURLs). Defaults to
+	// DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
 	URL string
+	// FailoverURLs are the AMQP URLs of the cluster's other nodes, if any:
+	// each connection tries the nodes in turn, as Config.FailoverURLs
+	// says. Defaults to none.
+	FailoverURLs []string
 	// ConnectionName is shown by the broker's management tools. Defaults
 	// to none.
 	ConnectionName string
@@ -68,7 +73,7 @@ func (c PublisherConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	return checkURL(c.URL)
+	return checkNodes(c.URL, c.FailoverURLs)
 }
 
 // Publisher publishes messages with publisher confirms, persistent delivery
@@ -76,12 +81,14 @@ func (c PublisherConfig) validate() error {
 // Publish after it is lost. It is safe for concurrent use; create it with
 // NewPublisher.
 type Publisher struct {
-	cfg PublisherConfig
-	log *slog.Logger
-	sem chan struct{} // Channels slots
+	cfg   PublisherConfig
+	log   *slog.Logger
+	sem   chan struct{} // Channels slots
+	nodes *nodes
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
+	node   int // the index of conn's node in nodes
 	idle   []*pubChannel
 	closed bool
 }
@@ -102,12 +109,12 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.Channels)}
-	conn, err := dial(ctx, cfg.URL, cfg.ConnectionName, cfg.DialTimeout)
+	p := &Publisher{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.Channels), nodes: newNodes(cfg.URL, cfg.FailoverURLs)}
+	conn, node, err := p.nodes.dial(ctx, cfg.ConnectionName, cfg.DialTimeout)
 	if err != nil {
 		return nil, err
 	}
-	p.conn = conn
+	p.conn, p.node = conn, node
 	return p, nil
 }
 
@@ -315,12 +322,16 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 	}
 	if p.conn == nil || p.conn.IsClosed() {
 		p.idle = nil
-		p.log.Info("rabbitmq: publisher reconnecting", slog.String("url", redact.URL(p.cfg.URL)))
-		conn, err := dial(ctx, p.cfg.URL, p.cfg.ConnectionName, p.cfg.DialTimeout)
+		if p.conn != nil {
+			p.nodes.lost(p.node)
+		}
+		p.log.Info("rabbitmq: publisher reconnecting", slog.String("nodes", p.nodes.String()))
+		conn, node, err := p.nodes.dial(ctx, p.cfg.ConnectionName, p.cfg.DialTimeout)
 		if err != nil {
 			return nil, err
 		}
-		p.conn = conn
+		p.conn, p.node = conn, node
+		p.log.Info("rabbitmq: publisher reconnected", slog.String("url", redact.URL(p.nodes.urls[node])))
 	}
 	pc, err := openConfirmChannel(p.conn)
 	if err != nil {

@@ -56,7 +56,7 @@ func TestURLPasswordNeverInErrorsOrLogs(t *testing.T) {
 		// A list is not one URL: amqp091 would read the rest as the vhost,
 		// and the broker's "vhost ... not found" would echo its passwords.
 		{"a list of URLs", "amqp://guest:guest@127.0.0.1:5672/,amqp://app:" + secret + "@127.0.0.1:5672/",
-			"URL: holds 2 URLs; give one (a comma-separated list is not supported)", true},
+			"URL: holds 2 URLs; give one (a comma-separated list is not supported; other nodes of a cluster go in FailoverURLs)", true},
 		{"a list with spaces", "amqp://guest:guest@127.0.0.1:5672/, amqps://app:" + secret + "@127.0.0.1:5671/",
 			"URL: holds 2 URLs", true},
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Keys of consumer.Message.Metadata set by Source.
@@ -55,8 +56,18 @@ const (
 // consumer.New passes them to the Source through Configure.
 type Config struct {
 	// URL is the broker's AMQP URL, one URL: a comma-separated list is
-	// refused. Defaults to DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
+	// refused (a cluster's other nodes go in FailoverURLs). Defaults to
+	// DefaultURL, amqp://guest:guest@127.0.0.1:5672/.
 	URL string
+	// FailoverURLs are the AMQP URLs of the cluster's other nodes, if
+	// any. Every connection, the first and each reconnect, tries the
+	// nodes in turn, URL first, starting after the node a connection was
+	// last lost to: a consumer whose node dies moves to another node at
+	// its first reconnect (Reconnect.InitialInterval later), and the
+	// backoff grows only once every node has refused. Use them with
+	// quorum queues (Topology.Quorum), which every node serves. Defaults
+	// to none.
+	FailoverURLs []string
 	// Queue is the queue to consume. Required. It must exist: set
 	// Topology to have NewSource declare it, or declare it beforehand
 	// (DeclareTopology, say).
@@ -207,7 +218,7 @@ func (c Config) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	return checkURL(c.URL)
+	return checkNodes(c.URL, c.FailoverURLs)
 }
 
 // Stats are a Source's counters since it was created.
@@ -231,9 +242,10 @@ type Stats struct {
 // consumer.ConfigurableSource; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
-	cfg Config
-	log atomic.Pointer[slog.Logger] // set by NewSource, or by Configure before the first Receive
-	dl  *dlq.DeadLetterer
+	cfg   Config
+	nodes *nodes
+	log   atomic.Pointer[slog.Logger] // set by NewSource, or by Configure before the first Receive
+	dl    *dlq.DeadLetterer
 
 	life     context.Context // done once Close starts
 	stop     context.CancelFunc
@@ -272,6 +284,7 @@ type Source struct {
 // Deliveries belong to the session that received them.
 type session struct {
 	conn *amqp.Connection
+	node int                       // the index of conn's node in Source.nodes
 	cons atomic.Pointer[consuming] // nil until the session consumes
 	dead atomic.Bool               // set once the session is known lost or closed
 
@@ -321,6 +334,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		stop:       stop,
 		connecting: make(chan struct{}, 1),
 		bo:         bo,
+		nodes:      newNodes(cfg.URL, cfg.FailoverURLs),
 	}
 	prefetch := cfg.Prefetch
 	if prefetch == 0 {
@@ -340,7 +354,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.dl = dl
 	if cfg.Topology != nil {
-		if err := declareTopology(ctx, cfg.URL, cfg.ConnectionName, cfg.DialTimeout, *cfg.Topology); err != nil {
+		if err := declareTopology(ctx, s.nodes, cfg.ConnectionName, cfg.DialTimeout, *cfg.Topology); err != nil {
 			stop()
 			return nil, err
 		}
@@ -637,9 +651,9 @@ func (s *Source) session(ctx context.Context) (*session, error) {
 			}
 			s.bo.Reset()
 			if c := fresh.cons.Load(); c != nil {
-				s.logger().Info("rabbitmq: consumer reconnected", slog.String("consumer_tag", c.tag))
+				s.logger().Info("rabbitmq: consumer reconnected", slog.String("consumer_tag", c.tag), slog.String("node", redact.URL(s.nodes.urls[fresh.node])))
 			} else {
-				s.logger().Info("rabbitmq: reconnected; not consuming until the first Receive")
+				s.logger().Info("rabbitmq: reconnected; not consuming until the first Receive", slog.String("node", redact.URL(s.nodes.urls[fresh.node])))
 			}
 			return fresh, nil
 		}
@@ -674,11 +688,11 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	stopAfter := context.AfterFunc(s.life, cancel)
 	defer stopAfter()
 
-	conn, err := dial(dctx, s.cfg.URL, s.cfg.ConnectionName, s.cfg.DialTimeout)
+	conn, node, err := s.nodes.dial(dctx, s.cfg.ConnectionName, s.cfg.DialTimeout)
 	if err != nil {
 		return nil, err
 	}
-	sess := &session{conn: conn}
+	sess := &session{conn: conn, node: node}
 	if s.started.Load() {
 		c, err := s.consume(conn)
 		if err != nil {
@@ -737,6 +751,7 @@ func (s *Source) lost(sess *session) {
 		s.sess = nil
 	}
 	s.mu.Unlock()
+	s.nodes.lost(sess.node)
 	if s.life.Err() == nil {
 		if c := sess.cons.Load(); c != nil {
 			reason := "consumer cancelled by the broker"

@@ -80,16 +80,17 @@ func DeclareTopology(ctx context.Context, url string, t Topology) error {
 	if url == "" {
 		url = DefaultURL
 	}
-	return declareTopology(ctx, url, "", DefaultDialTimeout, t)
+	return declareTopology(ctx, newNodes(url, nil), "", DefaultDialTimeout, t)
 }
 
-// declareTopology declares t on a connection of its own, which it closes.
-func declareTopology(ctx context.Context, url, connName string, dialTimeout time.Duration, t Topology) error {
+// declareTopology declares t on a connection of its own to one of nodes,
+// which it closes.
+func declareTopology(ctx context.Context, nodes *nodes, connName string, dialTimeout time.Duration, t Topology) error {
 	t = t.withDefaults()
 	if err := t.validate(); err != nil {
 		return err
 	}
-	conn, err := dial(ctx, url, connName, dialTimeout)
+	conn, _, err := nodes.dial(ctx, connName, dialTimeout)
 	if err != nil {
 		return err
 	}
