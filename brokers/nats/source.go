@@ -31,6 +31,12 @@ const (
 	releaseDelay = 100 * time.Millisecond
 	retryInitial = 100 * time.Millisecond
 	retryMax     = 5 * time.Second
+	// ackAttempt bounds one ack's wait for the server's answer; a failed
+	// ack is sent again after ackRetryInitial, doubling to ackRetryMax,
+	// until AckWait runs out (see delivery.Ack).
+	ackAttempt      = 2 * time.Second
+	ackRetryInitial = 50 * time.Millisecond
+	ackRetryMax     = time.Second
 )
 
 // Stats are a Source's counters since it was created.
@@ -41,6 +47,8 @@ type Stats struct {
 	// not (the message comes back after AckWait, and dedup skips it).
 	Acked       int64
 	AckFailures int64
+	// AckRetries counts acks sent again after one got no answer.
+	AckRetries int64
 	// Nacked counts Nack calls (naks sent).
 	Nacked int64
 	// KeepAlives counts InProgress keep-alives sent for held deliveries.
@@ -79,7 +87,7 @@ type Source struct {
 	iter    jetstream.MessagesContext
 	held    map[*delivery]struct{}
 
-	received, acked, ackFailures, nacked, keepAlives, released, restarts atomic.Int64
+	received, acked, ackFailures, ackRetries, nacked, keepAlives, released, restarts atomic.Int64
 }
 
 // NewSource validates cfg, connects, declares cfg.Topology if set, checks
@@ -192,6 +200,7 @@ func (s *Source) Stats() Stats {
 		Received:    s.received.Load(),
 		Acked:       s.acked.Load(),
 		AckFailures: s.ackFailures.Load(),
+		AckRetries:  s.ackRetries.Load(),
 		Nacked:      s.nacked.Load(),
 		KeepAlives:  s.keepAlives.Load(),
 		Released:    s.released.Load(),
@@ -400,6 +409,9 @@ type delivery struct {
 	mu      sync.Mutex
 	settled bool
 	timer   *time.Timer
+	// due is when JetStream hands the message out again unless it hears
+	// of it: AckWait after its receipt or its last keep-alive.
+	due time.Time
 }
 
 func (s *Source) newDelivery(m jetstream.Msg) *delivery {
@@ -409,6 +421,7 @@ func (s *Source) newDelivery(m jetstream.Msg) *delivery {
 	s.held[d] = struct{}{}
 	s.mu.Unlock()
 	d.mu.Lock()
+	d.due = time.Now().Add(s.cfg.AckWait)
 	d.timer = time.AfterFunc(s.cfg.AckWait/3, d.keepAlive)
 	d.mu.Unlock()
 	return d
@@ -423,11 +436,13 @@ func (d *delivery) keepAlive() {
 	if d.settled || d.src.life.Err() != nil {
 		return
 	}
+	sent := time.Now()
 	if err := d.m.InProgress(); err != nil {
 		d.src.logger().Warn("natsjs: keep-alive failed; JetStream may redeliver the message after AckWait",
 			slog.String("message_id", d.msg.ID), slog.Int64("stream_seq", d.msg.Offset), slog.Any("error", err))
 	} else {
 		d.src.keepAlives.Add(1)
+		d.due = sent.Add(d.src.cfg.AckWait)
 	}
 	d.timer.Reset(d.src.cfg.AckWait / 3)
 }
@@ -466,23 +481,60 @@ func (d *delivery) release() bool {
 func (d *delivery) Message() *consumer.Message { return d.msg }
 
 // Ack acks the message and waits for the server to confirm it (a double
-// ack), so that a nil return means JetStream will not redeliver it. An ack
-// that fails (the connection is down, the server does not answer in time)
-// returns an error wrapping consumer.ErrDeliveryStale: the message may come
-// back after AckWait, and dedup skips it.
+// ack), so that a nil return means JetStream will not redeliver it.
+//
+// An ack that gets no answer within ackAttempt (the durable's leader is
+// gone while its replicas elect another, the connection is being
+// re-established) is sent again, with backoff, until the server answers or
+// the message's AckWait runs out: JetStream acks by stream sequence, so
+// the ack is good on any connection and any leader until then, and a
+// leader election costs its own length rather than AckWait. After that,
+// or once ctx ends, Ack returns an error wrapping
+// consumer.ErrDeliveryStale: the message comes back, and dedup skips it.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.settle("ack"); err != nil {
 		return err
 	}
-	if err := d.m.DoubleAck(ctx); err != nil {
-		d.src.ackFailures.Add(1)
+	d.mu.Lock()
+	due := d.due
+	d.mu.Unlock()
+	wait := ackRetryInitial
+	for {
+		actx, cancel := context.WithDeadline(ctx, earliest(time.Now().Add(ackAttempt), due))
+		err := d.m.DoubleAck(actx)
+		cancel()
+		if err == nil {
+			d.src.acked.Add(1)
+			return nil
+		}
 		if cerr := d.src.closedErr(); cerr != nil {
+			d.src.ackFailures.Add(1)
 			return fmt.Errorf("natsjs: ack stream seq %d: %w (%v)", d.msg.Offset, cerr, err)
 		}
-		return fmt.Errorf("natsjs: ack stream seq %d: %w (%v)", d.msg.Offset, consumer.ErrDeliveryStale, err)
+		left := time.Until(due)
+		if ctx.Err() != nil || left <= 0 {
+			d.src.ackFailures.Add(1)
+			return fmt.Errorf("natsjs: ack stream seq %d: %w (%v)", d.msg.Offset, consumer.ErrDeliveryStale, err)
+		}
+		d.src.ackRetries.Add(1)
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		case <-d.src.life.Done():
+			t.Stop()
+		}
+		wait = min(2*wait, ackRetryMax)
 	}
-	d.src.acked.Add(1)
-	return nil
+}
+
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Nack gives the message back with a nak delayed by Config.NakDelay:

@@ -1,0 +1,177 @@
+package natsjs_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/brokers/brokertest"
+	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/idemq/idemq/consumer"
+)
+
+// ackEater forwards NATS connections to the test server and, while
+// dropping is set, discards the acks clients publish (PUB or HPUB to
+// $JS.ACK.>): what a client sees while its durable consumer has no leader
+// (the acks reach nobody, and no reply comes).
+type ackEater struct {
+	ln       net.Listener
+	dropping atomic.Bool
+	dropped  atomic.Int64
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func newAckEater(t *testing.T) *ackEater {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &ackEater{ln: ln}
+	target := strings.TrimPrefix(serverURL(), "nats://")
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			p.wg.Go(func() { p.filter(s, c); _ = s.Close() })
+			p.wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *ackEater) URL() string { return "nats://" + p.ln.Addr().String() }
+
+// filter copies the client's protocol to the server, less the acks while
+// dropping.
+func (p *ackEater) filter(dst io.Writer, src io.Reader) {
+	r := bufio.NewReader(src)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		fields := bytes.Fields(line)
+		var payload []byte
+		if len(fields) >= 3 && (bytes.EqualFold(fields[0], []byte("PUB")) || bytes.EqualFold(fields[0], []byte("HPUB"))) {
+			n, err := strconv.Atoi(string(fields[len(fields)-1])) // the total size
+			if err != nil {
+				return
+			}
+			payload = make([]byte, n+2) // and its CRLF
+			if _, err := io.ReadFull(r, payload); err != nil {
+				return
+			}
+			if p.dropping.Load() && bytes.HasPrefix(fields[1], []byte("$JS.ACK.")) {
+				p.dropped.Add(1)
+				continue
+			}
+		}
+		if _, err := dst.Write(append(line, payload...)); err != nil {
+			return
+		}
+	}
+}
+
+// TestAckRetriedUntilAckWait: an ack that gets no answer (the durable's
+// leader is gone, say) is sent again until the server answers, within
+// AckWait: Ack then succeeds, the message is not handed out again, and
+// the consumer's ack-pending count drops at once rather than after
+// AckWait.
+func TestAckRetriedUntilAckWait(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	n := newTopology(t, 0)
+	px := newAckEater(t)
+	cfg := n.config()
+	cfg.URL = px.URL()
+	cfg.AckWait = 20 * time.Second
+	src := newSource(t, cfg)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	d := brokertest.Receive(ctx, t, src)
+
+	px.dropping.Store(true)
+	time.AfterFunc(2*time.Second, func() { px.dropping.Store(false) })
+	start := time.Now()
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("Ack after 2s of lost acks: %v", err)
+	}
+	t.Logf("acked after %s, %d acks lost", time.Since(start).Round(time.Millisecond), px.dropped.Load())
+	if px.dropped.Load() == 0 {
+		t.Fatal("no ack was dropped: the test did not test anything")
+	}
+	info, err := js(t).Consumer(ctx, n.stream, n.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := info.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.NumAckPending != 0 || ci.AckFloor.Stream != 1 {
+		t.Fatalf("ack pending %d, ack floor %d: want the message acked", ci.NumAckPending, ci.AckFloor.Stream)
+	}
+	if st := src.Stats(); st.Acked != 1 || st.AckFailures != 0 || st.AckRetries == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestAckGivesUpAtAckWait: acks that get no answer are sent again only
+// until the message's AckWait runs out, when JetStream hands it out again
+// anyway: Ack then fails with consumer.ErrDeliveryStale, rather than hold
+// its caller for the whole of ctx.
+func TestAckGivesUpAtAckWait(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	n := newTopology(t, 0)
+	px := newAckEater(t)
+	cfg := n.config()
+	cfg.URL = px.URL()
+	cfg.AckWait = 3 * time.Second
+	src := newSource(t, cfg)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	d := brokertest.Receive(ctx, t, src)
+	px.dropping.Store(true)
+	err := d.Ack(ctx)
+	if !errors.Is(err, consumer.ErrDeliveryStale) || ctx.Err() != nil {
+		t.Fatalf("Ack with every ack lost: %v (ctx %v), want ErrDeliveryStale before ctx ends", err, ctx.Err())
+	}
+	if st := src.Stats(); st.AckFailures != 1 || st.AckRetries == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
