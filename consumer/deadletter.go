@@ -29,6 +29,11 @@ const (
 	ClassTooLarge FailureClass = "too-large"
 	// ClassTimeout: the last attempt ran over Config.HandlerTimeout.
 	ClassTimeout FailureClass = "timeout"
+	// ClassBroker: the broker dead-lettered the message itself, without
+	// idemq's envelope (RabbitMQ's delivery limit, a TTL or a length
+	// limit), perhaps before it was ever applied. The runtime never gives
+	// it; package dlq reads it off the broker's own headers.
+	ClassBroker FailureClass = "broker"
 )
 
 // Failure describes why a message is being dead-lettered.

@@ -2,10 +2,12 @@ package dlq
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -118,14 +120,61 @@ func (r Record) FirstSeen() time.Time {
 }
 
 // readRecord parses the envelope of a browsed message. A message without
-// an envelope (dead-lettered by the broker itself, say) gets a record built
-// from the message.
+// an envelope gets a record built from the message: one the broker
+// dead-lettered itself gets class consumer.ClassBroker (see brokerRecord).
 func readRecord(msg *consumer.Message) (Record, error) {
 	r, err := Parse(msg)
 	if errors.Is(err, ErrNoEnvelope) {
+		if r, ok := brokerRecord(msg); ok {
+			return r, nil
+		}
 		return Record{Entry: Entry{MessageID: msg.ID, Source: msg.Source, Partition: -1, Offset: -1}}, nil
 	}
 	return r, err
+}
+
+// The headers RabbitMQ adds to a message it dead-letters itself, as the
+// rabbitmq adapter maps them: x-death, its deaths, as a JSON array, most
+// recent first (the adapter writes AMQP arrays and tables as JSON).
+const (
+	headerFirstDeathQueue  = "x-first-death-queue"
+	headerFirstDeathReason = "x-first-death-reason"
+	headerDeath            = "x-death"
+	headerDeliveryCount    = "x-delivery-count"
+)
+
+// brokerRecord reads a message the broker dead-lettered itself, without
+// idemq's envelope: its class is consumer.ClassBroker, its source the queue
+// it died in (a replay republishes it there), its error the broker's
+// reason, its failure time the broker's, and its consumer unknown (a
+// replay or dry run checks the dedup table under the consumer it is
+// given).
+func brokerRecord(msg *consumer.Message) (Record, bool) {
+	h := msg.Headers
+	reason, queue := h[headerFirstDeathReason], h[headerFirstDeathQueue]
+	if reason == "" || queue == "" {
+		return Record{}, false
+	}
+	r := Record{Entry: Entry{MessageID: msg.ID, Class: consumer.ClassBroker, Source: queue, Partition: -1, Offset: -1}}
+	var deaths []struct {
+		Queue  string    `json:"queue"`
+		Reason string    `json:"reason"`
+		Count  int       `json:"count"`
+		Time   time.Time `json:"time"`
+	}
+	if err := json.Unmarshal([]byte(h[headerDeath]), &deaths); err == nil {
+		for _, d := range deaths {
+			if d.Queue == queue && d.Reason == reason {
+				r.LastFailure, r.FirstFailure, r.DeadLetters = d.Time, d.Time, d.Count
+				break
+			}
+		}
+	}
+	r.Error = "dead-lettered by the broker: " + reason + " in queue " + strconv.Quote(queue)
+	if n := h[headerDeliveryCount]; n != "" {
+		r.Error += " after " + n + " redeliveries"
+	}
+	return r, true
 }
 
 // limiter paces a loop to rate events per second (0: unlimited).

@@ -63,7 +63,7 @@ type rmqEnv struct {
 	failIDs map[string]bool // ids that keep failing after the fix
 }
 
-func rmqNewEnv(t *testing.T) *rmqEnv {
+func rmqNewEnv(t *testing.T, opts ...func(*rabbitmq.Topology)) *rmqEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
@@ -71,6 +71,9 @@ func rmqNewEnv(t *testing.T) *rmqEnv {
 	_, _ = rand.Read(b[:])
 	queue := "idemq-dlqtest." + strings.ReplaceAll(t.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
 	topo := rabbitmq.Topology{Queue: queue}
+	for _, o := range opts {
+		o(&topo)
+	}
 	if err := rabbitmq.DeclareTopology(ctx, rmqURL(), topo); err != nil {
 		t.Fatalf("declare topology: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -545,9 +546,34 @@ func (s *Source) closedErr() error {
 func (s *Source) start() {
 	if !s.started.Load() {
 		s.mu.Lock() // Configure checks started and sets the prefetch under mu
+		first := !s.started.Load()
 		s.started.Store(true)
 		s.mu.Unlock()
+		if first {
+			s.warnDeliveryLimit()
+		}
 	}
+}
+
+// safeDeliveryLimit is the smallest quorum-queue delivery limit
+// (Topology.DeliveryLimit) a Source starts without a warning: RabbitMQ
+// 4.x's default, 20.
+const safeDeliveryLimit = 20
+
+// warnDeliveryLimit warns when the Source's topology gives its quorum
+// queue a delivery limit small enough for lost connections to dead-letter
+// messages that were never applied.
+func (s *Source) warnDeliveryLimit() {
+	t := s.cfg.Topology
+	if t == nil || !t.Quorum || t.DeliveryLimit == 0 || t.DeliveryLimit >= safeDeliveryLimit {
+		return
+	}
+	s.logger().Warn(fmt.Sprintf("rabbitmq: the quorum queue's delivery limit is %d: every connection or node lost, and every restart, "+
+		"while a message is in flight (up to the prefetch, %d messages) counts as a delivery, and at the limit the broker "+
+		"dead-letters it itself, perhaps never applied, without idemq's envelope (idemq dlq reads such dead letters as class broker "+
+		"and replays them). idemq retries in the process and needs no broker limit: set Topology.DeliveryLimit to %d or more",
+		t.DeliveryLimit, s.prefetch.Load(), safeDeliveryLimit),
+		slog.Int("delivery_limit", t.DeliveryLimit), slog.Int("prefetch", int(s.prefetch.Load())))
 }
 
 // consumer returns a live session that consumes. A session opened before
@@ -998,7 +1024,42 @@ func headerString(v any) string {
 		return strconv.FormatFloat(v, 'g', -1, 64)
 	case time.Time:
 		return v.UTC().Format(time.RFC3339Nano)
+	case []any, amqp.Table:
+		// Arrays and tables (the broker's x-death, say) as JSON, which
+		// package dlq reads.
+		b, err := json.Marshal(jsonValue(v))
+		if err != nil {
+			return fmt.Sprint(v)
+		}
+		return string(b)
 	default:
 		return fmt.Sprint(v)
+	}
+}
+
+// jsonValue is v with its AMQP field values made JSON values: times as
+// RFC 3339 strings, byte arrays as text, arrays and tables recursively.
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case amqp.Table:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = jsonValue(x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = jsonValue(x)
+		}
+		return out
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case []byte:
+		return string(v)
+	case amqp.Decimal:
+		return fmt.Sprint(v)
+	default:
+		return v
 	}
 }

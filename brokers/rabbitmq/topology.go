@@ -27,9 +27,15 @@ type Topology struct {
 	// quorum) rather than classic ones.
 	Quorum bool
 	// DeliveryLimit, for quorum queues only, is the x-delivery-limit:
-	// after that many redeliveries the broker dead-letters a message.
-	// Defaults to 0: no limit set, which leaves the broker's default.
-	// Setting it on a classic queue is an error.
+	// after that many redeliveries the broker dead-letters a message
+	// itself, without idemq's envelope (package dlq reads such dead
+	// letters as consumer.ClassBroker). Every connection or node lost,
+	// and every restart, while a message is in flight counts as a
+	// redelivery, and idemq retries in the process: a Source whose
+	// Topology sets a limit below 20 warns when it starts consuming.
+	// Defaults to 0: no limit set, which leaves the broker's default
+	// (none before RabbitMQ 4.0, 20 since). Setting it on a classic queue
+	// is an error.
 	DeliveryLimit int
 }
 

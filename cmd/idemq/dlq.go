@@ -272,7 +272,7 @@ type filterFlags struct {
 
 func (f *filterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.consumer, "consumer", "", "only messages dead-lettered by this consumer")
-	fs.StringVar(&f.classes, "class", "", "only these error classes, comma-separated (retryable-exhausted, permanent, panic, missing-id, fingerprint-mismatch, too-large, timeout)")
+	fs.StringVar(&f.classes, "class", "", "only these error classes, comma-separated (retryable-exhausted, permanent, panic, missing-id, fingerprint-mismatch, too-large, timeout, broker)")
 	fs.StringVar(&f.ids, "id", "", "only these message ids, comma-separated")
 	fs.StringVar(&f.sources, "source", "", "only messages from these original queues or topics, comma-separated")
 	fs.StringVar(&f.since, "since", "", "only messages whose last failure is at or after this time (RFC 3339, or a duration ago such as 24h)")
@@ -283,6 +283,7 @@ func (f *filterFlags) register(fs *flag.FlagSet) {
 var knownClasses = map[consumer.FailureClass]bool{
 	consumer.ClassRetryableExhausted: true, consumer.ClassPermanent: true, consumer.ClassPanic: true,
 	consumer.ClassMissingID: true, consumer.ClassFingerprintMismatch: true, consumer.ClassTooLarge: true, consumer.ClassTimeout: true,
+	consumer.ClassBroker: true,
 }
 
 func (f *filterFlags) filter(now time.Time) (dlq.Filter, error) {

@@ -239,7 +239,7 @@ func (s *Server) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 var classes = []consumer.FailureClass{consumer.ClassRetryableExhausted, consumer.ClassPermanent, consumer.ClassPanic,
-	consumer.ClassMissingID, consumer.ClassFingerprintMismatch, consumer.ClassTooLarge, consumer.ClassTimeout}
+	consumer.ClassMissingID, consumer.ClassFingerprintMismatch, consumer.ClassTooLarge, consumer.ClassTimeout, consumer.ClassBroker}
 
 // selectionOf reads a selection from a query or a form.
 func (s *Server) selectionOf(v url.Values) (selection, error) {
