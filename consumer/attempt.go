@@ -162,10 +162,14 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		if errors.Is(err, ErrNotMigrated) {
 			return attemptResult{out: outFatal, err: err}
 		}
+		if cerr := StatementCacheError(err); cerr != nil {
+			return attemptResult{out: outFatal, err: cerr}
+		}
 		return attemptResult{out: outInfraErr, err: err}
 	}
 	res := attemptResult{claims: claims, handler: make([]time.Duration, len(items))}
-	htx := &handlerTx{guardTx: guardTx{tx}}
+	htx := &handlerTx{}
+	htx.guardTx = guardTx{Tx: tx, cacheErr: &htx.cacheSeen}
 
 	if r.cfg.BatchHandler != nil && len(items) > 1 {
 		var msgs []*Message
@@ -184,7 +188,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 				res.handler[i] = d
 			}
 			if err != nil {
-				fail := classifyHandlerErr(ctx, hctx, tx, err, -1)
+				fail := htx.classify(ctx, hctx, err, -1)
 				cancel()
 				return fail
 			}
@@ -201,7 +205,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 			err := handlerMisuse(htx, r.callHandler(hctx, htx, it.msg))
 			res.handler[i] = time.Since(hstart)
 			if err != nil {
-				fail := classifyHandlerErr(ctx, hctx, tx, err, i)
+				fail := htx.classify(ctx, hctx, err, i)
 				cancel()
 				return fail
 			}
@@ -219,6 +223,9 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 	err = tx.Commit(ctx)
 	committed = true // committed or not, the transaction has ended
 	if err != nil {
+		if cerr := StatementCacheError(err); cerr != nil {
+			return attemptResult{out: outFatal, err: cerr}
+		}
 		return classifyCommitErr(err)
 	}
 	res.commit = time.Since(cstart)
@@ -251,6 +258,24 @@ var errTxEndedBySQL = errors.New("the handler ended the runtime's transaction it
 type handlerTx struct {
 	guardTx
 	ended bool
+	// cacheSeen is where guardTx.cacheErr points.
+	cacheSeen error
+}
+
+// classify says what a handler error (of item i, or -1) means. A
+// statement-cache error (see StatementCacheError) is the configuration's
+// fault, not the message's, and stops the runtime: whether the handler
+// returned it, or met it in one of its statements and returned another
+// error, or none with the transaction aborted.
+func (t *handlerTx) classify(ctx, hctx context.Context, err error, i int) attemptResult {
+	cerr := StatementCacheError(err)
+	if cerr == nil && t.cacheSeen != nil {
+		cerr = StatementCacheError(t.cacheSeen)
+	}
+	if cerr != nil {
+		return attemptResult{out: outFatal, err: fmt.Errorf("handler: %w", cerr)}
+	}
+	return classifyHandlerErr(ctx, hctx, t.Tx, err, i)
 }
 
 // Commit refuses to commit: see handlerTx.
@@ -272,7 +297,22 @@ func (t *handlerTx) Rollback(context.Context) error {
 // the claims, and nothing could take them back. The check reads the
 // transaction status the server reported with its last answer, so it costs
 // no round trip.
-type guardTx struct{ pgx.Tx }
+//
+// It also keeps, in cacheErr (shared with its savepoints), the first
+// statement-cache error one of its statements met (see
+// StatementCacheError), so that the runtime recognises it even when the
+// handler returns another error, or none.
+type guardTx struct {
+	pgx.Tx
+	cacheErr *error
+}
+
+// note keeps err if it is the first statement-cache error.
+func (g guardTx) note(err error) {
+	if err != nil && *g.cacheErr == nil && isStatementCacheErr(err) {
+		*g.cacheErr = err
+	}
+}
 
 // ended returns errTxEndedBySQL, as a permanent error, once the connection
 // is outside any transaction.
@@ -290,9 +330,10 @@ func (g guardTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	}
 	sp, err := g.Tx.Begin(ctx)
 	if err != nil {
+		g.note(err)
 		return nil, err
 	}
-	return guardTx{sp}, nil
+	return guardTx{Tx: sp, cacheErr: g.cacheErr}, nil
 }
 
 // Exec runs sql unless the transaction has ended.
@@ -300,7 +341,9 @@ func (g guardTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if err := g.ended(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return g.Tx.Exec(ctx, sql, args...)
+	tag, err := g.Tx.Exec(ctx, sql, args...)
+	g.note(err)
+	return tag, err
 }
 
 // Query runs sql unless the transaction has ended.
@@ -308,7 +351,12 @@ func (g guardTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if err := g.ended(); err != nil {
 		return nil, err
 	}
-	return g.Tx.Query(ctx, sql, args...)
+	rows, err := g.Tx.Query(ctx, sql, args...)
+	g.note(err)
+	if err != nil {
+		return rows, err
+	}
+	return noteRows{rows, g}, nil
 }
 
 // QueryRow runs sql unless the transaction has ended.
@@ -316,7 +364,7 @@ func (g guardTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 	if err := g.ended(); err != nil {
 		return errRow{err}
 	}
-	return g.Tx.QueryRow(ctx, sql, args...)
+	return noteRow{g.Tx.QueryRow(ctx, sql, args...), g}
 }
 
 // SendBatch sends b unless the transaction has ended.
@@ -324,7 +372,7 @@ func (g guardTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := g.ended(); err != nil {
 		return errBatch{err}
 	}
-	return g.Tx.SendBatch(ctx, b)
+	return noteBatch{g.Tx.SendBatch(ctx, b), g}
 }
 
 // CopyFrom copies unless the transaction has ended.
@@ -332,7 +380,9 @@ func (g guardTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []stri
 	if err := g.ended(); err != nil {
 		return 0, err
 	}
-	return g.Tx.CopyFrom(ctx, table, cols, src)
+	n, err := g.Tx.CopyFrom(ctx, table, cols, src)
+	g.note(err)
+	return n, err
 }
 
 // Prepare prepares sql unless the transaction has ended.
@@ -340,7 +390,62 @@ func (g guardTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 	if err := g.ended(); err != nil {
 		return nil, err
 	}
-	return g.Tx.Prepare(ctx, name, sql)
+	sd, err := g.Tx.Prepare(ctx, name, sql)
+	g.note(err)
+	return sd, err
+}
+
+// noteRows, noteRow and noteBatch are the results of a guardTx's
+// statements: they are pgx's own, except that the guardTx notes their
+// errors (see guardTx.note).
+type (
+	noteRows struct {
+		pgx.Rows
+		g guardTx
+	}
+	noteRow struct {
+		row pgx.Row
+		g   guardTx
+	}
+	noteBatch struct {
+		pgx.BatchResults
+		g guardTx
+	}
+)
+
+func (r noteRows) Err() error {
+	err := r.Rows.Err()
+	r.g.note(err)
+	return err
+}
+
+func (r noteRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	r.g.note(err)
+	return err
+}
+
+func (b noteBatch) Exec() (pgconn.CommandTag, error) {
+	tag, err := b.BatchResults.Exec()
+	b.g.note(err)
+	return tag, err
+}
+
+func (b noteBatch) Query() (pgx.Rows, error) {
+	rows, err := b.BatchResults.Query()
+	b.g.note(err)
+	if err != nil {
+		return rows, err
+	}
+	return noteRows{rows, b.g}, nil
+}
+
+func (b noteBatch) QueryRow() pgx.Row { return noteRow{b.BatchResults.QueryRow(), b.g} }
+
+func (b noteBatch) Close() error {
+	err := b.BatchResults.Close()
+	b.g.note(err)
+	return err
 }
 
 // errRow is a pgx.Row whose Scan returns err.

@@ -20,7 +20,11 @@ type Config struct {
 	// and records its claim in it. Required; use processed.Open (or
 	// processed.New over a pool of your own). Its pool should hold at
 	// least Concurrency connections, one more with Retention; New logs a
-	// warning if it holds fewer.
+	// warning if it holds fewer. Through a proxy that pools connections
+	// per transaction (PgBouncer in pool_mode=transaction), the database
+	// URL needs default_query_exec_mode=exec (or simple_protocol): with
+	// pgx's default, cached prepared statements, Run stops with the error
+	// of StatementCacheError.
 	Store Store
 	// Handler applies a message's effect. Set exactly one of Handler and
 	// BatchHandler.

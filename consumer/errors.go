@@ -3,6 +3,9 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Compare with errors.Is.
@@ -19,7 +22,8 @@ var (
 	// ErrShutdown is the cause of handler contexts cancelled because the
 	// shutdown timeout ran out.
 	ErrShutdown = errors.New("idemq: runtime shutdown timeout exceeded")
-	// ErrInvalidConfig is wrapped by every configuration validation error.
+	// ErrInvalidConfig is wrapped by every configuration validation error,
+	// and by the error of StatementCacheError, on which Run stops.
 	ErrInvalidConfig = errors.New("idemq: invalid config")
 	// ErrNotMigrated is wrapped by store errors caused by a dedup table that
 	// does not exist. The runtime does not retry it: Run returns it, since
@@ -90,3 +94,71 @@ func (e *ConfigError) Error() string {
 
 // Unwrap returns ErrInvalidConfig.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// StatementCacheError returns the configuration error that err means if it
+// is the database refusing one of pgx's cached prepared statements, and
+// nil otherwise.
+//
+// In its default query exec mode (cache_statement) pgx prepares each
+// statement once per connection, under a name that starts with
+// "stmtcache_", and runs it by that name from then on. A proxy that pools
+// server connections per transaction (PgBouncer with pool_mode =
+// transaction, unless it tracks prepared statements itself, which
+// PgBouncer can from 1.21 on with max_prepared_statements) hands the next
+// transaction of the same client connection to another server connection,
+// which either lacks the statement ("prepared statement "stmtcache_…" does
+// not exist", SQLSTATE 26000) or already has it from another client ("…
+// already exists", 42P05). Retrying does not fix it and the message is not
+// at fault: the
+// runtime stops on this error (Run returns it, after requeueing what it
+// holds, and dead-letters nothing for it), whether it came from a claim,
+// a handler's statement (even one whose error the handler replaced or
+// ignored) or the janitor. The fix is in the database URL:
+// default_query_exec_mode=exec (or simple_protocol), or session pooling.
+//
+// The error is a *ConfigError (for the field Store, so it wraps
+// ErrInvalidConfig) and wraps err. err may already be one: it is then
+// returned as it is. Package processed returns its database errors so.
+func StatementCacheError(err error) error {
+	var done *statementCacheError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &done):
+		return err
+	case !isStatementCacheErr(err):
+		return nil
+	}
+	return &statementCacheError{cfg: &ConfigError{Field: "Store", Reason: statementCacheReason}, err: err}
+}
+
+const statementCacheReason = "its database connections lose pgx's cached prepared statements (stmtcache_…) between transactions: " +
+	"they go through a proxy that pools connections per transaction, such as PgBouncer in pool_mode=transaction, " +
+	"while pgx runs in its default query exec mode, cache_statement. " +
+	"Add default_query_exec_mode=exec (or default_query_exec_mode=simple_protocol) to the database URL " +
+	"(or set the pool's ConnConfig.DefaultQueryExecMode), or pool per session"
+
+// statementCacheError is the error StatementCacheError makes: the
+// configuration error, and the database's.
+type statementCacheError struct {
+	cfg *ConfigError
+	err error
+}
+
+func (e *statementCacheError) Error() string { return e.cfg.Error() + ": " + e.err.Error() }
+
+// Unwrap returns the *ConfigError and the database's error.
+func (e *statementCacheError) Unwrap() []error { return []error{e.cfg, e.err} }
+
+// isStatementCacheErr reports whether err is the server refusing a pgx
+// cached statement: SQLSTATE 26000 (invalid_sql_statement_name) or 42P05
+// (duplicate_prepared_statement) about a statement named stmtcache_…, as a
+// *pgconn.PgError or, from a handler that kept only its text, as that text.
+func isStatementCacheErr(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") && strings.Contains(pgErr.Message, "stmtcache_") {
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "stmtcache_") && (strings.Contains(s, "(SQLSTATE 26000)") || strings.Contains(s, "(SQLSTATE 42P05)"))
+}

@@ -238,7 +238,8 @@ func (r *Runtime) janitor(ctx context.Context) {
 // upkeep runs one of the janitor's calls into the Store or the Source,
 // which the caller may implement, turning a panic into an error (logged
 // with its stack): a failed upkeep is logged and retried at the next round,
-// and must not crash the process.
+// and must not crash the process. A statement-cache error (see
+// StatementCacheError) stops the runtime instead: the claims meet it too.
 func (r *Runtime) upkeep(what string, call func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -246,5 +247,9 @@ func (r *Runtime) upkeep(what string, call func() error) (err error) {
 			r.log.Error("idemq: janitor call panicked", "call", what, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 		}
 	}()
-	return call()
+	err = call()
+	if cerr := StatementCacheError(err); cerr != nil {
+		r.stop(fmt.Errorf("janitor: %s: %w", what, cerr))
+	}
+	return err
 }

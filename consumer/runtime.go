@@ -163,9 +163,12 @@ func (r *Runtime) Stats() Stats {
 // the Source and returns.
 //
 // Run returns nil after a stop through ctx, an error wrapping
-// ErrSourceClosed if the Source closed underneath it, and an error wrapping
-// ErrNotMigrated, after requeueing what it holds, if the dedup table does
-// not exist. A Runtime runs once at a time.
+// ErrSourceClosed if the Source closed underneath it, and, after
+// requeueing what it holds, an error wrapping ErrNotMigrated if the dedup
+// table does not exist, or the *ConfigError of StatementCacheError if the
+// database connections lose pgx's prepared statements (a transaction
+// pooler such as PgBouncer without default_query_exec_mode=exec in the
+// URL). A Runtime runs once at a time.
 func (r *Runtime) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("idemq: Runtime.Run called while already running")

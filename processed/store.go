@@ -19,6 +19,31 @@
 //
 // A claim's duplicate detection relies on READ COMMITTED, which BeginClaim
 // sets whatever the session's default.
+//
+// # PgBouncer and other transaction-pooling proxies
+//
+// The store works through a proxy that pools server connections per
+// transaction (PgBouncer with pool_mode = transaction) only if pgx prepares
+// no named statement that outlives a transaction: put
+// default_query_exec_mode=exec (or simple_protocol) in the database URL, as
+// in
+//
+//	postgres://app@pgbouncer:6432/app?default_query_exec_mode=exec
+//
+// or set ConnConfig.DefaultQueryExecMode on a pool of your own. With pgx's
+// default mode, cache_statement, a transaction runs on whichever server
+// connection is free, which lacks the statements pgx prepared on another
+// ("prepared statement "stmtcache_…" does not exist", SQLSTATE 26000) or
+// already has them from another client ("… already exists", 42P05). The
+// store returns those as the configuration error of
+// [consumer.StatementCacheError], which names the fix, and the runtime
+// stops on it: Run returns it, having requeued what it held and
+// dead-lettered nothing for it. (A statement that did run ran the right
+// SQL: pgx names a cached statement by a hash of its text.) Session pooling
+// works in any mode. PgBouncer 1.21 and later can track protocol-level
+// prepared statements itself (max_prepared_statements above 0); the tests
+// run Debian's 1.18, which cannot, with max_prepared_statements = 0 on
+// later versions.
 package processed
 
 import (
@@ -760,9 +785,14 @@ func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 
 // wrap adds context to a database error and translates a missing table or
 // schema into ErrNotMigrated, and so a table whose layout changed under
-// the store (a claim into what is now the view of the generations).
+// the store (a claim into what is now the view of the generations), and a
+// prepared statement of pgx's cache lost by a pooling proxy into the
+// configuration error that names the fix (see the package's doc).
 func (s *Store) wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
+	if cerr := consumer.StatementCacheError(err); cerr != nil {
+		return fmt.Errorf("processed: %s on %s: %w", op, s, cerr)
+	}
 	switch {
 	case pgmigrate.IsUndefined(err):
 		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
