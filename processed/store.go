@@ -20,6 +20,17 @@
 // A claim's duplicate detection relies on READ COMMITTED, which BeginClaim
 // sets whatever the session's default.
 //
+// # Synchronous commit
+//
+// The runtime acks a message once its transaction's COMMIT returns, so
+// BeginClaim makes that commit synchronous: a synchronous_commit of off or
+// local (the session's, from the server, database, role or URL) is raised
+// to on in the transaction. The stronger values, remote_write and
+// remote_apply, which make a COMMIT wait for the synchronous standbys that
+// synchronous_standby_names names (and on waits for their flush), are
+// kept as the session has them: setting a role's or database's
+// synchronous_commit to remote_apply is how an operator asks for it.
+//
 // # PgBouncer and other transaction-pooling proxies
 //
 // The store works through a proxy that pools server connections per
@@ -136,10 +147,10 @@ type statements struct {
 	// a transaction per message (strict mode) is the runtime's hottest
 	// path, and the arrays cost it about a fifth of its throughput.
 	insert, existing, insertOne, existingOne string
-	// syncCommit makes the transaction's commit synchronous and records
-	// its token ($7 of the inserts, which do the same for each row they
-	// try; see BeginClaim); commitCheck is the function that checks the
-	// token before the commit (see txOptions).
+	// syncCommit makes the transaction's commit synchronous (see
+	// raiseSyncCommit) and records its token ($7 of the inserts, which do
+	// the same for each row they try; see BeginClaim); commitCheck is the
+	// function that checks the token before the commit (see txOptions).
 	syncCommit, commitCheck string
 	lookup, stats           string
 	// horizons is the table of purge horizons, recordHorizon its upsert.
@@ -260,19 +271,28 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	return st, nil
 }
 
+// raiseSyncCommit makes the transaction's commit synchronous: it raises
+// the session's synchronous_commit to on when it is off or local, and
+// keeps remote_write, on and remote_apply, never downgrading what the
+// server, database, role or URL asks for. (current_setting names the
+// values so, whatever synonym set them: false, no or 0 read off.) It is
+// not NULL.
+const raiseSyncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on'
+	ELSE current_setting('synchronous_commit') END, true)`
+
 func newStatements(schema, table string, lay layout) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &statements{schema: schema, qTable: t, layout: lay,
 		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
 		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
 	}
-	st.syncCommit = `SELECT set_config('synchronous_commit', 'on', true), set_config('idemq.tx', $1, true)`
+	st.syncCommit = `SELECT ` + raiseSyncCommit + `, set_config('idemq.tx', $1, true)`
 	into, others := lay.claimTables()
 	// The synchronous commit and the token first: a row inserted has had
 	// every condition evaluated.
 	where := func(id string) string {
 		b := strings.Builder{}
-		b.WriteString("\nWHERE set_config('synchronous_commit', 'on', true) IS NOT NULL AND set_config('idemq.tx', $7, true) IS NOT NULL")
+		b.WriteString("\nWHERE " + raiseSyncCommit + " IS NOT NULL AND set_config('idemq.tx', $7, true) IS NOT NULL")
 		for _, g := range others {
 			b.WriteString("\n\tAND NOT EXISTS (SELECT 1 FROM " + g + " g WHERE g.consumer = $1 AND g.message_id = " + id + ")")
 		}
@@ -395,7 +415,8 @@ func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
 
 // BeginClaim implements consumer.Store: it begins a READ COMMITTED
 // transaction whose commit is synchronous (the runtime acks once it
-// returns) and claims every element of claims in it, which must share a
+// returns; see the package's doc: a stronger synchronous_commit than on is
+// kept) and claims every element of claims in it, which must share a
 // non-empty Consumer and have distinct, non-empty message ids. results[i]
 // is ClaimNew if claims[i]'s row was inserted (it commits or rolls back
 // with tx), ClaimDuplicate if the id was already committed with the same
