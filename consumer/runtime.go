@@ -169,6 +169,12 @@ func (r *Runtime) Stats() Stats {
 // database connections lose pgx's prepared statements (a transaction
 // pooler such as PgBouncer without default_query_exec_mode=exec in the
 // URL). A Runtime runs once at a time.
+//
+// When it starts, before it receives, Run reads the Store's Durability if
+// the Store is a DurabilityReporter (processed.Store is) and logs it: a
+// warning if a standby streams asynchronously (a failover to it can lose
+// acked messages), if COMMITs wait for synchronous standbys that are not
+// connected, or if the database is a standby.
 func (r *Runtime) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("idemq: Runtime.Run called while already running")
@@ -185,6 +191,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.fatalErr.Store(nil)
 	r.stopRecv = stopRecv
 	r.fatalMu.Unlock()
+	r.checkDurability(recvCtx)
 
 	var wg sync.WaitGroup
 	if r.cfg.Retention > 0 {

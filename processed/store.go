@@ -30,6 +30,10 @@
 // synchronous_standby_names names (and on waits for their flush), are
 // kept as the session has them: setting a role's or database's
 // synchronous_commit to remote_apply is how an operator asks for it.
+// [Store.Durability] reads how many servers hold a commit when its COMMIT
+// returns; the runtime logs it when Run starts, with a warning when a
+// standby streams asynchronously (a failover to it can lose acked
+// messages), and `idemq status` prints it.
 //
 // # PgBouncer and other transaction-pooling proxies
 //

@@ -26,6 +26,13 @@ var statusCommand = &command{
 age of the oldest, how many of them are older than --retention, the last
 message it applied, and the depth of its dead-letter queues.
 
+It also shows what an ack rests on: on how many servers a commit is when
+its COMMIT returns, which is when the runtime acks (this one, and the
+synchronous standbys that synchronous_standby_names makes a COMMIT wait
+for), and the standbys that stream asynchronously, to which a failover can
+lose acked messages. The standbys' sync_state is visible to superusers and
+members of pg_read_all_stats only.
+
 It also shows the dedup table's layout. On the partitioned layout (see
 'idemq migrate'), it lists the generations, the current one first: each
 one's table, when it became current and when the next one did, and the
@@ -89,6 +96,28 @@ type statusReport struct {
 	// Evidence sums the janitor's reports of the last statusEvidenceWindow;
 	// nil when there are none (no janitor ran, or before migration 2).
 	Evidence *statusEvidence `json:"retention_evidence"`
+	// Durability is what an ack rests on, as the database reports it.
+	Durability statusDurability `json:"durability"`
+}
+
+// statusDurability is consumer.Durability, read by processed.Store's
+// Durability: how many servers hold a commit when its COMMIT returns,
+// which is when the runtime acks.
+type statusDurability struct {
+	// Nodes counts this server and the synchronous standbys a COMMIT
+	// waits for; 0 on a standby.
+	Nodes                   int    `json:"nodes"`
+	Standby                 bool   `json:"standby"`
+	SynchronousCommit       string `json:"synchronous_commit"`
+	SynchronousStandbyNames string `json:"synchronous_standby_names"`
+	Quorum                  bool   `json:"quorum"`
+	// The physical standbys streaming from the server, by sync_state;
+	// Unknown counts those whose sync_state the role may not read.
+	Synchronous  []string `json:"synchronous_standbys"`
+	Asynchronous []string `json:"asynchronous_standbys"`
+	Unknown      int      `json:"unknown_standbys"`
+	// Summary is the line the text form prints.
+	Summary string `json:"summary"`
 }
 
 // statusEvidenceWindow is how far back status reads the janitor's reports.
@@ -313,6 +342,13 @@ WHERE processed_at < now() - $2::bigint * interval '1 microsecond'`, name, reten
 		}
 		rep.Generations = append(rep.Generations, sg)
 	}
+	d, err := store.Durability(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Durability = statusDurability{Nodes: d.Nodes, Standby: d.Standby, SynchronousCommit: d.SynchronousCommit,
+		SynchronousStandbyNames: d.SynchronousStandbyNames, Quorum: d.Quorum,
+		Synchronous: nonNil(d.Synchronous), Asynchronous: nonNil(d.Asynchronous), Unknown: d.Unknown, Summary: d.String()}
 	sum, err := store.Retention(ctx, name, rep.CheckedAt.Add(-statusEvidenceWindow))
 	if err != nil {
 		return nil, err
@@ -335,6 +371,14 @@ WHERE consumer = $1 ORDER BY processed_at DESC, message_id DESC LIMIT 1`, name).
 		rep.LastApplied = &last
 	}
 	return rep, nil
+}
+
+// nonNil returns s, or an empty slice for nil: [] in JSON, not null.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // utcOrNil returns t in UTC, or nil if it is zero.
@@ -514,6 +558,7 @@ func (r *statusReport) print(w io.Writer) error {
 	} else {
 		fmt.Fprintf(tw, "layout:\tplain table (a purge deletes each consumer's old rows in batches)\n")
 	}
+	fmt.Fprintf(tw, "durability:\t%s\n", r.Durability.Summary)
 	if ev := r.Evidence; ev != nil {
 		secs := func(s float64) string { return statusAge(time.Duration(s * float64(time.Second))) }
 		ret := secs(ev.RetentionSeconds)

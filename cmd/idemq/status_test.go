@@ -55,6 +55,8 @@ func TestStatusText(t *testing.T) {
 		"purge eligible:  1 rows older than 168h0m0s (2 in the table)\n",
 		"last applied:    m-3 at ",
 		", from payments [2] @7\n",
+		// The shared test server has no standby.
+		"durability:      a commit is on 1 node before the ack (this server; no standby streams from it)\n",
 	} {
 		want(t, r, exitOK, line, "")
 	}
