@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,7 +80,9 @@ type Config struct {
 	URL string
 	// Options are extra connection options (credentials files, TLS, a
 	// connection name...), applied after the Source's own: reconnecting
-	// forever (nats.MaxReconnects(-1)) and a DefaultConnectTimeout. An
+	// forever (nats.MaxReconnects(-1)), a DefaultConnectTimeout, a ping
+	// every 5 s with 2 outstanding at most, and writes that give up after
+	// 5 s, so that a server cut off by a partition is left within 15 s. An
 	// option that makes the client give up reconnecting makes Receive
 	// return an error once the connection is closed for good. Defaults
 	// to none.
@@ -359,6 +363,15 @@ func redactURLs(raw string) string {
 	return strings.Join(parts, ",")
 }
 
+// A connection is found dead after maxPingsOut pings sent pingInterval
+// apart go unanswered, 10 to 15 s after its server fell silent, or when a
+// write has not completed in flusherTimeout.
+const (
+	pingInterval   = 5 * time.Second
+	maxPingsOut    = 2
+	flusherTimeout = 5 * time.Second
+)
+
 // connect dials rawURL with idemq's default options followed by extra. The
 // connection's asynchronous events go to log (nil: nowhere; the client's
 // own defaults would print to stderr). Its error names the servers without
@@ -368,12 +381,35 @@ func connect(ctx context.Context, rawURL, name string, log func() *slog.Logger, 
 		discard := slog.New(slog.DiscardHandler)
 		log = func() *slog.Logger { return discard }
 	}
+	var forcing atomic.Bool // a ForceReconnect is under way
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.Timeout(DefaultConnectTimeout),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		// A server cut off by a partition answers nothing, not even a
+		// reset: the client finds the connection dead only by its pings.
+		// nats.go pings every 2 minutes; a consumer cannot wait that long.
+		nats.PingInterval(pingInterval),
+		nats.MaxPingsOutstanding(maxPingsOut),
+		// Once the socket's buffer is full, a write to such a server
+		// blocks, and with it, under the connection's lock, every
+		// publish and ack: for a minute by nats.go's default.
+		nats.FlusherTimeout(flusherTimeout),
+		nats.ErrorHandler(func(nc *nats.Conn, _ *nats.Subscription, err error) {
 			log().Warn("natsjs: asynchronous error", slog.Any("error", err))
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && forcing.CompareAndSwap(false, true) {
+				// A write that timed out: the server is not reading.
+				// nats.go keeps the connection until its pings fail,
+				// and its pings wait behind the blocked writes: tens
+				// of seconds. Leave it now; acks and pulls are good on
+				// the next connection.
+				log().Warn("natsjs: a write to the server timed out; reconnecting", slog.String("server", nc.ConnectedUrlRedacted()))
+				go func() {
+					defer forcing.Store(false)
+					_ = nc.ForceReconnect()
+				}()
+			}
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

@@ -31,8 +31,11 @@ type Node struct {
 	// URL is the node's client URL.
 	URL  string
 	conf string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// netns, if set, is the network namespace the node runs in (see
+	// StartPartitionableCluster).
+	netns string
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 // StartCluster starts n servers (named n1, n2, ...) clustered with each
@@ -42,6 +45,18 @@ type Node struct {
 // nats-server is missing or the cluster does not form within a minute.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = "127.0.0.1"
+	}
+	return startCluster(t, hosts, nil)
+}
+
+// startCluster starts a cluster of len(hosts) servers, the i-th listening
+// on hosts[i] and, if netns[i] is set, running in that network namespace.
+func startCluster(t testing.TB, hosts, netns []string) *Cluster {
+	t.Helper()
+	n := len(hosts)
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
 		t.Fatalf("natstest: nats-server is not installed: %v", err)
@@ -50,19 +65,23 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	clientPorts, routePorts := freePorts(t, n), freePorts(t, n)
 	routes := make([]string, n)
 	for i := range n {
-		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[i])
+		routes[i] = fmt.Sprintf("nats-route://%s:%d", hosts[i], routePorts[i])
 	}
 	for i := range n {
 		name := fmt.Sprintf("n%d", i+1)
 		store := filepath.Join(c.dir, name)
 		conf := filepath.Join(c.dir, name+".conf")
-		body := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n"+
-			"cluster { name: idemq-test, listen: 127.0.0.1:%d, routes: [%s] }\n",
-			name, clientPorts[i], store, routePorts[i], strings.Join(routes, ", "))
+		body := fmt.Sprintf("server_name: %s\nlisten: %s:%d\njetstream { store_dir: %q }\n"+
+			"cluster { name: idemq-test, listen: %s:%d, routes: [%s] }\n",
+			name, hosts[i], clientPorts[i], store, hosts[i], routePorts[i], strings.Join(routes, ", "))
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		c.nodes = append(c.nodes, &Node{Name: name, URL: fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]), conf: conf})
+		nd := &Node{Name: name, URL: fmt.Sprintf("nats://%s:%d", hosts[i], clientPorts[i]), conf: conf}
+		if i < len(netns) {
+			nd.netns = netns[i]
+		}
+		c.nodes = append(c.nodes, nd)
 	}
 	t.Cleanup(func() {
 		for _, nd := range c.nodes {
@@ -121,6 +140,11 @@ func (nd *Node) start(bin, logFile string) error {
 		return err
 	}
 	cmd := exec.Command(bin, "-c", nd.conf)
+	if nd.netns != "" {
+		// ip netns exec runs the server itself in the namespace: the
+		// process to kill is the server.
+		cmd = exec.Command("ip", "netns", "exec", nd.netns, bin, "-c", nd.conf)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
@@ -135,8 +159,8 @@ func (nd *Node) start(bin, logFile string) error {
 	return nil
 }
 
-// waitReady waits until every node answers and JetStream, through the
-// first node, answers an account info request: the meta leader is elected.
+// waitReady waits until every node answers and a stream replicated on
+// every node can be created: the meta leader is elected and knows them all.
 func (c *Cluster) waitReady(ctx context.Context) error {
 	for {
 		err := c.ready(ctx)
@@ -168,10 +192,15 @@ func (c *Cluster) ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// Every server is a peer of the meta group once a stream replicated
+	// on all of them can be placed.
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err = js.AccountInfo(actx)
-	return err
+	probe := jetstream.StreamConfig{Name: "NATSTEST_READY", Subjects: []string{"natstest.ready"}, Replicas: len(c.nodes)}
+	if _, err := js.CreateStream(actx, probe); err != nil {
+		return fmt.Errorf("a stream on every server: %w", err)
+	}
+	return js.DeleteStream(actx, probe.Name)
 }
 
 // freePorts returns n loopback ports that were free a moment ago.
