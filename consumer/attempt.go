@@ -214,13 +214,22 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 	}
 
 	res.out = outApplied
-	if !slices.ContainsFunc(claims, func(c ClaimResult) bool { return c.Outcome == ClaimNew }) {
+	applied := 0
+	for _, c := range claims {
+		if c.Outcome == ClaimNew {
+			applied++
+		}
+	}
+	if applied == 0 {
 		// Nothing new: nothing to commit. The deferred rollback ends tx.
 		res.dur = time.Since(start)
 		return res
 	}
-	cstart := time.Now()
-	err = tx.Commit(ctx)
+	log := r.log
+	if len(items) == 1 {
+		log = items[0].log
+	}
+	res.commit, err = r.commit(ctx, tx, applied, log)
 	committed = true // committed or not, the transaction has ended
 	if err != nil {
 		if cerr := StatementCacheError(err); cerr != nil {
@@ -228,9 +237,43 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		}
 		return classifyCommitErr(err)
 	}
-	res.commit = time.Since(cstart)
 	res.dur = time.Since(start)
 	return res
+}
+
+// slowCommitHint is the hint of the slow-COMMIT warnings.
+const slowCommitHint = "a synchronous standby that is slow or gone (synchronous_standby_names), a saturated disk, or a lock taken at commit (a deferred trigger); " +
+	"the runtime never cancels a COMMIT, and acks only once it returns"
+
+// commit commits tx, which holds applied new messages, and returns how
+// long the COMMIT took. It never cancels the COMMIT: its context is
+// detached from ctx, since pgx answers a cancelled context with a cancel
+// request if the pool is so configured, and Postgres answers that, in a
+// COMMIT waiting for a synchronous standby, by committing locally and
+// reporting success. A COMMIT waiting longer than SlowCommit is logged then,
+// and again when it returns; the hooks measure every COMMIT.
+func (r *Runtime) commit(ctx context.Context, tx pgx.Tx, applied int, log *slog.Logger) (time.Duration, error) {
+	start := time.Now()
+	var slow *time.Timer
+	if r.cfg.SlowCommit > 0 {
+		slow = time.AfterFunc(r.cfg.SlowCommit, func() {
+			log.Warn("idemq: a COMMIT is slow: it still waits for the database's answer",
+				"waited", r.cfg.SlowCommit, "messages", applied, "hint", slowCommitHint)
+		})
+	}
+	err := tx.Commit(context.WithoutCancel(ctx))
+	d := time.Since(start)
+	if slow != nil && !slow.Stop() {
+		attrs := []any{"took", d, "messages", applied}
+		if err != nil {
+			attrs = append(attrs, "error", err)
+		}
+		log.Warn("idemq: a slow COMMIT returned", attrs...)
+	}
+	for _, h := range r.hooks.commit {
+		r.hook("OnCommit", func() { h.OnCommit(ctx, applied, d, err) })
+	}
+	return d, err
 }
 
 // errStatementIgnored is the handler error of a handler that returned nil

@@ -92,8 +92,20 @@ type Config struct {
 	// ShutdownTimeout is how long Run waits, once its context is done, for
 	// in-flight messages to finish. Then their contexts are cancelled with
 	// cause ErrShutdown, their transactions roll back and they are
-	// requeued. Defaults to 30s.
+	// requeued; a COMMIT already sent is not cancelled, and Run waits for
+	// its answer (see SlowCommit). Defaults to 30s.
 	ShutdownTimeout time.Duration
+	// SlowCommit is how long a COMMIT may wait for the database's answer
+	// before the runtime logs a warning, and another with its duration
+	// once it returns; HookCommit measures every COMMIT. A synchronous
+	// standby that is slow or gone, a saturated disk or a lock taken at
+	// commit shows there first. The runtime never cancels a COMMIT, not
+	// even at a hard stop: Postgres answers a cancelled COMMIT that waits
+	// for a synchronous standby by committing locally and reporting
+	// success, which would ack a commit the standbys may not have. A
+	// COMMIT whose connection is lost has an unknown outcome, and is never
+	// acked. Defaults to 1s; -1 disables the warning.
+	SlowCommit time.Duration
 
 	// Retention, if positive, runs a janitor that calls Store.Purge with
 	// it every JanitorInterval. Defaults to 0: no janitor.
@@ -164,6 +176,7 @@ const (
 	DefaultMaxBodyBytes    = 1 << 20
 	DefaultMaxIDBytes      = 512
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultSlowCommit      = time.Second
 	DefaultJanitorInterval = 10 * time.Minute
 	DefaultHorizonMargin   = 5 * time.Minute
 	DefaultMaxAttempts     = 25
@@ -203,6 +216,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.SlowCommit == 0 {
+		c.SlowCommit = DefaultSlowCommit
 	}
 	if c.JanitorInterval == 0 {
 		c.JanitorInterval = DefaultJanitorInterval
@@ -278,6 +294,8 @@ func (c Config) validate() error {
 		return bad("HandlerTimeout", "negative")
 	case c.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout", "negative")
+	case c.SlowCommit < -1:
+		return bad("SlowCommit", "%s: must be positive, 0 for the default, or -1 to disable the warning", c.SlowCommit)
 	case c.Retention < 0:
 		return bad("Retention", "negative")
 	case c.HorizonMargin < -1:

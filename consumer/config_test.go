@@ -49,7 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	c := rt.cfg
 	if c.Concurrency != DefaultConcurrency || c.MaxBodyBytes != DefaultMaxBodyBytes ||
-		c.ShutdownTimeout != DefaultShutdownTimeout || c.Retry.MaxAttempts != DefaultMaxAttempts ||
+		c.ShutdownTimeout != DefaultShutdownTimeout || c.SlowCommit != DefaultSlowCommit || c.Retry.MaxAttempts != DefaultMaxAttempts ||
 		c.Retry.InitialInterval != DefaultInitialInterval || c.Retry.MaxInterval != DefaultMaxInterval ||
 		c.Retry.MaxElapsed != DefaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
 		t.Fatalf("defaults not applied: %+v", c)
@@ -74,6 +74,7 @@ func TestConfigValidation(t *testing.T) {
 		{"MaxBodyBytes", func(c *Config) { c.MaxBodyBytes = -2 }},
 		{"HandlerTimeout", func(c *Config) { c.HandlerTimeout = -time.Second }},
 		{"ShutdownTimeout", func(c *Config) { c.ShutdownTimeout = -time.Second }},
+		{"SlowCommit", func(c *Config) { c.SlowCommit = -2 }},
 		{"Retention", func(c *Config) { c.Retention = -time.Hour }},
 		{"Retry.MaxAttempts", func(c *Config) { c.Retry.MaxAttempts = -3 }},
 		{"Retry.MaxInterval", func(c *Config) { c.Retry.InitialInterval = time.Minute; c.Retry.MaxInterval = time.Second }},

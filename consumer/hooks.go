@@ -39,6 +39,19 @@ type HookApplied interface {
 	OnApplied(ctx context.Context, msg *Message, handler, commit time.Duration)
 }
 
+// HookCommit is called after each COMMIT the runtime sends, once per
+// transaction: in batch mode once per group, where HookApplied is called
+// for each message the group applied. applied counts the new messages the
+// transaction held; dur is how long the COMMIT took to answer or fail (the
+// runtime never cancels one; see Config.SlowCommit). err is nil when it
+// committed; otherwise the transaction rolled back or, when the
+// connection was lost, its outcome is unknown: either way nothing is
+// acked on it.
+type HookCommit interface {
+	Hook
+	OnCommit(ctx context.Context, applied int, dur time.Duration, err error)
+}
+
 // HookDuplicate is called when a message is skipped as already applied.
 // processedAt is when the original was committed: now minus it is the
 // duplicate's age, a guide to the retention window.
@@ -69,6 +82,7 @@ type HookAckFailed interface {
 type hooks struct {
 	received     []HookReceived
 	applied      []HookApplied
+	commit       []HookCommit
 	duplicate    []HookDuplicate
 	retry        []HookRetry
 	deadLettered []HookDeadLettered
@@ -84,6 +98,9 @@ func newHooks(hs []Hook) hooks {
 		}
 		if v, ok := x.(HookApplied); ok {
 			h.applied = append(h.applied, v)
+		}
+		if v, ok := x.(HookCommit); ok {
+			h.commit = append(h.commit, v)
 		}
 		if v, ok := x.(HookDuplicate); ok {
 			h.duplicate = append(h.duplicate, v)
@@ -107,5 +124,5 @@ func newHooks(hs []Hook) hooks {
 // recognised reports whether x implements at least one hook interface.
 func recognised(x Hook) bool {
 	h := newHooks([]Hook{x})
-	return len(h.received)+len(h.applied)+len(h.duplicate)+len(h.retry)+len(h.deadLettered)+len(h.ackFailed)+len(h.batch) > 0
+	return len(h.received)+len(h.applied)+len(h.commit)+len(h.duplicate)+len(h.retry)+len(h.deadLettered)+len(h.ackFailed)+len(h.batch) > 0
 }

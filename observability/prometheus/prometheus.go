@@ -25,6 +25,7 @@
 //	idemq_ack_failures_total            counter    acks that failed after a commit
 //	idemq_handler_duration_seconds      histogram  handler time of applied messages
 //	idemq_commit_duration_seconds       histogram  commit time of applied messages
+//	idemq_db_commit_duration_seconds    histogram  each COMMIT's time, by outcome
 //	idemq_end_to_end_latency_seconds    histogram  from Message.Timestamp to the commit
 //	idemq_duplicate_age_seconds         histogram  from the original's processed_at to its duplicate
 //	idemq_batch_size                    histogram  deliveries per batch transaction (batch mode)
@@ -38,10 +39,16 @@
 // window (or a faster producer fix) is due, because a duplicate arriving
 // after its row was purged is applied again.
 //
-// In batch mode the runtime reports each applied message with the batch
-// transaction's duration as its handler duration and no commit duration;
-// the commit histogram then stays empty and idemq_batch_size and
-// idemq_batch_fill_ratio describe the batches.
+// idemq_commit_duration_seconds observes a transaction's commit once per
+// message it applied, so that it adds up with the other per-message
+// histograms; in batch mode a group's commit is observed once for each of
+// its new messages, and idemq_batch_size and idemq_batch_fill_ratio
+// describe the groups. idemq_db_commit_duration_seconds observes each
+// COMMIT the runtime sent once, whatever it held, with the label "outcome":
+// "committed", or "failed" (rolled back, or unknown after a lost
+// connection). Its tail is what an ack waits for: a synchronous standby
+// that is slow or gone shows there first (the runtime never cancels a
+// COMMIT; consumer.Config.SlowCommit logs the slow ones).
 package idemqprom
 
 import (
@@ -90,7 +97,8 @@ type Options struct {
 	// gauge is not exported (batch sizes still are).
 	BatchSize int
 	// DurationBuckets are the buckets of the handler and commit duration
-	// histograms, in seconds. Defaults to DefaultDurationBuckets.
+	// histograms (both of them), in seconds. Defaults to
+	// DefaultDurationBuckets.
 	DurationBuckets []float64
 	// LatencyBuckets are the buckets of the end-to-end latency histogram,
 	// in seconds. Defaults to DefaultLatencyBuckets.
@@ -161,13 +169,16 @@ type Metrics struct {
 	other   *sourceMetrics            // created on first use
 
 	folded prometheus.Counter
+	// committed and failed are idemq_db_commit_duration_seconds by
+	// outcome.
+	committed, failed prometheus.Observer
 }
 
 // vecs are the registered collectors; several Metrics on one registry
 // share those the first of them registered.
 type vecs struct {
 	received, applied, duplicates, retries, ackFailures, deadLettered, folded *prometheus.CounterVec
-	handler, commit, latency, dupAge, batchSize                               *prometheus.HistogramVec
+	handler, commit, latency, dupAge, batchSize, dbCommit                     *prometheus.HistogramVec
 	batchFill                                                                 *prometheus.GaugeVec
 }
 
@@ -182,6 +193,7 @@ type sourceMetrics struct {
 var (
 	_ consumer.HookReceived     = (*Metrics)(nil)
 	_ consumer.HookApplied      = (*Metrics)(nil)
+	_ consumer.HookCommit       = (*Metrics)(nil)
 	_ consumer.HookDuplicate    = (*Metrics)(nil)
 	_ consumer.HookRetry        = (*Metrics)(nil)
 	_ consumer.HookDeadLettered = (*Metrics)(nil)
@@ -211,6 +223,10 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		vecs:    v,
 		sources: map[string]*sourceMetrics{},
 		folded:  v.folded.WithLabelValues(opts.Consumer),
+		// Both series exist from the start, so a rate of failed
+		// commits reads 0 rather than nothing.
+		committed: v.dbCommit.WithLabelValues(opts.Consumer, "committed"),
+		failed:    v.dbCommit.WithLabelValues(opts.Consumer, "failed"),
 	}
 	return m, nil
 }
@@ -239,6 +255,8 @@ func register(reg prometheus.Registerer, o Options) (*vecs, error) {
 		latency:      histogram("end_to_end_latency_seconds", "Time from the message's timestamp to the commit of its effect.", o.LatencyBuckets, src...),
 		dupAge:       histogram("duplicate_age_seconds", "Time since the original of a duplicate was applied (its processed_at): compare with the dedup retention.", o.DuplicateAgeBuckets, src...),
 		batchSize:    histogram("batch_size", "Deliveries per batch transaction.", o.BatchSizeBuckets, "consumer"),
+		dbCommit: histogram("db_commit_duration_seconds", "Time of each COMMIT the runtime sent, once per transaction, by outcome (committed, or failed: rolled back or unknown).",
+			o.DurationBuckets, "consumer", "outcome"),
 		batchFill: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "batch_fill_ratio",
 			Help: "Size of the last batch over the configured batch size."}, []string{"consumer"}),
 	}
@@ -248,7 +266,7 @@ func register(reg prometheus.Registerer, o Options) (*vecs, error) {
 			*c, err = registerOrReuse(reg, *c)
 		}
 	}
-	for _, h := range []**prometheus.HistogramVec{&v.handler, &v.commit, &v.latency, &v.dupAge, &v.batchSize} {
+	for _, h := range []**prometheus.HistogramVec{&v.handler, &v.commit, &v.latency, &v.dupAge, &v.batchSize, &v.dbCommit} {
 		if err == nil {
 			*h, err = registerOrReuse(reg, *h)
 		}
@@ -352,6 +370,15 @@ func (m *Metrics) OnApplied(_ context.Context, msg *consumer.Message, handler, c
 	if msg != nil && !msg.Timestamp.IsZero() {
 		s.latency.Observe(max(m.opts.Now().Sub(msg.Timestamp), 0).Seconds())
 	}
+}
+
+// OnCommit observes a COMMIT's duration under its outcome.
+func (m *Metrics) OnCommit(_ context.Context, _ int, dur time.Duration, err error) {
+	o := m.committed
+	if err != nil {
+		o = m.failed
+	}
+	o.Observe(dur.Seconds())
 }
 
 // OnDuplicate counts a skipped duplicate and observes its age: now minus

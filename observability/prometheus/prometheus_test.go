@@ -269,6 +269,16 @@ idemq_messages_requeued_total{consumer="ledger"} 0
 			t.Errorf("%s: %d samples summing to %gs, want 11 small positive ones", name, n, sum)
 		}
 	}
+	// One COMMIT per applied message (BatchSize 1), none that failed:
+	// the failed handlers and the duplicates sent none.
+	committed := map[string]string{"consumer": "ledger", "outcome": "committed"}
+	if n, sum := histogram(t, reg, "idemq_db_commit_duration_seconds", committed); n != 11 || sum <= 0 || sum > 11*5 {
+		t.Errorf("idemq_db_commit_duration_seconds: %d committed samples summing to %gs, want 11 small positive ones", n, sum)
+	}
+	failed := map[string]string{"consumer": "ledger", "outcome": "failed"}
+	if m := find(t, reg, "idemq_db_commit_duration_seconds", failed); m == nil || m.GetHistogram().GetSampleCount() != 0 {
+		t.Errorf("idemq_db_commit_duration_seconds{outcome=failed}: %v, want a series with no samples", m)
+	}
 	// Ten payments were produced a minute before they were applied, and
 	// the flaky one just now.
 	if n, sum := histogram(t, reg, "idemq_end_to_end_latency_seconds", labels); n != 11 || sum < 10*60 || sum > 10*60+11*30 {
@@ -385,6 +395,13 @@ func TestBatchMetrics(t *testing.T) {
 	}
 	if got := gauge(t, reg, "idemq_batch_fill_ratio", map[string]string{"consumer": "bulk"}); got != 1 {
 		t.Errorf("fill ratio %g, want 1", got)
+	}
+	// The group's one COMMIT: once per COMMIT, once per message it applied.
+	if n, _ := histogram(t, reg, "idemq_db_commit_duration_seconds", map[string]string{"consumer": "bulk", "outcome": "committed"}); n != 1 {
+		t.Errorf("idemq_db_commit_duration_seconds: %d samples, want 1 for the batch's COMMIT", n)
+	}
+	if n, _ := histogram(t, reg, "idemq_commit_duration_seconds", map[string]string{"consumer": "bulk", "source": queue}); n != 8 {
+		t.Errorf("idemq_commit_duration_seconds: %d samples, want 8, one per applied message", n)
 	}
 	if got := gauge(t, reg, "idemq_messages_applied_total", map[string]string{"consumer": "bulk", "source": queue}); got != 8 {
 		t.Errorf("applied %g, want 8", got)
