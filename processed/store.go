@@ -24,8 +24,9 @@
 //
 // The runtime acks a message once its transaction's COMMIT returns, so
 // BeginClaim makes that commit synchronous: a synchronous_commit of off or
-// local (the session's, from the server, database, role or URL) is raised
-// to on in the transaction. The stronger values, remote_write and
+// local (the session's, from the server, database, role or URL, or the
+// handler's SET LOCAL) is raised to on in the transaction, by the claim
+// and again by the COMMIT. The stronger values, remote_write and
 // remote_apply, which make a COMMIT wait for the synchronous standbys that
 // synchronous_standby_names names (and on waits for their flush), are
 // kept as the session has them: setting a role's or database's
@@ -409,12 +410,15 @@ func (s *Store) Close() {
 // ended it with SQL and begun another, which must not commit) and allows
 // the claims' rows to commit: the table's commit guard makes every other
 // COMMIT of a transaction with a token fail (a handler's own COMMIT, END
-// or PREPARE TRANSACTION), rolling it back. The check and the COMMIT go in
-// one simple-protocol query: one round trip, as a plain COMMIT.
+// or PREPARE TRANSACTION), rolling it back. The same query raises the
+// transaction's synchronous_commit again, as the claim did (a handler's SET
+// LOCAL synchronous_commit = off must not make the ack rest on an
+// asynchronous commit). The check and the COMMIT go in one simple-protocol
+// query: one round trip, as a plain COMMIT.
 func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
 	token = s.tokenPrefix + strconv.FormatUint(s.tokens.Add(1), 36)
 	return token, pgx.TxOptions{IsoLevel: pgx.ReadCommitted,
-		CommitQuery: "SELECT " + st.commitCheck + "('" + token + "'); COMMIT"}
+		CommitQuery: "SELECT " + raiseSyncCommit + ", " + st.commitCheck + "('" + token + "'); COMMIT"}
 }
 
 // BeginClaim implements consumer.Store: it begins a READ COMMITTED

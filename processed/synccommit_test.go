@@ -104,3 +104,51 @@ func TestClaimKeepsStrongerSynchronousCommit(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitRaisesHandlersSynchronousCommit: a handler's SET LOCAL
+// synchronous_commit = off, after the claim, does not make the commit
+// asynchronous: the COMMIT raises it again (a deferred trigger records the
+// value the commit runs with). A stronger value the handler sets is kept.
+func TestCommitRaisesHandlersSynchronousCommit(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, processed.Config{})
+	ctx := context.Background()
+	seen := pgx.Identifier{s.Schema(), "seen"}.Sanitize()
+	fn := pgx.Identifier{s.Schema(), "record_sync_commit"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+seen+` (id text, setting text);
+CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE `+seen+` SET setting = current_setting('synchronous_commit') WHERE id = NEW.id;
+	RETURN NULL;
+END$$;
+CREATE CONSTRAINT TRIGGER record AFTER INSERT ON `+seen+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ handler, want string }{
+		{"off", "on"},
+		{"local", "on"},
+		{"remote_apply", "remote_apply"},
+	} {
+		tx, _, err := s.BeginClaim(ctx, []consumer.Claim{claimOf("sync", "h-"+c.handler, "x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What a handler may do in the runtime's transaction.
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = "+c.handler); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+seen+" (id) VALUES ($1)", c.handler); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+		var got string
+		if err := pool.QueryRow(ctx, "SELECT setting FROM "+seen+" WHERE id = $1", c.handler).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("handler's SET LOCAL synchronous_commit = %s: the COMMIT ran with %q, want %q", c.handler, got, c.want)
+		}
+	}
+}
