@@ -38,7 +38,13 @@ const clusterPrefix = "idemqtest"
 
 // clusterLifetime is how long a cluster may outlive its test before a
 // later NewCluster drops it (a test binary killed before its cleanup).
+// The tests that make clusters take seconds.
 const clusterLifetime = 30 * time.Minute
+
+// clusterMarkers holds a file per cluster the tests made, which says
+// until when it may live; postgresql-common's directories hold nothing of
+// the tests' own, so that pg_dropcluster removes them whole.
+var clusterMarkers = filepath.Join(os.TempDir(), "idemq-test-clusters")
 
 // clusterCmdTimeout bounds each postgresql-common command.
 const clusterCmdTimeout = 60 * time.Second
@@ -175,15 +181,19 @@ func (c *Cluster) create(t testing.TB, extra ...string) error {
 		"--", "--auth-local=trust", "--auth-host=trust", "--no-sync")
 	c.dataDir = filepath.Join("/var/lib/postgresql", c.Version, c.Name)
 	c.log = filepath.Join("/var/log/postgresql", "postgresql-"+c.Version+"-"+c.Name+".log")
+	// The marker first, so that a later run drops the cluster should this
+	// binary be killed before its cleanup.
+	if err := os.MkdirAll(clusterMarkers, 0o755); err != nil {
+		return err
+	}
+	expires := strconv.FormatInt(time.Now().Add(clusterLifetime).Unix(), 10)
+	if err := os.WriteFile(c.marker(), []byte(expires), 0o644); err != nil {
+		return err
+	}
 	out, err := run(t, "pg_createcluster", args...)
 	// Registered whatever happened: a half-made cluster is dropped too.
 	t.Cleanup(func() { c.drop(t) })
 	if err != nil {
-		return err
-	}
-	conf := filepath.Join("/etc/postgresql", c.Version, c.Name)
-	expires := strconv.FormatInt(time.Now().Add(clusterLifetime).Unix(), 10)
-	if err := os.WriteFile(filepath.Join(conf, "idemq-test-expires"), []byte(expires), 0o644); err != nil {
 		return err
 	}
 	for _, line := range strings.Split(out, "\n") {
@@ -212,17 +222,33 @@ func (c *Cluster) waitReady(t testing.TB) error {
 	}
 }
 
-// drop stops and drops the cluster.
+// drop stops and drops the cluster, and removes its marker.
 func (c *Cluster) drop(t testing.TB) {
 	if t.Failed() {
 		t.Logf("testdb: log of cluster %s:\n%s", c.Name, c.logTail())
 	}
-	if _, err := os.Stat(filepath.Join("/etc/postgresql", c.Version, c.Name)); errors.Is(err, os.ErrNotExist) {
-		return // pg_createcluster failed before it made it
-	}
-	if _, err := run(t, "pg_dropcluster", "--stop", c.Version, c.Name); err != nil {
+	if err := dropCluster(t, c.Version, c.Name); err != nil {
 		t.Errorf("testdb: drop cluster %s: %v", c.Name, err)
 	}
+}
+
+// marker is the file that says until when the cluster may live.
+func (c *Cluster) marker() string { return filepath.Join(clusterMarkers, c.Version+"-"+c.Name) }
+
+// dropCluster drops the cluster version/name, if pg_createcluster made it,
+// and removes its marker.
+func dropCluster(t testing.TB, version, name string) error {
+	if _, err := os.Stat(filepath.Join("/etc/postgresql", version, name)); err == nil {
+		if _, err := run(t, "pg_dropcluster", "--stop", version, name); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Remove(filepath.Join(clusterMarkers, version+"-"+name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // logTail returns the end of the cluster's log.
@@ -279,8 +305,8 @@ func clusterSupport(t testing.TB) string {
 // outlived clusterLifetime: their test binary was killed before its
 // cleanup.
 func dropExpiredClusters(t testing.TB, version string) {
-	confs, _ := filepath.Glob(filepath.Join("/etc/postgresql", version, clusterPrefix+"*", "idemq-test-expires"))
-	for _, f := range confs {
+	markers, _ := filepath.Glob(filepath.Join(clusterMarkers, version+"-"+clusterPrefix+"*"))
+	for _, f := range markers {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
@@ -288,8 +314,8 @@ func dropExpiredClusters(t testing.TB, version string) {
 		if exp, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err != nil || time.Now().Unix() < exp {
 			continue
 		}
-		name := filepath.Base(filepath.Dir(f))
-		if _, err := run(t, "pg_dropcluster", "--stop", version, name); err != nil {
+		name := strings.TrimPrefix(filepath.Base(f), version+"-")
+		if err := dropCluster(t, version, name); err != nil {
 			t.Logf("testdb: drop expired cluster %s: %v", name, err)
 		}
 	}
