@@ -4,7 +4,8 @@
 // A user writes a [Handler], a plain function that receives the message and a
 // pgx transaction. For every delivery the [Runtime]:
 //
-//  1. begins a transaction (with synchronous_commit forced on);
+//  1. begins a transaction (raising synchronous_commit to on if it is off
+//     or local; a stronger setting is kept);
 //  2. claims the message id in the dedup store ([Store.Claim], an
 //     INSERT ... ON CONFLICT DO NOTHING); a duplicate skips the handler;
 //  3. runs the handler in that same transaction;
