@@ -42,8 +42,16 @@ removes them at the end; for NATS and Redis scenarios it always starts its
 own nats-server (--nats-server) and redis-server (--redis-server, appendonly
 yes, appendfsync always). --short is the CI run (3 scenarios, 55 SIGKILLs,
 under 2 minutes on the project's 2-core CI machine); without it the long run
-(10 scenarios, 360 SIGKILLs, about 15 minutes there). RELIABILITY.md has the
+(11 scenarios, 375 SIGKILLs, about 17 minutes there). RELIABILITY.md has the
 last results.
+
+The long run's long-rabbit-cluster starts a private 3-node RabbitMQ cluster
+with a quorum queue, SIGKILLs and restarts the node a worker consumes on and
+the queue leader's node in turn, and finally loses one node for good; the
+workers fail over to their FailoverURLs, and the scenario also fails if no
+message was applied for longer than 10s (overall or in any one worker) while
+messages waited. --cluster adds its short form, rabbit-cluster, to --short:
+about a minute more, a third of it to start the cluster.
 
 --only runs the suite's scenarios by name (the "long-" prefix may be left
 out: --only nats-kills), and --messages, --kills, --self-kills and
@@ -63,6 +71,7 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	var (
 		short      bool
+		cluster    bool
 		only       string
 		seed       uint64
 		asJSON     bool
@@ -83,6 +92,7 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	)
 	fs := c.flagSet()
 	fs.BoolVar(&short, "short", false, "run the short CI suite instead of the long run")
+	fs.BoolVar(&cluster, "cluster", false, "with --short, add the RabbitMQ cluster scenario rabbit-cluster (about a minute more)")
 	fs.StringVar(&only, "only", "", "comma-separated names of the suite's scenarios to run, \"long-\" optional (default all of the suite)")
 	fs.BoolVar(&list, "list", false, "list the suite's scenarios and exit")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule and workload (default random)")
@@ -106,6 +116,11 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	suite := chaos.LongSuite()
 	if short {
 		suite = chaos.ShortSuite()
+		if cluster {
+			suite = append(suite, chaos.ShortClusterScenario())
+		}
+	} else if cluster {
+		return usagef("--cluster adds to --short; the long run has its cluster scenario already")
 	}
 	if list {
 		for _, s := range suite {

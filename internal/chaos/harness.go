@@ -52,7 +52,9 @@ type Config struct {
 	DatabaseURL string
 	// AMQPURL is the RabbitMQ broker. Defaults to a private node the
 	// harness starts and removes at the end, with ConsumerTimeout; that
-	// is required for RabbitRestarts and for a meaningful SlowFor.
+	// is required for RabbitRestarts and for a meaningful SlowFor. Cluster
+	// scenarios always run on a private cluster the harness starts
+	// (StartRabbitCluster).
 	AMQPURL string
 	// ConsumerTimeout is the private RabbitMQ node's consumer_timeout.
 	// Defaults to 5s.
@@ -120,6 +122,14 @@ type Result struct {
 	// reported; LeakyExits of those found leaked goroutines.
 	GracefulExits, LeakyExits int
 	Leaks                     []string `json:",omitempty"`
+	// Stall is the longest time without an apply: overall while a
+	// confirmed message waited for its effect, and per worker slot while
+	// messages were being published. StallBound is the bound checked (0:
+	// not checked).
+	Stall      Stall
+	StallBound time.Duration
+	// PublishStall is the longest time between two confirmed publishes.
+	PublishStall time.Duration
 	// LeftInQueue is the RabbitMQ queue depth at the end (already-applied
 	// redeliveries requeued at shutdown).
 	LeftInQueue int
@@ -155,7 +165,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if (s.RabbitRestarts > 0) && cfg.AMQPURL != "" {
 			return nil, fmt.Errorf("%w: scenario %q restarts RabbitMQ but AMQPURL is set", errNeedsPrivate, s.Name)
 		}
-		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ
+		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ && !s.Cluster
 		needNATS = needNATS || s.Broker == BrokerNATS
 		needRedis = needRedis || s.Broker == BrokerRedis
 		needPG = true
@@ -237,9 +247,25 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if ctx.Err() != nil {
 			break
 		}
+		if s.Cluster && h.cluster == nil {
+			// Started for the first scenario that needs it, and
+			// closed after the last, not to weigh on the others.
+			h.event("starting a private %d-node RabbitMQ cluster", ClusterSize)
+			t0 := time.Now()
+			c, err := StartRabbitCluster(ctx, cfg.RabbitMQServer)
+			if err != nil {
+				return results, err
+			}
+			h.cluster = c
+			h.event("RabbitMQ cluster %s up in %s", strings.Join(c.names(), ", "), time.Since(t0).Round(100*time.Millisecond))
+		}
 		res, err := h.runScenario(ctx, i, s)
 		if err != nil {
 			return results, err
+		}
+		if h.cluster != nil && !slices.ContainsFunc(cfg.Scenarios[i+1:], func(s Scenario) bool { return s.Cluster }) {
+			h.cluster.Close()
+			h.cluster = nil
 		}
 		if !res.Passed() {
 			keep = true
@@ -262,6 +288,7 @@ type harness struct {
 	dbURL, amqpURL string
 	pg             *PGCluster
 	rabbit         *RabbitNode
+	cluster        *RabbitCluster
 	natsSrv        *NATSServer
 	redisSrv       *RedisServer
 	pool           *pgxpool.Pool
@@ -274,6 +301,9 @@ func (h *harness) closeServices() {
 	}
 	if h.rabbit != nil {
 		h.rabbit.Close()
+	}
+	if h.cluster != nil {
+		h.cluster.Close()
 	}
 	if h.natsSrv != nil {
 		h.natsSrv.Close()
@@ -305,6 +335,7 @@ type run struct {
 
 	// broker
 	queue        string
+	amqpURLs     []string // the node, or the cluster's nodes
 	kcluster     *kafkatest.Cluster
 	kafkaBrokers []string
 	topic        string
@@ -318,6 +349,8 @@ type run struct {
 	abortedCopy        sync.Map // id -> true: a copy was in a transaction definitely aborted
 	uncertain          sync.Map // id -> true: a transactional publish of it had an unknown outcome
 	confirmedN         atomic.Int64
+	due                sync.Map // id -> unix nanos its first publish was due, on the schedule
+	confirmTimes       []int64  // of every confirmed publish; the publisher's only
 	publishes          atomic.Int64
 	producerDuplicates int
 
@@ -380,7 +413,7 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 		nemesisSent: map[incKey]int64{}, armed: map[incKey]bool{}, nextInc: map[int]int{}, start: time.Now()}
 	r.phase.Store("setup")
 	res := Result{Scenario: s.Name, Broker: s.Broker, Mode: s.Mode, Faults: s.Faults(), Messages: s.Messages,
-		RedeliveryBound: s.redeliveryBound(), BoundChecked: s.CheckRedeliveryBound}
+		RedeliveryBound: s.redeliveryBound(), BoundChecked: s.CheckRedeliveryBound, StallBound: s.StallBound}
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return res, fmt.Errorf("chaos: %w", err)
 	}
@@ -438,17 +471,33 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 
 	res.LeftInQueue = r.queueDepth()
 	res.Duration = time.Since(r.start)
-	v, err := r.check(context.WithoutCancel(ctx))
+	v, applies, err := r.check(context.WithoutCancel(ctx))
 	if err != nil {
 		return res, err
 	}
+	waiting := map[string]int64{} // the confirmed ids, from when they were due
+	r.due.Range(func(k, v any) bool {
+		if _, ok := r.confirmed.Load(k); ok {
+			waiting[k.(string)] = v.(int64)
+		}
+		return true
+	})
+	var from, to int64 // the publishing window
+	if v, ok := r.due.Load(r.msgID(0)); ok {
+		from = v.(int64)
+	}
+	if n := len(r.confirmTimes); n > 0 {
+		to = r.confirmTimes[n-1]
+	}
+	res.Stall = computeStall(waiting, applies, s.Workers, from, to, time.Now().UnixNano())
+	res.PublishStall = longestGap(r.confirmTimes)
 	res.Verdict = v
 	res.Publishes = int(r.publishes.Load())
 	res.ProducerDuplicates = r.producerDuplicates
 	res.KillsRandom, res.KillsAfterCommit = int(r.killsRandom.Load()), int(r.killsSelf.Load())
 	res.Kills = res.KillsRandom + res.KillsAfterCommit
 	res.Injected = map[string]int64{}
-	if h.rabbit != nil && s.Broker == BrokerRabbitMQ {
+	if h.rabbit != nil && s.Broker == BrokerRabbitMQ && !s.Cluster {
 		res.Injected["consumer-timeout"] = int64(h.rabbit.ConsumerTimeouts() - timeouts0)
 	}
 	r.injected.Range(func(k, v any) bool {
@@ -497,6 +546,19 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 	}
 	if s.Partitioned && res.Injected["rotation"] == 0 {
 		failures = append(failures, "the dedup store's generations never rotated: no claim straddled a boundary")
+	}
+	if b := s.StallBound; b > 0 {
+		at := func(end int64) time.Duration {
+			return time.Duration(end - r.start.UnixNano()).Round(100 * time.Millisecond)
+		}
+		if res.Stall.Max > b {
+			failures = append(failures, fmt.Sprintf("no message applied for %s (ending at +%s) while messages waited, more than the bound %s",
+				res.Stall.Max.Round(time.Millisecond), at(res.Stall.MaxEnd), b))
+		}
+		if res.Stall.SlotMax > b {
+			failures = append(failures, fmt.Sprintf("worker slot %d applied nothing for %s (ending at +%s) while messages were being published, more than the bound %s",
+				res.Stall.Slot, res.Stall.SlotMax.Round(time.Millisecond), at(res.Stall.SlotEnd), b))
+		}
 	}
 	if res.LeakyExits > 0 {
 		failures = append(failures, fmt.Sprintf("%d workers leaked goroutines", res.LeakyExits))
@@ -569,7 +631,7 @@ func (r *run) setupDB(ctx context.Context) error {
 	// No unique constraint on effects: a duplicate effect shows as a
 	// second row.
 	_, err = r.h.pool.Exec(ctx, `
-		CREATE TABLE `+q+`.effects (msg_id text NOT NULL, copy text NOT NULL, slot int NOT NULL, incarnation int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE `+q+`.effects (msg_id text NOT NULL, copy text NOT NULL, slot int NOT NULL, incarnation int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 		CREATE TABLE `+q+`.dead_letters (msg_id text NOT NULL, class text NOT NULL, reason text NOT NULL, at timestamptz NOT NULL DEFAULT now());`)
 	if err != nil {
 		return fmt.Errorf("chaos: create tables: %w", err)
@@ -584,7 +646,7 @@ func (r *run) dropSchema() {
 }
 
 // check loads the sets from the database and compares them.
-func (r *run) check(ctx context.Context) (Verdict, error) {
+func (r *run) check(ctx context.Context) (Verdict, []apply, error) {
 	in := CheckInput{Confirmed: map[string]bool{}, Attempted: map[string]bool{}, Processed: map[string]bool{},
 		Effects: map[string]int{}, DeadLetters: map[string]int{}}
 	r.confirmed.Range(func(k, _ any) bool { in.Confirmed[k.(string)] = true; return true })
@@ -625,17 +687,35 @@ func (r *run) check(ctx context.Context) (Verdict, error) {
 	}
 	if err := load(`SELECT message_id, 1 FROM `+q+`.processed_messages WHERE consumer = '`+r.consumer()+`'`,
 		func(id string, _ int) { in.Processed[id] = true }); err != nil {
-		return Verdict{}, err
+		return Verdict{}, nil, err
 	}
 	if err := load(`SELECT msg_id, count(*)::int FROM `+q+`.effects GROUP BY msg_id`,
 		func(id string, n int) { in.Effects[id] = n }); err != nil {
-		return Verdict{}, err
+		return Verdict{}, nil, err
 	}
 	if err := load(`SELECT msg_id, count(*)::int FROM `+q+`.dead_letters GROUP BY msg_id`,
 		func(id string, n int) { in.DeadLetters[id] = n }); err != nil {
-		return Verdict{}, err
+		return Verdict{}, nil, err
 	}
-	return Check(in), nil
+	var applies []apply
+	rows, err := r.h.pool.Query(ctx, `SELECT msg_id, slot, (extract(epoch FROM at) * 1000000)::bigint FROM `+q+`.effects`)
+	if err != nil {
+		return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
+	}
+	for rows.Next() {
+		var a apply
+		if err := rows.Scan(&a.id, &a.slot, &a.t); err != nil {
+			rows.Close()
+			return Verdict{}, nil, err
+		}
+		a.t *= 1000
+		applies = append(applies, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
+	}
+	return Check(in), applies, nil
 }
 
 func (r *run) consumer() string { return "chaos-" + r.s.Name }
@@ -765,8 +845,14 @@ func (r *run) setupBroker(ctx context.Context) error {
 		return r.setupStream(ctx)
 	case BrokerRabbitMQ:
 		r.queue = "idemq-chaos-" + r.s.Name + "-" + randomHex(4)
+		r.amqpURLs = []string{r.h.amqpURL}
+		if r.s.Cluster {
+			r.amqpURLs = r.h.cluster.URLs()
+		}
+		i := 0
 		return r.h.withRetry(ctx, func() error {
-			return rabbitmq.DeclareTopology(ctx, r.h.amqpURL, rabbitmq.Topology{Queue: r.queue})
+			i++ // a node at a time
+			return rabbitmq.DeclareTopology(ctx, r.amqpURLs[i%len(r.amqpURLs)], rabbitmq.Topology{Queue: r.queue, Quorum: r.s.Cluster})
 		})
 	case BrokerKafka:
 		listen := func(network, _ string) (net.Listener, error) { return net.Listen(network, "127.0.0.1:0") }
@@ -806,7 +892,7 @@ func (r *run) teardownBroker() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		_ = r.h.withRetry(ctx, func() error {
-			conn, err := amqp.DialConfig(r.h.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+			conn, err := dialAny(r.amqpURLs)
 			if err != nil {
 				return err
 			}
@@ -831,7 +917,7 @@ func (r *run) queueDepth() int {
 	if r.queue == "" {
 		return 0
 	}
-	conn, err := amqp.DialConfig(r.h.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	conn, err := dialAny(r.amqpURLs)
 	if err != nil {
 		return 0
 	}
@@ -840,7 +926,7 @@ func (r *run) queueDepth() int {
 	if err != nil {
 		return 0
 	}
-	q, err := ch.QueueDeclarePassive(r.queue, true, false, false, false, amqp.Table{"x-dead-letter-exchange": r.queue + ".dlx"})
+	q, err := ch.QueueDeclarePassive(r.queue, true, false, false, false, nil)
 	if err != nil {
 		return 0
 	}
@@ -906,7 +992,8 @@ func (r *run) publish(ctx context.Context) error {
 		defer closePub()
 	case BrokerRabbitMQ:
 		err = r.h.withRetry(ctx, func() error {
-			pubRabbit, err = rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: r.h.amqpURL, Channels: 1, DialTimeout: 5 * time.Second})
+			pubRabbit, err = rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: r.amqpURLs[0], FailoverURLs: r.amqpURLs[1:],
+				Channels: 1, DialTimeout: 5 * time.Second, ConnectionName: "idemq-chaos-publisher"})
 			return err
 		})
 		if err != nil {
@@ -929,6 +1016,7 @@ func (r *run) publish(ctx context.Context) error {
 	next := time.Now()
 	var copySeq int
 	for _, u := range units {
+		due := next.UnixNano()
 		if !sleepCtx(ctx, time.Until(next)) {
 			return ctx.Err()
 		}
@@ -943,6 +1031,7 @@ func (r *run) publish(ctx context.Context) error {
 			for i, j := range u.ids {
 				id := r.msgID(j)
 				r.attempted.Store(id, true)
+				r.due.LoadOrStore(id, due)
 				msgs[i] = &consumer.Message{ID: id, Key: id, Body: []byte(id + ":" + strconv.Itoa(j%997)),
 					Headers: map[string]string{HeaderCopy: fmt.Sprintf("%d.%d", copySeq, i)}}
 			}
@@ -980,6 +1069,12 @@ func (r *run) publish(ctx context.Context) error {
 				break // meant to be aborted; its ids stay uncertain
 			}
 			if err == nil {
+				now := time.Now().UnixNano()
+				r.confirmTimes = append(r.confirmTimes, now)
+				if attempt > 1 && r.s.Cluster {
+					r.h.event("scenario %s: publish confirmed at attempt %d, %s after it was due", r.s.Name, attempt,
+						time.Duration(now-due).Round(100*time.Millisecond))
+				}
 				for _, m := range msgs {
 					if _, dup := r.confirmed.LoadOrStore(m.ID, true); !dup {
 						r.confirmedN.Add(1)
@@ -992,6 +1087,10 @@ func (r *run) publish(ctx context.Context) error {
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("publish not confirmed in 2m: %w", err)
+			}
+			if attempt == 1 && r.s.Cluster {
+				r.h.event("scenario %s: publish failed at +%s, retrying: %v", r.s.Name,
+					time.Since(r.start).Round(100*time.Millisecond), err)
 			}
 			sleepCtx(ctx, 200*time.Millisecond)
 		}
@@ -1041,7 +1140,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 	r.mu.Unlock()
 
 	wc := WorkerConfig{
-		Slot: slot, Incarnation: inc, Broker: r.s.Broker, AMQPURL: r.h.amqpURL, Queue: r.queue,
+		Slot: slot, Incarnation: inc, Broker: r.s.Broker, Queue: r.queue,
 		KafkaBrokers: r.kafkaBrokers, Topic: r.topic, Group: r.consumer(),
 		DatabaseURL: r.h.dbURL, Schema: r.schema, Consumer: r.consumer(), Mode: r.s.Mode,
 		Concurrency: r.s.Concurrency, BatchSize: r.s.BatchSize, Prefetch: r.s.Prefetch,
@@ -1053,6 +1152,18 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		Sabotage: r.s.Sabotage, Partitioned: r.s.Partitioned, Retention: r.s.Retention,
 	}
 	wc.StreamStart = r.streamStart()
+	if n := len(r.amqpURLs); n > 0 {
+		// Slot i starts on node i mod n, the others after it in turn.
+		for j := range n {
+			u := r.amqpURLs[(slot+j)%n]
+			if j == 0 {
+				wc.AMQPURL = u
+			} else {
+				wc.AMQPFailoverURLs = append(wc.AMQPFailoverURLs, u)
+			}
+		}
+		wc.AMQPDefaultReconnect = r.s.Cluster
+	}
 	b, err := json.Marshal(wc)
 	if err != nil {
 		return k, nil, err

@@ -73,6 +73,9 @@ func (r *run) nemesis(ctx context.Context) {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"RabbitMQ node SIGKILL restart", "rabbitmq-restart", r.h.rabbit.Restart)
 	}
+	if r.s.Cluster && r.h.cluster != nil && len(r.s.clusterPlan()) > 0 {
+		goFault(func() { r.clusterFaults(ctx) })
+	}
 	if n := r.s.NATSRestarts; n > 0 && r.h.natsSrv != nil {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"nats-server SIGKILL restart", "nats-restart", r.h.natsSrv.Restart)

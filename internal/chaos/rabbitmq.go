@@ -31,6 +31,9 @@ const DefaultRabbitMQServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 // on the same data, so durable queues and persistent messages survive.
 type RabbitNode struct {
 	script, dir, name string
+	// home is the node's HOME, where its Erlang cookie is: dir for a
+	// lone node, the cluster's directory for a node of a RabbitCluster.
+	home              string
 	port, distPort    int
 	consumerTimeoutMS int
 	mu                sync.Mutex
@@ -54,17 +57,35 @@ func StartRabbitNode(ctx context.Context, script string, consumerTimeout time.Du
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	n := &RabbitNode{script: script, dir: dir, name: "idemq-chaos-" + hex.EncodeToString(b[:]) + "@localhost",
-		consumerTimeoutMS: int(consumerTimeout / time.Millisecond)}
-	if n.port, err = freePort(); err == nil {
-		n.distPort, err = freePort()
-	}
-	if err == nil && n.distPort == n.port {
-		n.distPort, err = freePort()
-	}
+	n, err := newRabbitNode(script, dir, dir, "idemq-chaos-"+hex.EncodeToString(b[:])+"@localhost", consumerTimeout, nil)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
+	}
+	if err := n.Start(ctx); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// newRabbitNode prepares a node in dir (which must exist) with two free
+// ports not in taken, and writes its configuration; it does not start it.
+func newRabbitNode(script, dir, home, name string, consumerTimeout time.Duration, taken map[int]bool) (*RabbitNode, error) {
+	n := &RabbitNode{script: script, dir: dir, home: home, name: name,
+		consumerTimeoutMS: int(consumerTimeout / time.Millisecond)}
+	if taken == nil {
+		taken = map[int]bool{}
+	}
+	for _, p := range []*int{&n.port, &n.distPort} {
+		for *p == 0 || taken[*p] {
+			port, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			*p = port
+		}
+		taken[*p] = true
 	}
 	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\nloopback_users = none\n", n.port)
 	if n.consumerTimeoutMS > 0 {
@@ -78,13 +99,8 @@ func StartRabbitNode(ctx context.Context, script string, consumerTimeout time.Du
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			_ = os.RemoveAll(dir)
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
-	}
-	if err := n.Start(ctx); err != nil {
-		n.Close()
-		return nil, err
 	}
 	return n, nil
 }
@@ -105,7 +121,7 @@ func (n *RabbitNode) Start(ctx context.Context) error {
 	cmd := exec.Command(n.script)
 	cmd.Dir = n.dir
 	cmd.Env = append(os.Environ(),
-		"HOME="+n.dir,
+		"HOME="+n.home,
 		"RABBITMQ_CONF_ENV_FILE="+filepath.Join(n.dir, "rabbitmq-env.conf"),
 		"RABBITMQ_NODENAME="+n.name,
 		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
@@ -119,6 +135,11 @@ func (n *RabbitNode) Start(ctx context.Context) error {
 		"RABBITMQ_CONFIG_FILE="+filepath.Join(n.dir, "rabbitmq.conf"),
 		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(n.dir, "advanced.config"),
 		"RABBITMQ_PID_FILE="+filepath.Join(n.dir, "pid"),
+		// The script then execs the VM instead of running it as its
+		// child: the VM itself is our child and gets the parent-death
+		// signal, so that no node outlives a harness killed outright
+		// (a test binary's timeout, say).
+		"RUNNING_UNDER_SYSTEMD=true",
 	)
 	out, err := os.OpenFile(filepath.Join(n.dir, "server.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

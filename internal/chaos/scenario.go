@@ -101,6 +101,31 @@ type Scenario struct {
 	SlowEvery int
 	SlowFor   time.Duration
 
+	// Cluster runs a RabbitMQ scenario on a private ClusterSize-node
+	// cluster (RabbitCluster) with a quorum queue (Topology.Quorum):
+	// worker slot i starts on node i mod ClusterSize, with the other
+	// nodes as its FailoverURLs, and the publisher has every node. The
+	// cluster faults below need it; RabbitRestarts does not apply.
+	Cluster bool
+	// OwnNodeKills is the number of SIGKILLs of a node that some worker
+	// consumes on and that does not lead the queue (the leader's, if
+	// every worker is there); LeaderKills of the node that leads it.
+	// Each node is started again after 5 to 7s (clusterNodeDown) and the
+	// next fault waits for it to be back, so that one node at most is
+	// down. They alternate, own node first, spread over the publishing
+	// window.
+	OwnNodeKills, LeaderKills int
+	// NodeLost, after those, SIGKILLs one more worker's node, chosen as
+	// for OwnNodeKills, for good: the run ends on the other two.
+	NodeLost bool
+	// StallBound fails the scenario if no message was applied for
+	// longer while a confirmed message waited for its effect, or by one
+	// worker slot while messages were being published (see Stall).
+	// Defaults to ClusterStallBound for a Cluster scenario; 0 elsewhere,
+	// where the stall is only reported (Postgres restarts, slow handlers
+	// and Kafka rebalances stall by design).
+	StallBound time.Duration
+
 	// Sabotage, for the harness's own tests, breaks the workers on
 	// purpose (see SabotageEffectOutsideTx): the scenario must fail.
 	Sabotage string
@@ -183,6 +208,9 @@ func (s Scenario) withDefaults() Scenario {
 	if s.SelfKillEvery == 0 {
 		s.SelfKillEvery = 40
 	}
+	if s.Cluster && s.StallBound == 0 {
+		s.StallBound = ClusterStallBound
+	}
 	if s.Timeout == 0 {
 		s.Timeout = 3*s.PublishOver + 2*time.Minute
 	}
@@ -232,7 +260,15 @@ func (s Scenario) validate() error {
 		return bad("AbortRate %g, must be in [0, 0.9]", s.AbortRate)
 	case s.AbortRate > 0 && s.KafkaSource != SourceFranz:
 		return bad("aborted transactions need the read_committed source %q", SourceFranz)
-	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0:
+	case s.Cluster && s.Broker != BrokerRabbitMQ:
+		return bad("a cluster is RabbitMQ's")
+	case s.Cluster && s.RabbitRestarts > 0:
+		return bad("RabbitRestarts restart the lone node; a Cluster scenario has OwnNodeKills and LeaderKills")
+	case !s.Cluster && (s.OwnNodeKills != 0 || s.LeaderKills != 0 || s.NodeLost):
+		return bad("node kills need Cluster")
+	case s.OwnNodeKills < 0 || s.LeaderKills < 0:
+		return bad("fault counts must not be negative")
+	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0 || s.StallBound < 0:
 		return bad("negative duration or rate")
 	}
 	return nil
@@ -269,6 +305,10 @@ func (s Scenario) Faults() string {
 	add(s.AMQPDropEvery > 0, "AMQP drop after every %dth commit", s.AMQPDropEvery)
 	add(s.PGRestarts > 0, "%d PG immediate restarts", s.PGRestarts)
 	add(s.RabbitRestarts > 0, "%d RabbitMQ restarts", s.RabbitRestarts)
+	add(s.Cluster, "%d-node RabbitMQ cluster, quorum queue", ClusterSize)
+	add(s.OwnNodeKills > 0, "%d SIGKILL restarts of a worker's node", s.OwnNodeKills)
+	add(s.LeaderKills > 0, "%d SIGKILL restarts of the queue leader's node", s.LeaderKills)
+	add(s.NodeLost, "a worker's node killed for good")
 	add(s.NATSRestarts > 0, "%d nats-server restarts", s.NATSRestarts)
 	add(s.RedisRestarts > 0, "%d redis-server restarts", s.RedisRestarts)
 	add(s.Rebalances > 0, "%d join/leave rebalances", s.Rebalances)

@@ -9,7 +9,8 @@ import (
 )
 
 // ShortSuite is the CI run: three scenarios, both brokers, every fault
-// kind, 55 planned SIGKILLs, a few minutes in all.
+// kind, 55 planned SIGKILLs, a few minutes in all. The RabbitMQ cluster's
+// short form, ShortClusterScenario, is apart: it costs about a minute more.
 func ShortSuite() []Scenario {
 	return []Scenario{
 		{Name: "rabbit-kills", Broker: BrokerRabbitMQ, Messages: 1500, PublishOver: 20 * time.Second,
@@ -23,9 +24,9 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: ten scenarios, 360 planned SIGKILLs across
-// RabbitMQ (plain and partitioned dedup store), Kafka (both sources), NATS
-// JetStream and Redis Streams, about twenty minutes.
+// LongSuite is the long run: eleven scenarios, 375 planned SIGKILLs across
+// RabbitMQ (plain, partitioned dedup store, and a 3-node cluster), Kafka
+// (both sources), NATS JetStream and Redis Streams, about twenty minutes.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -65,29 +66,47 @@ func LongSuite() []Scenario {
 			Kills: 30, SelfKills: 15, SelfKillEvery: 40, NATSRestarts: 1, CheckRedeliveryBound: true},
 		{Name: "long-redis-kills", Broker: BrokerRedis, Messages: 4000, PublishOver: 60 * time.Second,
 			Kills: 30, SelfKills: 15, SelfKillEvery: 40, RedisRestarts: 1, CheckRedeliveryBound: true},
+		// A 3-node RabbitMQ cluster and a quorum queue: the nodes that
+		// workers consume on and the queue leader's are SIGKILLed and
+		// restarted in turn, and a last worker's node never comes back.
+		// The workers and the publisher fail over to their FailoverURLs:
+		// no apply gap, in all or in any one worker, may exceed
+		// ClusterStallBound.
+		{Name: "long-rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 4000, PublishOver: 90 * time.Second,
+			Workers: 4, OwnNodeKills: 2, LeaderKills: 2, NodeLost: true, Kills: 10, SelfKills: 5, SelfKillEvery: 40},
 	}
+}
+
+// ShortClusterScenario is the short form of long-rabbit-cluster: a worker's
+// node and then the queue leader's are SIGKILLed and restarted, with a few
+// worker SIGKILLs.
+func ShortClusterScenario() Scenario {
+	return Scenario{Name: "rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 1000, PublishOver: 30 * time.Second,
+		OwnNodeKills: 1, LeaderKills: 1, Kills: 4, SelfKills: 2, SelfKillEvery: 30}
 }
 
 // WriteSummary writes a plain-text table of results and one line per
 // failure.
 func WriteSummary(w io.Writer, results []Result) {
-	fmt.Fprintf(w, "%-24s %-8s %-7s %6s %6s %6s %5s %5s %5s %5s %5s %9s %6s %5s %8s\n",
-		"scenario", "broker", "mode", "ids", "pub", "dups", "kills", "after", "lost", "dup", "unexp", "redel/k", "bound", "leaks", "result")
+	fmt.Fprintf(w, "%-24s %-8s %-7s %6s %6s %6s %5s %5s %5s %5s %5s %9s %6s %9s %5s %8s\n",
+		"scenario", "broker", "mode", "ids", "pub", "dups", "kills", "after", "lost", "dup", "unexp", "redel/k", "bound", "stall/wkr", "leaks", "result")
 	total := Totals(results)
 	for _, r := range results {
 		status := "PASS"
 		if !r.Passed() {
 			status = "FAIL"
 		}
-		fmt.Fprintf(w, "%-24s %-8s %-7s %6d %6d %6d %5d %5d %5d %5d %5d %4d/%4.1f %6d %5d %8s\n",
+		fmt.Fprintf(w, "%-24s %-8s %-7s %6d %6d %6d %5d %5d %5d %5d %5d %4d/%4.1f %6d %4.1f/%4.1f %5d %8s\n",
 			r.Scenario, r.Broker, r.Mode, r.Messages, r.Publishes, r.ProducerDuplicates, r.Kills, r.KillsAfterCommit,
 			len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Unexpected),
-			r.Redeliveries.Max, r.Redeliveries.Mean, r.RedeliveryBound, r.LeakyExits, status)
+			r.Redeliveries.Max, r.Redeliveries.Mean, r.RedeliveryBound,
+			r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), r.LeakyExits, status)
 	}
 	fmt.Fprintf(w, "total: %d scenarios, %d ids, %d SIGKILLs (%d right after COMMIT), %d lost, %d duplicate effects, %d unexpected\n",
 		len(results), total.Messages, total.Kills, total.KillsAfterCommit, total.Lost, total.Duplicates, total.Unexpected)
 	for _, r := range results {
 		fmt.Fprintf(w, "%s: faults: %s; injected: %s\n", r.Scenario, r.Faults, injectedString(r.Injected))
+		fmt.Fprintf(w, "%s: %s\n", r.Scenario, stallString(r))
 		for _, f := range r.Failures {
 			fmt.Fprintf(w, "  FAIL %s: %s\n", r.Scenario, f)
 		}
@@ -132,10 +151,21 @@ func injectedString(m map[string]int64) string {
 	return strings.Join(parts, " ")
 }
 
+// stallString describes r's stalls.
+func stallString(r Result) string {
+	bound := "not checked"
+	if r.StallBound > 0 {
+		bound = "bound " + r.StallBound.String()
+	}
+	return fmt.Sprintf("longest without an apply: %s overall while messages waited, %s in worker slot %d while messages were published (%s); longest between confirmed publishes %s; %s in all",
+		r.Stall.Max.Round(time.Millisecond), r.Stall.SlotMax.Round(time.Millisecond), r.Stall.Slot, bound,
+		r.PublishStall.Round(time.Millisecond), r.Duration.Round(100*time.Millisecond))
+}
+
 // WriteMarkdown writes results as the Markdown table RELIABILITY.md keeps.
 func WriteMarkdown(w io.Writer, results []Result) {
-	fmt.Fprintln(w, "| scenario | broker / mode | faults injected | ids (publishes, producer dups) | SIGKILLs (after COMMIT) | lost | duplicate effects | unexpected | redeliveries per kill max / mean (bound) | leaked goroutines | result |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| scenario | broker / mode | faults injected | ids (publishes, producer dups) | SIGKILLs (after COMMIT) | lost | duplicate effects | unexpected | redeliveries per kill max / mean (bound) | longest stall overall / per worker (bound) | leaked goroutines | result |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range results {
 		status := "pass"
 		if !r.Passed() {
@@ -145,9 +175,14 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		if r.BoundChecked {
 			bound += ", checked"
 		}
-		fmt.Fprintf(w, "| %s | %s / %s | %s | %d (%d, %d) | %d (%d) | %d | %d | %d | %d / %.1f (%s) | %d of %d exits | %s |\n",
+		stall := "-"
+		if r.StallBound > 0 {
+			stall = r.StallBound.String()
+		}
+		fmt.Fprintf(w, "| %s | %s / %s | %s | %d (%d, %d) | %d (%d) | %d | %d | %d | %d / %.1f (%s) | %.1fs / %.1fs (%s) | %d of %d exits | %s |\n",
 			r.Scenario, r.Broker, r.Mode, injectedString(r.Injected), r.Messages, r.Publishes, r.ProducerDuplicates,
 			r.Kills, r.KillsAfterCommit, len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Unexpected),
-			r.Redeliveries.Max, r.Redeliveries.Mean, bound, r.LeakyExits, r.GracefulExits, status)
+			r.Redeliveries.Max, r.Redeliveries.Mean, bound, r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), stall,
+			r.LeakyExits, r.GracefulExits, status)
 	}
 }

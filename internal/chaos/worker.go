@@ -80,6 +80,13 @@ type WorkerConfig struct {
 	LogPath           string // the delivery log this incarnation appends to
 	Seed              uint64
 
+	// AMQPFailoverURLs are the other nodes of a RabbitMQ cluster
+	// (rabbitmq.Config.FailoverURLs).
+	AMQPFailoverURLs []string
+	// AMQPDefaultReconnect leaves the Source's Reconnect at the rabbitmq
+	// package's defaults instead of the harness's faster 50ms to 1s.
+	AMQPDefaultReconnect bool
+
 	// KillAfterCommits, if positive, makes the worker SIGKILL itself in
 	// the HookApplied hook of its Nth applied message: after COMMIT,
 	// before the ack.
@@ -181,7 +188,7 @@ type workerHooks struct {
 	applied   atomic.Int64
 	killAfter int64
 	dropEvery int64
-	amqp      *Proxy
+	amqp      []*Proxy // one per node
 }
 
 func (h *workerHooks) OnReceived(_ context.Context, msg *consumer.Message) {
@@ -201,9 +208,11 @@ func (h *workerHooks) OnApplied(_ context.Context, _ *consumer.Message, _, _ tim
 		killSelf()
 		select {} // never returns: the kill is on its way
 	}
-	if h.dropEvery > 0 && h.amqp != nil && n%h.dropEvery == 0 {
+	if h.dropEvery > 0 && len(h.amqp) > 0 && n%h.dropEvery == 0 {
 		h.log.line(logFault, "amqp-drop-after-commit")
-		h.amqp.DropAll()
+		for _, p := range h.amqp {
+			p.DropAll()
+		}
 	}
 }
 
@@ -305,29 +314,41 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 	var src consumer.Source
 	switch cfg.Broker {
 	case BrokerRabbitMQ:
-		target, err := amqpHostPort(cfg.AMQPURL)
-		if err != nil {
-			return err
+		// A proxy in front of each node, to drop connections.
+		var urls []string
+		for _, u := range append([]string{cfg.AMQPURL}, cfg.AMQPFailoverURLs...) {
+			target, err := amqpHostPort(u)
+			if err != nil {
+				return err
+			}
+			amqpProxy, err := NewProxy(target, ProxyOptions{})
+			if err != nil {
+				return err
+			}
+			defer func() {
+				amqpProxy.Close()
+				st, sum := amqpProxy.Stats(), &report.AMQPProxy
+				sum.Conns, sum.Commits, sum.Dropped = sum.Conns+st.Conns, sum.Commits+st.Commits, sum.Dropped+st.Dropped
+				sum.ResetsAfter, sum.ResetsBefore = sum.ResetsAfter+st.ResetsAfter, sum.ResetsBefore+st.ResetsBefore
+			}()
+			hooks.amqp = append(hooks.amqp, amqpProxy)
+			urls = append(urls, "amqp://guest:guest@"+amqpProxy.Addr()+"/")
 		}
-		amqpProxy, err := NewProxy(target, ProxyOptions{})
-		if err != nil {
-			return err
+		reconnect := rabbitmq.ReconnectConfig{InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second}
+		if cfg.AMQPDefaultReconnect {
+			reconnect = rabbitmq.ReconnectConfig{}
 		}
-		defer func() {
-			amqpProxy.Close()
-			report.AMQPProxy = amqpProxy.Stats()
-		}()
-		hooks.amqp = amqpProxy
 		// The first dial may meet a broker that is restarting: retry it
 		// until ctx is done.
 		var s *rabbitmq.Source
 		for {
 			s, err = rabbitmq.NewSource(ctx, rabbitmq.Config{
-				URL:            "amqp://guest:guest@" + amqpProxy.Addr() + "/",
+				URL:            urls[0],
+				FailoverURLs:   urls[1:],
 				Queue:          cfg.Queue,
 				Prefetch:       cfg.Prefetch,
-				ConnectionName: fmt.Sprintf("idemq-chaos-%d.%d", cfg.Slot, cfg.Incarnation),
-				Reconnect:      rabbitmq.ReconnectConfig{InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second},
+				ConnectionName: fmt.Sprintf(amqpConnName, cfg.Slot, cfg.Incarnation),
+				Reconnect:      reconnect,
 				DialTimeout:    5 * time.Second,
 			})
 			if err == nil {
@@ -450,6 +471,9 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 	}
 	return nil
 }
+
+// amqpConnName is the AMQP connection name of worker slot.incarnation.
+const amqpConnName = "idemq-chaos-%d.%d"
 
 // kafkaClientID is the Kafka client id of worker slot.incarnation.
 const kafkaClientID = "idemq-chaos-%d.%d"

@@ -1,0 +1,141 @@
+package chaos
+
+import (
+	"slices"
+	"sort"
+	"time"
+)
+
+// apply is one effect row: a message applied by a worker slot at t (unix
+// nanoseconds, the database's clock_timestamp() when the effect was
+// written, inside the message's transaction).
+type apply struct {
+	id   string
+	slot int
+	t    int64
+}
+
+// Stall is the longest time without progress while messages were
+// outstanding: a message the broker confirmed is outstanding from the
+// moment the workload's schedule had it published first until its first
+// effect (or until the end, if it has none), so that a producer stuck on a
+// dead node, publishing nothing, counts as much as a consumer; ids never
+// confirmed are left out.
+// Overall, progress is any apply.
+//
+// A worker slot stalls when it applies nothing while messages keep coming:
+// its longest gap between applies within the publishing window, from the
+// first message due to the last publish confirmed, during which a message
+// arrives every fraction of a second and the broker spreads them over the
+// consumers. That shows one consumer stuck on a dead node even while the
+// others absorb its share, and the queue never waits.
+type Stall struct {
+	// Max is the longest gap overall, and MaxEnd when it ended (unix
+	// nanoseconds).
+	Max    time.Duration
+	MaxEnd int64
+	// SlotMax is the longest gap of any one slot: Slot's, ending at
+	// SlotEnd.
+	SlotMax time.Duration
+	Slot    int
+	SlotEnd int64
+}
+
+// computeStall measures the stalls of a run whose confirmed ids were first
+// due at waiting and applied as applies say, up to end, and those of worker
+// slots 0..slots-1 within the publishing window [from, to] (unix
+// nanoseconds).
+func computeStall(waiting map[string]int64, applies []apply, slots int, from, to, end int64) Stall {
+	first := map[string]int64{}
+	for _, a := range applies {
+		if t, ok := first[a.id]; !ok || a.t < t {
+			first[a.id] = a.t
+		}
+	}
+	// The periods during which some message was outstanding.
+	type period struct{ from, to int64 }
+	var ps []period
+	for id, c := range waiting {
+		a, ok := first[id]
+		if !ok {
+			a = end
+		}
+		if a > c {
+			ps = append(ps, period{c, a})
+		}
+	}
+	slices.SortFunc(ps, func(a, b period) int {
+		switch {
+		case a.from < b.from:
+			return -1
+		case a.from > b.from:
+			return 1
+		}
+		return 0
+	})
+	var busy []period
+	for _, p := range ps {
+		if n := len(busy); n > 0 && p.from <= busy[n-1].to {
+			busy[n-1].to = max(busy[n-1].to, p.to)
+			continue
+		}
+		busy = append(busy, p)
+	}
+
+	// longest returns the longest gap, and its end, between the times
+	// (sorted) and the bounds of the busy periods.
+	longest := func(times []int64) (time.Duration, int64) {
+		var best, bestEnd int64
+		for _, p := range busy {
+			prev := p.from
+			i := sort.Search(len(times), func(i int) bool { return times[i] > p.from })
+			for ; i < len(times) && times[i] <= p.to; i++ {
+				if g := times[i] - prev; g > best {
+					best, bestEnd = g, times[i]
+				}
+				prev = times[i]
+			}
+			if g := p.to - prev; g > best {
+				best, bestEnd = g, p.to
+			}
+		}
+		return time.Duration(best), bestEnd
+	}
+	all := make([]int64, len(applies))
+	bySlot := make([][]int64, slots)
+	for i, a := range applies {
+		all[i] = a.t
+		if a.slot >= 0 && a.slot < slots {
+			bySlot[a.slot] = append(bySlot[a.slot], a.t)
+		}
+	}
+	slices.Sort(all)
+	var st Stall
+	st.Max, st.MaxEnd = longest(all)
+	for slot, ts := range bySlot {
+		slices.Sort(ts)
+		prev := from
+		for _, t := range append(ts, to) {
+			if t < from || t > to {
+				continue
+			}
+			if g := time.Duration(t - prev); g > st.SlotMax {
+				st.SlotMax, st.Slot, st.SlotEnd = g, slot, t
+			}
+			prev = t
+		}
+	}
+	return st
+}
+
+// longestGap returns the longest gap between consecutive times (sorted or
+// not).
+func longestGap(times []int64) time.Duration {
+	ts := slices.Clone(times)
+	slices.Sort(ts)
+	var best int64
+	for i := 1; i < len(ts); i++ {
+		best = max(best, ts[i]-ts[i-1])
+	}
+	return time.Duration(best)
+}

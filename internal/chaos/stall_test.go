@@ -1,0 +1,54 @@
+package chaos
+
+import (
+	"testing"
+	"time"
+)
+
+// TestComputeStall: overall, the longest gap without an apply counts only
+// while a confirmed message waits (from when its first publish was due to
+// its first effect), and a message never applied waits until the end; a
+// worker slot's longest gap counts within the publishing window.
+func TestComputeStall(t *testing.T) {
+	s := int64(time.Second)
+	waiting := map[string]int64{"a": 0, "b": 1 * s, "c": 2 * s, "d": 20 * s}
+	applies := []apply{
+		{"a", 0, 1 * s}, {"b", 1, 2 * s},
+		// Nothing applied from 2s to 9s but b again at 5s (a duplicate
+		// is still progress), while c waits.
+		{"b", 1, 5 * s}, {"c", 0, 9 * s},
+		// Nothing waits from 9s to 20s: no overall stall there.
+		{"d", 1, 21 * s},
+	}
+	// Publishing from 0s to 22s.
+	st := computeStall(waiting, applies, 3, 0, 22*s, 30*s)
+	if st.Max != 4*time.Second || st.MaxEnd != 9*s {
+		t.Errorf("overall: %s ending at %d, want 4s ending at 9s", st.Max, st.MaxEnd/s)
+	}
+	// Slot 2 never applied: the whole window.
+	if st.SlotMax != 22*time.Second || st.Slot != 2 || st.SlotEnd != 22*s {
+		t.Errorf("per slot: slot %d %s ending at %d, want slot 2 22s ending at 22s", st.Slot, st.SlotMax, st.SlotEnd/s)
+	}
+	// Two slots: slot 0 is idle from 9s to the end of the window, 13s;
+	// slot 1 from 5s to 21s, 16s.
+	st = computeStall(waiting, applies, 2, 0, 22*s, 30*s)
+	if st.SlotMax != 16*time.Second || st.Slot != 1 || st.SlotEnd != 21*s {
+		t.Errorf("per slot: slot %d %s ending at %d, want slot 1 16s ending at 21s", st.Slot, st.SlotMax, st.SlotEnd/s)
+	}
+
+	// An id never applied waits until the end.
+	waiting["e"] = 22 * s
+	st = computeStall(waiting, applies, 2, 0, 22*s, 30*s)
+	if st.Max != 8*time.Second || st.MaxEnd != 30*s {
+		t.Errorf("with a lost id: %s ending at %d, want 8s ending at 30s", st.Max, st.MaxEnd/s)
+	}
+	// An apply before the id was due (a publisher ahead of its schedule,
+	// or a clock step) makes no period.
+	st = computeStall(map[string]int64{"x": 5 * s}, []apply{{"x", 0, 4 * s}}, 1, 4*s, 4*s, 30*s)
+	if st.Max != 0 || st.SlotMax != 0 {
+		t.Errorf("apply before it was due: %+v", st)
+	}
+	if g := longestGap([]int64{5, 1, 2, 9}); g != 4 {
+		t.Errorf("longestGap = %d, want 4", g)
+	}
+}
