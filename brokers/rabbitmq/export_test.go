@@ -47,3 +47,10 @@ func StartConsuming(ctx context.Context, s *Source) error {
 	_, _, err := s.consumer(ctx)
 	return err
 }
+
+// PublisherIdle is how many channels p keeps for its next calls.
+func PublisherIdle(p *Publisher) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}

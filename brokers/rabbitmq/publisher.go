@@ -181,8 +181,8 @@ func checkPublish(exchange, routingKey string, msgs []*consumer.Message) error {
 
 // publishOn publishes msgs on pc, which the caller holds alone, and waits
 // for every confirm; see Publish for the errors. healthy reports whether pc
-// may serve another call: false once its channel is closed or confirms or
-// returns for this call may still arrive.
+// may serve another call: false once its channel is closed, the broker
+// nacked on it, or confirms or returns for this call may still arrive.
 func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routingKey string, msgs []*consumer.Message) (healthy bool, err error) {
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	// tooLarge[i], if set, is why msgs[i] is not sent: its properties do
@@ -261,6 +261,7 @@ drain:
 
 	returned := matchReturns(msgs, returns)
 	lost := pc.ch.IsClosed()
+	nacked := false
 	var errs []error
 	for i, dc := range confirms {
 		var reason error
@@ -276,11 +277,15 @@ drain:
 			// channel closes.
 			reason = fmt.Errorf("%w: %s", ErrUnconfirmed, pc.reason(nil))
 		default:
-			reason = ErrNacked
+			reason, nacked = ErrNacked, true
 		}
 		errs = append(errs, &PublishError{Index: i, MessageID: msgs[i].ID, Err: reason})
 	}
-	return !lost, errors.Join(errs...)
+	// A channel the broker nacked on is not used again: RabbitMQ 3.10 kept
+	// nacking every publish on a confirm channel opened just before a
+	// quorum queue's leader node died, while a fresh channel on the same
+	// connection was acked at once.
+	return !lost && !nacked, errors.Join(errs...)
 }
 
 // Close closes the connection. Publish calls in flight fail with
