@@ -120,7 +120,10 @@ func TestDurability(t *testing.T) {
 // a reloaded configuration takes a moment to show.
 func durability(t *testing.T, s *processed.Store, ok func(consumer.Durability) bool) consumer.Durability {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// A standby's sync_state changes when the walsender next hears from
+	// it: on new WAL, or every wal_receiver_status_interval (10 s) on an
+	// idle server, later still on a loaded machine.
+	deadline := time.Now().Add(40 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		d, err := s.Durability(ctx)
