@@ -39,7 +39,7 @@ func TestStatusDurability(t *testing.T) {
 
 	primary.Set(t, "synchronous_standby_names", "FIRST 1 (s1)")
 	const sync = "durability:      a commit is on 2 nodes before the ack (this primary and 1 synchronous standby, s1; synchronous_commit=on)\n"
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(40 * time.Second) // sync_state changes when the walsender next hears from s1
 	for r = idemq(t, status...); !strings.Contains(r.stdout, sync) && time.Now().Before(deadline); r = idemq(t, status...) {
 		time.Sleep(50 * time.Millisecond)
 	}
