@@ -54,8 +54,8 @@ type Config struct {
 	// message is isolated by splitting the group, so it never sinks the
 	// others and nothing is applied twice; a deadlock or serialization
 	// failure is retried whole once, then message by message, and makes
-	// the lanes shrink their groups for a while (see the README's Batch
-	// mode, "Hot rows").
+	// the lanes shrink their groups for a while (see docs/batch-mode.md,
+	// "Hot rows").
 	//
 	// Defaults to DefaultGroupSize (32) with Handler, and BatchWait to 0:
 	// a lane groups only the deliveries already waiting when it starts a

@@ -2,6 +2,7 @@ package readmetour
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,8 +10,25 @@ import (
 	"testing"
 )
 
-// block is one fenced code block of README.md.
+// tourDocs are the documents the tour reads, in the order it runs their
+// commands: the README, then the guides, each after those whose commands
+// leave what its own need (the quickstart's schema, payments.dlq).
+var tourDocs = []string{
+	"README.md",
+	"docs/dedup-store.md",
+	"docs/brokers.md",
+	"docs/batch-mode.md",
+	"docs/dead-letters.md",
+	"docs/outbox-keys-http.md",
+	"docs/observability.md",
+	"docs/clusters.md",
+	"docs/security.md",
+	"docs/testing.md",
+}
+
+// block is one fenced code block of a document.
 type block struct {
+	file string // the document, relative to the repository root
 	lang string // the info string: "sh", "go", "" ...
 	line int    // 1-based line of the opening fence
 	// skip is the reason given by a "<!-- tour: skip (reason) -->" comment
@@ -34,10 +52,39 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// readmeBlocks parses the fenced code blocks of the README at path.
-func readmeBlocks(t *testing.T, path string) []block {
+// where is "file:line" of the block's opening fence.
+func (b block) where() string { return fmt.Sprintf("%s:%d", b.file, b.line) }
+
+// docBlocks returns the fenced code blocks of every document of tourDocs,
+// in order, and fails if a Markdown file of docs/ is not among them.
+func docBlocks(t *testing.T, root string) []block {
 	t.Helper()
-	f, err := os.Open(path)
+	guides, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range guides {
+		rel, _ := filepath.Rel(root, g)
+		found := false
+		for _, d := range tourDocs {
+			found = found || d == filepath.ToSlash(rel)
+		}
+		if !found {
+			t.Fatalf("%s is not in readmetour's tourDocs: add it where its commands belong in the tour", rel)
+		}
+	}
+	var out []block
+	for _, d := range tourDocs {
+		out = append(out, readmeBlocks(t, root, d)...)
+	}
+	return out
+}
+
+// readmeBlocks parses the fenced code blocks of the document name, a path
+// relative to root.
+func readmeBlocks(t *testing.T, root, name string) []block {
+	t.Helper()
+	f, err := os.Open(filepath.Join(root, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +99,7 @@ func readmeBlocks(t *testing.T, path string) []block {
 		line := sc.Text()
 		if cur == nil {
 			if strings.HasPrefix(line, "```") {
-				b := block{lang: strings.TrimSpace(strings.TrimPrefix(line, "```")), line: n}
+				b := block{file: name, lang: strings.TrimSpace(strings.TrimPrefix(line, "```")), line: n}
 				if m := skipComment.FindStringSubmatch(strings.TrimSpace(prev)); m != nil {
 					b.skip = m[1]
 				}
@@ -61,7 +108,7 @@ func readmeBlocks(t *testing.T, path string) []block {
 			}
 			if strings.HasPrefix(strings.TrimSpace(line), "<!--") && !skipComment.MatchString(strings.TrimSpace(line)) &&
 				strings.Contains(line, "tour:") {
-				t.Fatalf("README.md:%d: malformed tour comment %q; want <!-- tour: skip (reason) -->", n, line)
+				t.Fatalf("%s:%d: malformed tour comment %q; want <!-- tour: skip (reason) -->", name, n, line)
 			}
 			prev = line
 			continue
@@ -77,15 +124,15 @@ func readmeBlocks(t *testing.T, path string) []block {
 		t.Fatal(err)
 	}
 	if cur != nil {
-		t.Fatalf("README.md:%d: unterminated code block", cur.line)
+		t.Fatalf("%s: unterminated code block", cur.where())
 	}
 	return blocks
 }
 
 // command is one shell command of an sh block.
 type command struct {
-	text string
-	line int // README line of its first line
+	text  string
+	where string // file:line of its first line
 }
 
 // shellCommands splits an sh block into commands: one per line, with
@@ -105,7 +152,7 @@ func shellCommands(t *testing.T, b block) []command {
 				continue
 			}
 			if strings.HasPrefix(trimmed, "$ ") {
-				t.Fatalf("README.md:%d: %q in an sh block: put the command without its prompt in the sh block and its output in a block without a language", n, l)
+				t.Fatalf("%s:%d: %q in an sh block: put the command without its prompt in the sh block and its output in a block without a language", b.file, n, l)
 			}
 			start = n
 		}
@@ -114,11 +161,11 @@ func shellCommands(t *testing.T, b block) []command {
 			continue
 		}
 		cur = append(cur, l)
-		cmds = append(cmds, command{text: strings.TrimSpace(strings.Join(cur, " ")), line: start})
+		cmds = append(cmds, command{text: strings.TrimSpace(strings.Join(cur, " ")), where: fmt.Sprintf("%s:%d", b.file, start)})
 		cur = nil
 	}
 	if len(cur) > 0 {
-		t.Fatalf("README.md:%d: sh block ends in a continued line", start)
+		t.Fatalf("%s:%d: sh block ends in a continued line", b.file, start)
 	}
 	return cmds
 }

@@ -110,11 +110,11 @@ func snippetFile(t *testing.T, n int, b block) string {
 	if f, err := parser.ParseFile(fset, "", "package main\n"+src, parser.SkipObjectResolution); err == nil {
 		return withImports(f, "package main\n", src)
 	}
-	head := fmt.Sprintf("package main\n\n// snippet %d: README.md:%d\nfunc snippet%d() error {\n", n, b.line, n)
+	head := fmt.Sprintf("package main\n\n// snippet %d: %s\nfunc snippet%d() error {\n", n, b.where(), n)
 	whole := head + src + "}\n"
 	f, err := parser.ParseFile(fset, "", whole, parser.SkipObjectResolution)
 	if err != nil {
-		t.Errorf("README.md:%d: go snippet %d does not parse, as declarations or as statements: %v\n%s", b.line, n, err, src)
+		t.Errorf("%s: go snippet %d does not parse, as declarations or as statements: %v\n%s", b.where(), n, err, src)
 		return ""
 	}
 	// Mark declared variables used, inserting from the end.
@@ -206,7 +206,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		t.Skip("builds a module: not in -short")
 	}
 	root := repoRoot(t)
-	blocks := readmeBlocks(t, filepath.Join(root, "README.md"))
+	blocks := docBlocks(t, root)
 	dir := t.TempDir()
 	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil {
@@ -226,7 +226,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	}
 	world := snippetWorld
 	n := 0
-	files := map[string]int{} // file name -> README line
+	files := map[string]string{} // file name -> the block's file:line
 	for _, b := range blocks {
 		if b.lang != "go" {
 			continue
@@ -237,16 +237,18 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 			continue
 		}
 		name := fmt.Sprintf("snippet%02d.go", n)
-		files[name] = b.line
+		files[name] = b.where()
 		write(name, src)
 	}
 	// Per-snippet declarations from <!-- snippet: ... --> comments.
-	for _, extra := range snippetExtras(t, filepath.Join(root, "README.md")) {
-		world += "\n" + extra + "\n"
+	for _, doc := range tourDocs {
+		for _, extra := range snippetExtras(t, filepath.Join(root, doc)) {
+			world += "\n" + extra + "\n"
+		}
 	}
 	write("world.go", world)
 	if n == 0 {
-		t.Fatal("README.md has no go snippets")
+		t.Fatal("README.md and docs/ have no go snippets")
 	}
 	t.Logf("%d go snippets", n)
 	if t.Failed() {
@@ -258,7 +260,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Fatalf("go %s of the README's go snippets failed: %v\n%s\n(snippetNN.go is the NNth go block; README lines: %v)\n%s",
+			t.Fatalf("go %s of the go snippets of README.md and docs/ failed: %v\n%s\n(snippetNN.go is the NNth go block: %v)\n%s",
 				args[0], err, annotate(out, files), files, dump(dir, out))
 		}
 	}
@@ -282,10 +284,10 @@ func snippetExtras(t *testing.T, path string) []string {
 }
 
 // annotate appends the README line to each "./snippetNN.go:" in out.
-func annotate(out []byte, files map[string]int) string {
+func annotate(out []byte, files map[string]string) string {
 	s := string(out)
-	for name, line := range files {
-		s = strings.ReplaceAll(s, "./"+name+":", fmt.Sprintf("./%s (README.md go block at line %d):", name, line))
+	for name, where := range files {
+		s = strings.ReplaceAll(s, "./"+name+":", fmt.Sprintf("./%s (the go block at %s):", name, where))
 	}
 	return s
 }

@@ -50,7 +50,7 @@ func TestReadmeTour(t *testing.T) {
 		t.Skipf("set %s=1 to run the README tour (.ci/run does)", tourEnv)
 	}
 	root := repoRoot(t)
-	blocks := readmeBlocks(t, filepath.Join(root, "README.md"))
+	blocks := docBlocks(t, root)
 	var cmds []command
 	skipped := 0
 	for _, b := range blocks {
@@ -58,14 +58,14 @@ func TestReadmeTour(t *testing.T) {
 			continue
 		}
 		if b.skip != "" {
-			t.Logf("README.md:%d: sh block skipped: %s", b.line, b.skip)
+			t.Logf("%s: sh block skipped: %s", b.where(), b.skip)
 			skipped++
 			continue
 		}
 		cmds = append(cmds, shellCommands(t, b)...)
 	}
 	if len(cmds) == 0 {
-		t.Fatal("README.md has no sh commands to run")
+		t.Fatal("README.md and docs/ have no sh commands to run")
 	}
 	t.Logf("%d commands to run, %d sh blocks skipped", len(cmds), skipped)
 
@@ -119,9 +119,9 @@ func TestReadmeTour(t *testing.T) {
 			if timedOut {
 				err = fmt.Errorf("%w (killed after %s)", err, commandTimeout)
 			}
-			t.Fatalf("README.md:%d: command failed (exit code %d, %v):\n  %s\noutput:\n%s", c.line, code, err, c.text, out.String())
+			t.Fatalf("%s: command failed (exit code %d, %v):\n  %s\noutput:\n%s", c.where, code, err, c.text, out.String())
 		}
-		t.Logf("README.md:%d: ok in %s: %s", c.line, time.Since(t0).Round(time.Millisecond), c.text)
+		t.Logf("%s: ok in %s: %s", c.where, time.Since(t0).Round(time.Millisecond), c.text)
 	}
 	t.Logf("tour: %d commands in %s", len(cmds), time.Since(started).Round(time.Millisecond))
 	if err := checkDLQsRead(); err != nil {

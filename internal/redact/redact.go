@@ -1,7 +1,7 @@
 // Package redact keeps passwords in Postgres DSNs and broker URLs out of
 // errors and logs.
 //
-// It covers what README's Security section promises: the password in a
+// It covers what docs/security.md promises: the password in a
 // URL's user info, password= and sslpassword= in a URL's query or in a
 // key/value DSN, quoted or not, even when the string cannot be parsed.
 // [DSN] and [URL] make a string safe to show; [Error] masks the passwords

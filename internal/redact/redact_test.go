@@ -51,7 +51,7 @@ func TestURL(t *testing.T) {
 	}
 }
 
-// TestError masks the password of every shape README's Security section
+// TestError masks the password of every shape docs/security.md
 // names, in errors that quote the string whole (as net/url's do) and in
 // pgx's own parse errors.
 func TestError(t *testing.T) {
