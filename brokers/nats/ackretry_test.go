@@ -3,6 +3,7 @@ package natsjs_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -102,6 +103,25 @@ func (p *ackEater) filter(dst io.Writer, src io.Reader) {
 	}
 }
 
+// ackEaterDelivery publishes one message to a fresh stream and returns the
+// delivery of it to a Source with AckWait ackWait whose connection goes
+// through an ackEater.
+func ackEaterDelivery(ctx context.Context, t *testing.T, ackWait time.Duration) (names, *ackEater, *natsjs.Source, consumer.Delivery) {
+	t.Helper()
+	n := newTopology(t, 0)
+	px := newAckEater(t)
+	cfg := n.config()
+	cfg.URL = px.URL()
+	cfg.AckWait = ackWait
+	src := newSource(t, cfg)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	d := brokertest.Receive(ctx, t, src)
+	return n, px, src, d
+}
+
 // TestAckRetriedUntilAckWait: an ack that gets no answer (the durable's
 // leader is gone, say) is sent again until the server answers, within
 // AckWait: Ack then succeeds, the message is not handed out again, and
@@ -110,17 +130,7 @@ func (p *ackEater) filter(dst io.Writer, src io.Reader) {
 func TestAckRetriedUntilAckWait(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 60*time.Second)
-	n := newTopology(t, 0)
-	px := newAckEater(t)
-	cfg := n.config()
-	cfg.URL = px.URL()
-	cfg.AckWait = 20 * time.Second
-	src := newSource(t, cfg)
-	pub := newPublisher(t, natsjs.PublisherConfig{})
-	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
-		t.Fatal(err)
-	}
-	d := brokertest.Receive(ctx, t, src)
+	n, px, src, d := ackEaterDelivery(ctx, t, 20*time.Second)
 
 	px.dropping.Store(true)
 	time.AfterFunc(2*time.Second, func() { px.dropping.Store(false) })
@@ -155,17 +165,7 @@ func TestAckRetriedUntilAckWait(t *testing.T) {
 func TestAckGivesUpAtAckWait(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 60*time.Second)
-	n := newTopology(t, 0)
-	px := newAckEater(t)
-	cfg := n.config()
-	cfg.URL = px.URL()
-	cfg.AckWait = 3 * time.Second
-	src := newSource(t, cfg)
-	pub := newPublisher(t, natsjs.PublisherConfig{})
-	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
-		t.Fatal(err)
-	}
-	d := brokertest.Receive(ctx, t, src)
+	_, px, src, d := ackEaterDelivery(ctx, t, 3*time.Second)
 	px.dropping.Store(true)
 	err := d.Ack(ctx)
 	if !errors.Is(err, consumer.ErrDeliveryStale) || ctx.Err() != nil {
