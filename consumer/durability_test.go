@@ -1,14 +1,14 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/testlog"
 )
 
 // TestDurabilityString: the words for what an ack rests on, in the states
@@ -72,10 +72,10 @@ func TestRunLogsDurability(t *testing.T) {
 			[]string{`level=WARN msg="idemq: cannot read the database's replication state, so cannot tell how many nodes hold a commit before its ack" consumer=payments error="no answer"`}},
 		{nopStore{}, nil},
 	} {
-		var buf syncBuffer
+		logger, buf := testlog.New(slog.LevelInfo)
 		cfg := validConfig()
 		cfg.Store = c.store
-		cfg.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		cfg.Logger = logger
 		rt, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -95,21 +95,4 @@ func TestRunLogsDurability(t *testing.T) {
 			t.Errorf("a Store that reports no durability: the log has\n%s", log)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

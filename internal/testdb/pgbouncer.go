@@ -1,7 +1,6 @@
 package testdb
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -12,11 +11,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/internal/testlog"
 )
 
 // PgBouncerOptions configure the PgBouncer that PgBouncer starts.
@@ -156,7 +156,7 @@ func startPgBouncer(t testing.TB, bin, iniPath string, port int) error {
 	}
 	cmd := exec.CommandContext(ctx, bin, append(args, iniPath)...)
 	cmd.WaitDelay = 5 * time.Second
-	out := &syncBuffer{}
+	out := &testlog.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		cancel()
@@ -218,22 +218,3 @@ func freePort() (int, error) {
 
 // iniQuote quotes a name for PgBouncer's auth_file.
 func iniQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-
-// syncBuffer is a bytes.Buffer safe for the process's writes and the
-// test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
