@@ -1,13 +1,11 @@
 package processed_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/url"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -168,12 +167,12 @@ func runLog(t *testing.T, s *processed.Store, marker string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf lockedBuffer
+	logger, buf := testlog.New(slog.LevelInfo)
 	rt, err := consumer.New(consumer.Config{
 		Name: "durability", Source: sub, Store: s, Concurrency: 1,
 		Handler:      func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
 		DeadLetterer: broker.DeadLetterer("work.dlq"),
-		Logger:       slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:       logger,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -190,22 +189,4 @@ func runLog(t *testing.T, s *processed.Store, marker string) string {
 		t.Fatalf("Run: %v", err)
 	}
 	return buf.String()
-}
-
-// lockedBuffer is a bytes.Buffer for a logger and a test's reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
