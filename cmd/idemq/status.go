@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,13 +18,16 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
 var statusCommand = &command{
 	name:    "status",
 	args:    "--consumer <name>",
-	summary: "show a consumer's dedup table, purge backlog, DLQ depth and last applied message",
+	summary: "show a consumer's dedup table, purge backlog, DLQ depth by class and last applied message",
 	help: `Shows, for one consumer: the number of its rows in the dedup table and the
 age of the oldest, how many of them are older than --retention, the last
 message it applied, and the depth of its dead-letter queues.
@@ -55,11 +61,33 @@ whole.
 Every count scans the consumer's rows: it is meant for operators, not for
 frequent polling (use the Prometheus metrics for that).
 
-Exits 1 if the database or a broker cannot be read.
+Each DLQ's line also counts its dead letters by failure class. It reads the
+first --dlq-count-limit (1000) of them as 'idemq dlq inspect' does,
+consuming none (RabbitMQ: fetched and then given back in place; Kafka: read
+without a consumer group; NATS JetStream: an ordered consumer; Redis
+Streams: XRANGE). Those RabbitMQ dead-lettered itself (a quorum queue's
+delivery limit, a TTL, a length limit: x-death headers, no idemq envelope)
+count apart, as "broker-dead-lettered (no idemq envelope)": they may never
+have been applied. Messages with no envelope at all count as "no envelope".
+When the bound cuts the count short, the line says so ("counted 1000 of
+5234"). --json gives classes (the count of each class: "broker" for the
+broker's, "none" for no envelope), counted, count_limit and
+count_truncated. A count that fails is said on the line, after the depth,
+and does not make status fail; --dlq-count-limit 0 reads nothing.
+
+On a RabbitMQ quorum queue, before RabbitMQ 4.3, every read of a message
+counts as a delivery toward the queue's x-delivery-limit (20 by default
+from 4.0), at which the broker drops or dead-letters it; 'idemq dlq
+inspect' and the console read the same way. When the dead letters read
+carry x-delivery-count, as a quorum queue's do, the line warns: give such a
+DLQ --dlq-count-limit 0.
+
+Exits 1 if the database or a DLQ's depth cannot be read.
 
 Examples:
   idemq status --consumer ledger --retention 7d
   idemq status --consumer ledger --dlq-queue payments.dlq --json
+  idemq status --consumer ledger --dlq-queue payments.dlq --dlq-count-limit 10000
   idemq status --consumer ledger --kafka-brokers 127.0.0.1:9092 --dlq-topic payments.dlq
   idemq status --consumer ledger --nats-url nats://127.0.0.1:4222 --dlq-subject payments.dlq
   idemq status --consumer ledger --redis-url redis://127.0.0.1:6379/0 --dlq-stream-key payments.dlq`,
@@ -193,6 +221,30 @@ type statusDLQ struct {
 	// nil when there is none, or for RabbitMQ and Kafka.
 	Oldest *time.Time `json:"oldest_at,omitempty"`
 	Error  string     `json:"error,omitempty"`
+
+	// Classes counts the dead letters read, by failure class
+	// (consumer.FailureClass): "broker" for those the broker dead-lettered
+	// itself (RabbitMQ's x-death headers, no idemq envelope), "none" for
+	// those with neither. Nil when none were read: the depth is unknown,
+	// CountLimit is 0 (--dlq-count-limit 0), or reading failed
+	// (CountError); empty for an empty DLQ.
+	Classes map[string]int `json:"classes"`
+	// Malformed counts the dead letters read whose idemq envelope is
+	// unreadable: in Counted, in no class.
+	Malformed int `json:"malformed,omitempty"`
+	// Counted is how many dead letters were read, the first CountLimit at
+	// most (--dlq-count-limit); CountTruncated says the bound cut counting
+	// short: Depth is more than Counted.
+	Counted        int  `json:"counted"`
+	CountLimit     int  `json:"count_limit"`
+	CountTruncated bool `json:"count_truncated"`
+	// XDeliveryCount says the dead letters read carry x-delivery-count, as
+	// a RabbitMQ quorum queue's do: before RabbitMQ 4.3 every read counts
+	// a delivery toward the queue's x-delivery-limit (see the help).
+	XDeliveryCount bool `json:"x_delivery_count,omitempty"`
+	// CountError says why the dead letters could not be counted; Depth
+	// stays, and status does not fail for it.
+	CountError string `json:"count_error,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, c *command, args []string) error {
@@ -206,6 +258,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		kafkaBrokers string
 		dlqTopic     string
 		streams      streamDLQFlags
+		countLimit   int
 	)
 	fs := c.flagSet()
 	db.register(fs)
@@ -217,6 +270,7 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap brokers for --dlq-topic, comma-separated (default $KAFKA_BROKERS)")
 	fs.StringVar(&dlqTopic, "dlq-topic", "", "Kafka dead-letter topic whose depth to show")
 	streams.register(fs, "whose depth and oldest dead letter to show", false)
+	fs.IntVar(&countLimit, "dlq-count-limit", statusCountLimit, "read at most this many dead letters of each DLQ, consuming none, to count them by class (0: read none)")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
@@ -225,6 +279,9 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	if retention.set && retention.d <= 0 {
 		return usagef("--retention must be positive, got %s", retention.d)
+	}
+	if countLimit < 0 {
+		return usagef("--dlq-count-limit %d: must not be negative", countLimit)
 	}
 	if dlqQueue != "" && amqpURL == "" {
 		if amqpURL = e.getenv("AMQP_URL"); amqpURL == "" {
@@ -255,27 +312,24 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		return hint(err, store)
 	}
 
+	// A DLQ whose depth cannot be read fails the command; one whose dead
+	// letters cannot be counted says so on its line only.
 	var dlqErr error
-	if dlqQueue != "" {
-		d := statusRabbitDepth(ctx, amqpURL, dlqQueue)
+	add := func(what string, d statusDLQ, bf *brokerFlags) {
 		if d.Error != "" {
-			dlqErr = errors.Join(dlqErr, fmt.Errorf("RabbitMQ queue %q: %s", dlqQueue, d.Error))
+			dlqErr = errors.Join(dlqErr, fmt.Errorf("%s %q: %s", what, d.Name, d.Error))
 		}
+		statusCountClasses(ctx, bf, &d, countLimit)
 		rep.DLQ = append(rep.DLQ, d)
+	}
+	if dlqQueue != "" {
+		add("RabbitMQ queue", statusRabbitDepth(ctx, amqpURL, dlqQueue), &brokerFlags{broker: "rabbitmq", amqpURL: amqpURL, queue: dlqQueue})
 	}
 	if dlqTopic != "" {
-		d := statusKafkaDepth(ctx, brokers, dlqTopic)
-		if d.Error != "" {
-			dlqErr = errors.Join(dlqErr, fmt.Errorf("Kafka topic %q: %s", dlqTopic, d.Error))
-		}
-		rep.DLQ = append(rep.DLQ, d)
+		add("Kafka topic", statusKafkaDepth(ctx, brokers, dlqTopic), &brokerFlags{broker: "kafka", kafkaBrokers: kafkaBrokers, topic: dlqTopic})
 	}
 	for _, b := range streamDLQs {
-		d := statusStreamDepth(ctx, b)
-		if d.Error != "" {
-			dlqErr = errors.Join(dlqErr, fmt.Errorf("%s %q: %s", streamDLQKind(b.broker), d.Name, d.Error))
-		}
-		rep.DLQ = append(rep.DLQ, d)
+		add(streamDLQKind(b.broker), statusStreamDepth(ctx, b), b)
 	}
 
 	if asJSON {
@@ -499,6 +553,142 @@ func statusKafkaDepth(ctx context.Context, brokers []string, topic string) statu
 	return d
 }
 
+// statusCountLimit is how many dead letters of each DLQ status reads by
+// default to count them by class (--dlq-count-limit).
+const statusCountLimit = 1000
+
+// statusCountTimeout bounds reading one DLQ's dead letters to count them.
+const statusCountTimeout = 30 * time.Second
+
+// statusNoClass is the key in statusDLQ.Classes of the dead letters with
+// neither an idemq envelope nor the broker's dead-lettering headers.
+const statusNoClass = "none"
+
+// statusCountClasses reads the first limit dead letters of the DLQ bf
+// selects, whose depth d holds, as 'idemq dlq inspect' does (bf.open,
+// dlq.Inspect): without consuming them. It counts them by class into d, or
+// says in d.CountError why it could not. It reads nothing when the depth
+// is unknown or 0, or limit is 0.
+func statusCountClasses(ctx context.Context, bf *brokerFlags, d *statusDLQ, limit int) {
+	d.CountLimit = limit
+	if limit <= 0 || d.Depth == nil {
+		return
+	}
+	if *d.Depth == 0 {
+		d.Classes = map[string]int{}
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusCountTimeout)
+	defer cancel()
+	rep, b, err := func() (dlq.Report, *statusCountBrowser, error) {
+		conn, err := bf.open(ctx, false)
+		if err != nil {
+			return dlq.Report{}, nil, err
+		}
+		defer conn.close()
+		b := &statusCountBrowser{Browser: conn.browser, left: limit, rabbitmq: bf.broker == "rabbitmq"}
+		rep, err := dlq.Inspect(ctx, b, dlq.Filter{}, 0)
+		return rep, b, err
+	}()
+	if err != nil {
+		d.CountError = redact.Error(err, bf.secrets()...).Error()
+		return
+	}
+	d.Classes = map[string]int{}
+	for _, g := range rep.Groups {
+		key := string(g.Class)
+		if key == "" {
+			key = statusNoClass
+		}
+		d.Classes[key] += g.Count
+	}
+	d.Malformed, d.Counted = rep.Malformed, rep.Total+rep.Malformed
+	d.CountTruncated = d.Counted >= limit && *d.Depth > int64(d.Counted)
+	d.XDeliveryCount = b.xDeliveryCount
+}
+
+// secrets are the URLs of bf whose passwords must not be shown.
+func (b *brokerFlags) secrets() []string {
+	switch b.broker {
+	case "rabbitmq":
+		return []string{b.amqpURL}
+	case "nats":
+		return natsSecrets(b.natsURL)
+	case "redis":
+		return []string{b.redisURL}
+	}
+	return nil
+}
+
+// statusCountBrowser passes on the first left deliveries of a Browser,
+// then io.EOF; on RabbitMQ it notes whether one carried x-delivery-count.
+type statusCountBrowser struct {
+	dlq.Browser
+	left           int
+	rabbitmq       bool
+	xDeliveryCount bool
+}
+
+func (b *statusCountBrowser) Next(ctx context.Context) (consumer.Delivery, error) {
+	if b.left <= 0 {
+		return nil, io.EOF
+	}
+	d, err := b.Browser.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.left--
+	if _, ok := d.Message().Headers["x-delivery-count"]; ok && b.rabbitmq {
+		b.xDeliveryCount = true
+	}
+	return d, nil
+}
+
+// classText is what the text form says, after a DLQ's depth, of its dead
+// letters by class: the broker's first, then the most frequent.
+func (d statusDLQ) classText() string {
+	switch {
+	case d.CountError != "":
+		return "; not counted by class: " + d.CountError
+	case d.Counted == 0:
+		return ""
+	}
+	broker := string(consumer.ClassBroker)
+	keys := slices.Collect(maps.Keys(d.Classes))
+	slices.SortFunc(keys, func(a, b string) int {
+		if (a == broker) != (b == broker) {
+			if a == broker {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(d.Classes[b], d.Classes[a]), strings.Compare(a, b))
+	})
+	var parts []string
+	for _, k := range keys {
+		name := k
+		switch k {
+		case broker:
+			name = "broker-dead-lettered (no idemq envelope)"
+		case statusNoClass:
+			name = "no envelope"
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d", name, d.Classes[k]))
+	}
+	if d.Malformed > 0 {
+		parts = append(parts, fmt.Sprintf("unreadable envelope: %d", d.Malformed))
+	}
+	head := "; by class: "
+	if d.CountTruncated {
+		head = fmt.Sprintf("; counted %d of %d (--dlq-count-limit), by class: ", d.Counted, *d.Depth)
+	}
+	s := head + strings.Join(parts, ", ")
+	if d.XDeliveryCount {
+		s += "; warning: they carry x-delivery-count, as a quorum queue's do: before RabbitMQ 4.3 every read counts toward its x-delivery-limit (give --dlq-count-limit 0)"
+	}
+	return s
+}
+
 // print writes the report as aligned text.
 func (r *statusReport) print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -610,7 +800,7 @@ func (r *statusReport) print(w io.Writer) error {
 		if d.Oldest != nil {
 			v += ", oldest " + ago(*d.Oldest)
 		}
-		fmt.Fprintf(tw, "dlq %s:\t%s: %s\n", d.Broker, d.Name, v)
+		fmt.Fprintf(tw, "dlq %s:\t%s: %s%s\n", d.Broker, d.Name, v, d.classText())
 	}
 	return tw.Flush()
 }

@@ -122,7 +122,7 @@ func TestStatusRabbitMQDepth(t *testing.T) {
 	}
 	base := append([]string{"status", "--consumer", "billing", "--amqp-url", rabbitmq.DefaultURL}, args...)
 	r := idemq(t, append(base, "--dlq-queue", dead)...)
-	want(t, r, exitOK, "dlq rabbitmq:    "+dead+": 3 ready messages\n", "")
+	want(t, r, exitOK, "dlq rabbitmq:    "+dead+": 3 ready messages; by class: no envelope: 3\n", "")
 	// Reading the depth consumed nothing.
 	if n := statusDepth(t, dead); n != 3 {
 		t.Errorf("depth after status: %d, want 3", n)
@@ -177,7 +177,7 @@ func TestStatusKafkaDepth(t *testing.T) {
 	}
 	base := append([]string{"status", "--consumer", "billing", "--kafka-brokers", strings.Join(c.Addrs(), ",")}, args...)
 	r := idemq(t, append(base, "--dlq-topic", topic)...)
-	want(t, r, exitOK, "dlq kafka:       "+topic+": 7 records in 3 partitions\n", "")
+	want(t, r, exitOK, "dlq kafka:       "+topic+": 7 records in 3 partitions; by class: no envelope: 7\n", "")
 
 	r = idemq(t, append(base, "--dlq-topic", topic, "--json")...)
 	var got statusReport
