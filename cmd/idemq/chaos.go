@@ -42,16 +42,22 @@ removes them at the end; for NATS and Redis scenarios it always starts its
 own nats-server (--nats-server) and redis-server (--redis-server, appendonly
 yes, appendfsync always). --short is the CI run (3 scenarios, 55 SIGKILLs,
 under 2 minutes on the project's 2-core CI machine); without it the long run
-(11 scenarios, 375 SIGKILLs, about 17 minutes there). RELIABILITY.md has the
-last results.
+(13 scenarios, 400 SIGKILLs, about half an hour there). RELIABILITY.md has
+the last results.
 
-The long run's long-rabbit-cluster starts a private 3-node RabbitMQ cluster
-with a quorum queue, SIGKILLs and restarts the node a worker consumes on and
-the queue leader's node in turn, and finally loses one node for good; the
-workers fail over to their FailoverURLs, and the scenario also fails if no
-message was applied for longer than 10s (overall or in any one worker) while
-messages waited. --cluster adds its short form, rabbit-cluster, to --short:
-about a minute more, a third of it to start the cluster.
+The cluster scenarios start their own nodes and remove them, and also fail
+if no message was applied (overall or in any one worker) for longer than
+their bound while messages waited: long-rabbit-cluster a private 3-node
+RabbitMQ cluster with a quorum queue (the node a worker consumes on and the
+queue leader's SIGKILLed and restarted in turn, then one lost for good;
+bound 10s), long-nats-cluster a private 3-server NATS cluster with R3
+streams (a worker's server and the durable consumer leader's SIGKILLed, one
+server cut off by a network partition in a namespace of its own; bound
+30s), and long-pg-failover a private Postgres primary with a synchronous
+standby (the primary crashed, the standby promoted; bound 15s). --cluster
+adds their short forms, rabbit-cluster, nats-cluster and pg-failover, to
+--short: about three minutes more. The partition needs root, iproute2 and
+iptables.
 
 --only runs the suite's scenarios by name (the "long-" prefix may be left
 out: --only nats-kills), and --messages, --kills, --self-kills and
@@ -92,7 +98,7 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	)
 	fs := c.flagSet()
 	fs.BoolVar(&short, "short", false, "run the short CI suite instead of the long run")
-	fs.BoolVar(&cluster, "cluster", false, "with --short, add the RabbitMQ cluster scenario rabbit-cluster (about a minute more)")
+	fs.BoolVar(&cluster, "cluster", false, "with --short, add the cluster scenarios rabbit-cluster, nats-cluster and pg-failover (about three minutes more; nats-cluster needs root)")
 	fs.StringVar(&only, "only", "", "comma-separated names of the suite's scenarios to run, \"long-\" optional (default all of the suite)")
 	fs.BoolVar(&list, "list", false, "list the suite's scenarios and exit")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule and workload (default random)")
@@ -117,7 +123,7 @@ func runChaos(ctx context.Context, e *env, c *command, args []string) error {
 	if short {
 		suite = chaos.ShortSuite()
 		if cluster {
-			suite = append(suite, chaos.ShortClusterScenario())
+			suite = append(suite, chaos.ShortClusterSuite()...)
 		}
 	} else if cluster {
 		return usagef("--cluster adds to --short; the long run has its cluster scenario already")

@@ -33,6 +33,7 @@ import (
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/kafkatest"
+	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -166,7 +167,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, fmt.Errorf("%w: scenario %q restarts RabbitMQ but AMQPURL is set", errNeedsPrivate, s.Name)
 		}
 		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ && !s.Cluster
-		needNATS = needNATS || s.Broker == BrokerNATS
+		needNATS = needNATS || s.Broker == BrokerNATS && !s.Cluster
 		needRedis = needRedis || s.Broker == BrokerRedis
 		needPG = true
 		cfg.Scenarios[i] = s
@@ -247,9 +248,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if ctx.Err() != nil {
 			break
 		}
-		if s.Cluster && h.cluster == nil {
-			// Started for the first scenario that needs it, and
-			// closed after the last, not to weigh on the others.
+		// The clusters are started for the first scenario that needs
+		// them, and closed after the last, not to weigh on the others.
+		rest := cfg.Scenarios[i+1:]
+		if s.Cluster && s.Broker == BrokerRabbitMQ && h.cluster == nil {
 			h.event("starting a private %d-node RabbitMQ cluster", ClusterSize)
 			t0 := time.Now()
 			c, err := StartRabbitCluster(ctx, cfg.RabbitMQServer)
@@ -259,13 +261,47 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			h.cluster = c
 			h.event("RabbitMQ cluster %s up in %s", strings.Join(c.names(), ", "), time.Since(t0).Round(100*time.Millisecond))
 		}
-		res, err := h.runScenario(ctx, i, s)
+		if s.Cluster && s.Broker == BrokerNATS && h.natsCluster == nil {
+			partitionable := slices.ContainsFunc(cfg.Scenarios[i:], func(s Scenario) bool { return s.NetPartitions > 0 })
+			h.event("starting a private %d-server NATS cluster (partitionable: %t)", ClusterSize, partitionable)
+			t0 := time.Now()
+			c, err := startNATSCluster(ctx, partitionable)
+			if err != nil {
+				return results, err
+			}
+			h.natsCluster = c
+			h.event("NATS cluster %s up in %s", c.URLs(), time.Since(t0).Round(100*time.Millisecond))
+		}
+		db := scenarioDB{url: h.dbURL, pool: h.pool}
+		if s.PGFailover {
+			async := s.Sabotage == SabotageAsyncStandby
+			h.event("starting a private Postgres primary with a standby (asynchronous: %t)", async)
+			pair, err := StartPGPair(ctx, cfg.PGBin, async)
+			if err != nil {
+				return results, err
+			}
+			pool, err := pgxpool.New(ctx, pair.URL())
+			if err != nil {
+				pair.Close()
+				return results, fmt.Errorf("chaos: connect to postgres: %w", err)
+			}
+			db = scenarioDB{url: pair.URL(), pool: pool, pair: pair}
+		}
+		res, err := h.runScenario(ctx, i, s, db)
+		if db.pair != nil {
+			db.pool.Close()
+			db.pair.Close()
+		}
 		if err != nil {
 			return results, err
 		}
-		if h.cluster != nil && !slices.ContainsFunc(cfg.Scenarios[i+1:], func(s Scenario) bool { return s.Cluster }) {
+		if h.cluster != nil && !slices.ContainsFunc(rest, func(s Scenario) bool { return s.Cluster && s.Broker == BrokerRabbitMQ }) {
 			h.cluster.Close()
 			h.cluster = nil
+		}
+		if h.natsCluster != nil && !slices.ContainsFunc(rest, func(s Scenario) bool { return s.Cluster && s.Broker == BrokerNATS }) {
+			h.natsCluster.Close()
+			h.natsCluster = nil
 		}
 		if !res.Passed() {
 			keep = true
@@ -289,6 +325,7 @@ type harness struct {
 	pg             *PGCluster
 	rabbit         *RabbitNode
 	cluster        *RabbitCluster
+	natsCluster    *natstest.Cluster
 	natsSrv        *NATSServer
 	redisSrv       *RedisServer
 	pool           *pgxpool.Pool
@@ -304,6 +341,9 @@ func (h *harness) closeServices() {
 	}
 	if h.cluster != nil {
 		h.cluster.Close()
+	}
+	if h.natsCluster != nil {
+		h.natsCluster.Close()
 	}
 	if h.natsSrv != nil {
 		h.natsSrv.Close()
@@ -322,9 +362,18 @@ func (h *harness) event(format string, args ...any) {
 	fmt.Fprintf(h.cfg.Events, "%s chaos: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
+// scenarioDB is the database a scenario runs on: the harness's, or a
+// PGFailover scenario's own pair.
+type scenarioDB struct {
+	url  string
+	pool *pgxpool.Pool
+	pair *PGPair // nil but for PGFailover
+}
+
 // run is one scenario's state.
 type run struct {
 	h      *harness
+	db     scenarioDB
 	s      Scenario
 	idx    int
 	dir    string
@@ -404,10 +453,10 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result, error) {
+func (h *harness) runScenario(ctx context.Context, idx int, s Scenario, db scenarioDB) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
-	r := &run{h: h, s: s, idx: idx, dir: filepath.Join(h.dir, s.Name),
+	r := &run{h: h, db: db, s: s, idx: idx, dir: filepath.Join(h.dir, s.Name),
 		schema: "chaos_" + randomHex(4), rng: mrand.New(mrand.NewPCG(h.cfg.Seed, uint64(idx))),
 		procs: map[incKey]*proc{}, logPaths: map[incKey]string{}, kills: map[incKey]int64{},
 		nemesisSent: map[incKey]int64{}, armed: map[incKey]bool{}, nextInc: map[int]int{}, start: time.Now()}
@@ -525,7 +574,7 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario) (Result,
 	if s.Partitioned {
 		// Each rotation numbered a generation past the migration's three.
 		var gens int64
-		if err := h.pool.QueryRow(context.WithoutCancel(ctx), `SELECT max(generation) - 2 FROM `+
+		if err := r.db.pool.QueryRow(context.WithoutCancel(ctx), `SELECT max(generation) - 2 FROM `+
 			pgx.Identifier{r.schema, "processed_messages_generations"}.Sanitize()).Scan(&gens); err != nil {
 			return res, fmt.Errorf("chaos: read the generations: %w", err)
 		}
@@ -592,7 +641,7 @@ func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		var n int64
-		if err := r.h.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages`, pgx.Identifier{r.schema}.Sanitize())).Scan(&n); err == nil {
+		if err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages`, pgx.Identifier{r.schema}.Sanitize())).Scan(&n); err == nil {
 			r.processedN.Store(n)
 		}
 		cancel()
@@ -607,10 +656,10 @@ func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
 
 func (r *run) setupDB(ctx context.Context) error {
 	q := pgx.Identifier{r.schema}.Sanitize()
-	if _, err := r.h.pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
+	if _, err := r.db.pool.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
 		return fmt.Errorf("chaos: create schema: %w", err)
 	}
-	store, err := processed.New(r.h.pool, processed.Config{Schema: r.schema, Partitioned: r.s.Partitioned})
+	store, err := processed.New(r.db.pool, processed.Config{Schema: r.schema, Partitioned: r.s.Partitioned})
 	if err != nil {
 		return err
 	}
@@ -630,7 +679,7 @@ func (r *run) setupDB(ctx context.Context) error {
 	}
 	// No unique constraint on effects: a duplicate effect shows as a
 	// second row.
-	_, err = r.h.pool.Exec(ctx, `
+	_, err = r.db.pool.Exec(ctx, `
 		CREATE TABLE `+q+`.effects (msg_id text NOT NULL, copy text NOT NULL, slot int NOT NULL, incarnation int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 		CREATE TABLE `+q+`.dead_letters (msg_id text NOT NULL, class text NOT NULL, reason text NOT NULL, at timestamptz NOT NULL DEFAULT now());`)
 	if err != nil {
@@ -642,7 +691,7 @@ func (r *run) setupDB(ctx context.Context) error {
 func (r *run) dropSchema() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, _ = r.h.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{r.schema}.Sanitize()+` CASCADE`)
+	_, _ = r.db.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{r.schema}.Sanitize()+` CASCADE`)
 }
 
 // check loads the sets from the database and compares them.
@@ -663,7 +712,7 @@ func (r *run) check(ctx context.Context) (Verdict, []apply, error) {
 	load := func(sql string, fn func(id string, n int)) error {
 		var err error
 		for try := 0; try < 30; try++ { // the cluster may still be recovering
-			rows, qerr := r.h.pool.Query(ctx, sql)
+			rows, qerr := r.db.pool.Query(ctx, sql)
 			if qerr == nil {
 				for rows.Next() {
 					var id string
@@ -698,7 +747,7 @@ func (r *run) check(ctx context.Context) (Verdict, []apply, error) {
 		return Verdict{}, nil, err
 	}
 	var applies []apply
-	rows, err := r.h.pool.Query(ctx, `SELECT msg_id, slot, (extract(epoch FROM at) * 1000000)::bigint FROM `+q+`.effects`)
+	rows, err := r.db.pool.Query(ctx, `SELECT msg_id, slot, (extract(epoch FROM at) * 1000000)::bigint FROM `+q+`.effects`)
 	if err != nil {
 		return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
 	}
@@ -732,7 +781,7 @@ func (r *run) waitProcessed(ctx context.Context) error {
 	last, lastProgress := int64(-1), time.Now()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := r.h.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages WHERE consumer = $1`,
+		err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages WHERE consumer = $1`,
 			pgx.Identifier{r.schema}.Sanitize()), r.consumer()).Scan(&n)
 		cancel()
 		if err == nil {
@@ -1142,7 +1191,7 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 	wc := WorkerConfig{
 		Slot: slot, Incarnation: inc, Broker: r.s.Broker, Queue: r.queue,
 		KafkaBrokers: r.kafkaBrokers, Topic: r.topic, Group: r.consumer(),
-		DatabaseURL: r.h.dbURL, Schema: r.schema, Consumer: r.consumer(), Mode: r.s.Mode,
+		DatabaseURL: r.db.url, Schema: r.schema, Consumer: r.consumer(), Mode: r.s.Mode,
 		Concurrency: r.s.Concurrency, BatchSize: r.s.BatchSize, Prefetch: r.s.Prefetch,
 		KafkaCommitEvery: r.s.KafkaCommitEvery, KafkaSource: r.s.KafkaSource, Partitions: r.s.Partitions,
 		LogPath:          filepath.Join(r.dir, fmt.Sprintf("worker-%02d-%03d.log", slot, inc)),

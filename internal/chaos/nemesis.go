@@ -73,8 +73,27 @@ func (r *run) nemesis(ctx context.Context) {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"RabbitMQ node SIGKILL restart", "rabbitmq-restart", r.h.rabbit.Restart)
 	}
-	if r.s.Cluster && r.h.cluster != nil && len(r.s.clusterPlan()) > 0 {
-		goFault(func() { r.clusterFaults(ctx) })
+	if r.s.Cluster && len(r.s.clusterPlan()) > 0 {
+		ops := r.rabbitOps
+		if r.s.Broker == BrokerNATS {
+			ops = r.natsOps
+		}
+		goFault(func() { r.clusterFaults(ctx, ops()) })
+	}
+	if r.s.PGFailover && r.db.pair != nil {
+		goFault(func() {
+			if !sleepCtx(ctx, time.Until(r.start.Add(window/2))) {
+				return
+			}
+			t0 := time.Now()
+			r.inject("pg-failover", 1)
+			if err := r.db.pair.Failover(ctx); err != nil {
+				r.problem("pg-failover: " + err.Error())
+				return
+			}
+			r.h.event("scenario %s: pg-failover: primary crashed at +%s, standby promoted %s later", r.s.Name,
+				t0.Sub(r.start).Round(100*time.Millisecond), time.Since(t0).Round(10*time.Millisecond))
+		})
 	}
 	if n := r.s.NATSRestarts; n > 0 && r.h.natsSrv != nil {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },

@@ -322,150 +322,51 @@ func (c *RabbitCluster) names() []string {
 	return names
 }
 
-// nodeFault is one cluster fault of a scenario's plan.
-type nodeFault int
-
-const (
-	faultOwnNode nodeFault = iota // a worker's node, not the leader's; restarted
-	faultLeader                   // the queue leader's node; restarted
-	faultLost                     // a worker's node, not the leader's; never restarted
-)
-
-func (f nodeFault) kind() string {
-	return [...]string{"rabbit-own-node-kill", "rabbit-leader-kill", "rabbit-node-lost"}[f]
-}
-
-// clusterPlan is the order of s's cluster faults: own node and leader
-// kills alternating, own node first, then the lost node.
-func (s Scenario) clusterPlan() []nodeFault {
-	var plan []nodeFault
-	for i := 0; i < max(s.OwnNodeKills, s.LeaderKills); i++ {
-		if i < s.OwnNodeKills {
-			plan = append(plan, faultOwnNode)
-		}
-		if i < s.LeaderKills {
-			plan = append(plan, faultLeader)
-		}
-	}
-	if s.NodeLost {
-		plan = append(plan, faultLost)
-	}
-	return plan
-}
-
-// clusterFaults injects the scenario's cluster faults one after another,
-// the i-th of n (from 0) at (2i+1)/(2n+1) of the publishing window, or as
-// soon as the one before is over: its node back and the queue's member on
-// it online.
-func (r *run) clusterFaults(ctx context.Context) {
-	c := r.h.cluster
-	plan := r.s.clusterPlan()
-	for i, f := range plan {
-		at := r.s.PublishOver * time.Duration(2*i+1) / time.Duration(2*len(plan)+1)
-		if !sleepCtx(ctx, time.Until(r.start.Add(at))) {
-			return
-		}
-		victim, why, err := r.pickNode(ctx, f)
-		if err != nil {
-			r.problem(f.kind() + ": " + err.Error())
-			return
-		}
-		c.Kill(victim)
-		killed := time.Now()
-		r.inject(f.kind(), 1)
-		r.h.event("scenario %s: %s: SIGKILLed node %s (%s) at +%s", r.s.Name, f.kind(), c.Nodes[victim].name, why,
-			killed.Sub(r.start).Round(100*time.Millisecond))
-		if f == faultLost {
-			continue
-		}
-		if !sleepCtx(ctx, clusterNodeDown+time.Duration(r.intn(2000))*time.Millisecond) {
-			return
-		}
-		if err := c.Start(ctx, victim); err != nil {
-			r.problem(f.kind() + ": restart: " + err.Error())
-			return
-		}
-		// The next fault waits for the queue's member on the node, so
-		// that a quorum is always up.
-		deadline := time.Now().Add(time.Minute)
-		var st QueueState
-		for {
-			st, err = c.Queue(ctx, r.queue)
-			if err == nil && slices.Contains(st.Online, victim) && st.Leader >= 0 || ctx.Err() != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.problem(fmt.Sprintf("%s: the queue's member on %s not online a minute after its restart: %+v, %v",
-					f.kind(), c.Nodes[victim].name, st, err))
-				return
-			}
-			sleepCtx(ctx, 500*time.Millisecond)
-		}
-		r.h.event("scenario %s: node %s back after %s; queue leader on %s", r.s.Name, c.Nodes[victim].name,
-			time.Since(killed).Round(100*time.Millisecond), c.Nodes[max(st.Leader, 0)].name)
-	}
-}
-
-// pickNode chooses the node fault f kills, and says why.
-func (r *run) pickNode(ctx context.Context, f nodeFault) (int, string, error) {
-	c := r.h.cluster
-	var st QueueState
-	var err error
-	for try := 0; ; try++ {
-		if st, err = c.Queue(ctx, r.queue); err == nil && st.Leader >= 0 {
-			break
-		}
-		if try == 10 || !sleepCtx(ctx, 500*time.Millisecond) {
-			return 0, "", fmt.Errorf("find the queue's leader: %+v, %v", st, err)
-		}
-	}
-	conns, err := c.Connections(ctx)
-	if err != nil {
-		return 0, "", err
-	}
-	workers := func(node int) int {
-		n := 0
-		for _, name := range conns[node] {
-			var slot, inc int
-			if _, err := fmt.Sscanf(name, amqpConnName, &slot, &inc); err == nil {
-				n++
-			}
-		}
-		return n
-	}
-	describe := func(node int) string {
-		return fmt.Sprintf("%d worker connections, queue leader on %s", workers(node), c.Nodes[st.Leader].name)
-	}
-	if f == faultLeader {
-		return st.Leader, describe(st.Leader), nil
-	}
-	var withWorkers, others []int
-	for i := range c.Nodes {
-		switch {
-		case i == st.Leader || !c.Running(i):
-		case workers(i) > 0:
-			withWorkers = append(withWorkers, i)
-		default:
-			others = append(others, i)
-		}
-	}
-	switch {
-	case len(withWorkers) > 0:
-		v := withWorkers[r.intn(len(withWorkers))]
-		return v, describe(v), nil
-	case workers(st.Leader) > 0:
-		// Every worker is on the leader's node: that is their node.
-		return st.Leader, describe(st.Leader) + ", every worker there", nil
-	case len(others) > 0:
-		v := others[r.intn(len(others))]
-		return v, describe(v) + ", no worker connected anywhere", nil
-	}
-	return 0, "", fmt.Errorf("no running node but the leader's: %+v", st)
-}
-
 // problem records a harness problem that fails the scenario.
 func (r *run) problem(msg string) {
 	r.mu.Lock()
 	r.exitProblems = append(r.exitProblems, msg)
 	r.mu.Unlock()
+}
+
+// rabbitOps are the cluster faults' view of the harness's RabbitMQ
+// cluster, for r's quorum queue.
+func (r *run) rabbitOps() clusterOps {
+	c := r.h.cluster
+	queue := func(ctx context.Context) (QueueState, error) {
+		st, err := c.Queue(ctx, r.queue)
+		if err == nil && st.Leader < 0 {
+			err = fmt.Errorf("no leader: %+v", st)
+		}
+		return st, err
+	}
+	return clusterOps{
+		prefix: "rabbit", nodes: len(c.Nodes), leaderName: "queue", partitionable: -1,
+		name:    func(i int) string { return c.Nodes[i].name },
+		running: c.Running,
+		leader: func(ctx context.Context) (int, error) {
+			st, err := queue(ctx)
+			return st.Leader, err
+		},
+		workers: func(ctx context.Context) (map[int]int, error) {
+			conns, err := c.Connections(ctx)
+			if err != nil {
+				return nil, err
+			}
+			n := map[int]int{}
+			for node, names := range conns {
+				n[node] = workerConns(names)
+			}
+			return n, nil
+		},
+		kill:  c.Kill,
+		start: c.Start,
+		back: func(ctx context.Context, i int) (bool, string, error) {
+			st, err := queue(ctx)
+			if err != nil {
+				return false, "", err
+			}
+			return slices.Contains(st.Online, i), "queue leader on " + c.Nodes[st.Leader].name, nil
+		},
+	}
 }

@@ -18,9 +18,14 @@ func TestClusterScenarioChecks(t *testing.T) {
 	}{
 		{Scenario{Name: "x", Broker: BrokerRabbitMQ, LeaderKills: 1}, "need Cluster"},
 		{Scenario{Name: "x", Broker: BrokerRabbitMQ, NodeLost: true}, "need Cluster"},
-		{Scenario{Name: "x", Broker: BrokerKafka, Cluster: true}, "RabbitMQ's"},
+		{Scenario{Name: "x", Broker: BrokerNATS, NetPartitions: 1}, "need Cluster"},
+		{Scenario{Name: "x", Broker: BrokerKafka, Cluster: true}, "RabbitMQ's or NATS's"},
 		{Scenario{Name: "x", Broker: BrokerRabbitMQ, Cluster: true, RabbitRestarts: 1}, "RabbitRestarts"},
+		{Scenario{Name: "x", Broker: BrokerNATS, Cluster: true, NATSRestarts: 1}, "NATSRestarts"},
+		{Scenario{Name: "x", Broker: BrokerRabbitMQ, Cluster: true, NetPartitions: 1}, "NATS server"},
 		{Scenario{Name: "x", Broker: BrokerRabbitMQ, Cluster: true, OwnNodeKills: -1}, "negative"},
+		{Scenario{Name: "x", Broker: BrokerRabbitMQ, PGFailover: true, PGRestarts: 1}, "PGFailover excludes"},
+		{Scenario{Name: "x", Broker: BrokerRabbitMQ, PGFailover: true, PGResetRate: 0.1}, "PGFailover excludes"},
 	} {
 		err := tc.s.withDefaults().validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -38,10 +43,24 @@ func TestClusterScenarioChecks(t *testing.T) {
 	if plan := s.clusterPlan(); !slices.Equal(plan, want) {
 		t.Errorf("plan %v, want %v", plan, want)
 	}
+	n := Scenario{Name: "x", Broker: BrokerNATS, Cluster: true, OwnNodeKills: 1, LeaderKills: 1, NetPartitions: 2}.withDefaults()
+	if err := n.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if n.StallBound != NATSClusterStallBound {
+		t.Errorf("NATS StallBound %s, want NATSClusterStallBound", n.StallBound)
+	}
+	want = []nodeFault{faultOwnNode, faultLeader, faultPartition, faultPartition}
+	if plan := n.clusterPlan(); !slices.Equal(plan, want) {
+		t.Errorf("NATS plan %v, want %v", plan, want)
+	}
+	if f := (Scenario{Name: "x", Broker: BrokerRabbitMQ, PGFailover: true}).withDefaults(); f.StallBound != PGFailoverStallBound {
+		t.Errorf("PGFailover StallBound %s, want PGFailoverStallBound", f.StallBound)
+	}
 	if s := (Scenario{Name: "x", Broker: BrokerRabbitMQ}).withDefaults(); s.StallBound != 0 {
 		t.Errorf("a lone node's scenario checks a stall bound of %s", s.StallBound)
 	}
-	for _, s := range append(LongSuite(), ShortClusterScenario()) {
+	for _, s := range append(LongSuite(), ShortClusterSuite()...) {
 		if err := s.withDefaults().validate(); err != nil {
 			t.Error(err)
 		}

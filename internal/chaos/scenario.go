@@ -101,33 +101,52 @@ type Scenario struct {
 	SlowEvery int
 	SlowFor   time.Duration
 
-	// Cluster runs a RabbitMQ scenario on a private ClusterSize-node
-	// cluster (RabbitCluster) with a quorum queue (Topology.Quorum):
-	// worker slot i starts on node i mod ClusterSize, with the other
-	// nodes as its FailoverURLs, and the publisher has every node. The
-	// cluster faults below need it; RabbitRestarts does not apply.
+	// Cluster runs the scenario on a private cluster of ClusterSize
+	// nodes. On RabbitMQ (RabbitCluster) the queue is a quorum queue
+	// (Topology.Quorum): worker slot i starts on node i mod ClusterSize,
+	// with the other nodes as its FailoverURLs, and the publisher has
+	// every node; RabbitRestarts does not apply. On NATS the streams have
+	// three replicas and every client is given every server's URL; the
+	// last server runs in a network namespace of its own if NetPartitions is
+	// set (which needs root, iproute2 and iptables); NATSRestarts does
+	// not apply. The cluster faults below need it.
 	Cluster bool
 	// OwnNodeKills is the number of SIGKILLs of a node that some worker
-	// consumes on and that does not lead the queue (the leader's, if
-	// every worker is there); LeaderKills of the node that leads it.
-	// Each node is started again after 5 to 7s (clusterNodeDown) and the
-	// next fault waits for it to be back, so that one node at most is
-	// down. They alternate, own node first, spread over the publishing
-	// window.
+	// is connected to and that does not lead the queue or the durable
+	// consumer (the leader's, if every worker is there); LeaderKills of
+	// the node that leads it. Each node is started again after 5 to 7s
+	// (clusterNodeDown) and the next fault waits for it to serve again,
+	// so that one node at most is down. They alternate with NetPartitions,
+	// own node first, spread over the publishing window.
 	OwnNodeKills, LeaderKills int
+	// NetPartitions (NATS) is the number of times the namespaced server is
+	// cut off, every packet to and from it dropped, for 12 to 14s
+	// (partitionFor), then healed.
+	NetPartitions int
 	// NodeLost, after those, SIGKILLs one more worker's node, chosen as
 	// for OwnNodeKills, for good: the run ends on the other two.
 	NodeLost bool
+	// PGFailover runs the scenario on a private Postgres primary with a
+	// synchronous standby (PGPair), which the workers and the checker
+	// reach through one multi-host URL with
+	// target_session_attrs=read-write. Half-way through the publishing
+	// window the primary is stopped immediately (a crash) and the standby
+	// promoted; the run ends on it. The faults of a single Postgres
+	// server (PGRestarts, PGResetRate, PGLatency) do not apply.
+	PGFailover bool
 	// StallBound fails the scenario if no message was applied for
 	// longer while a confirmed message waited for its effect, or by one
 	// worker slot while messages were being published (see Stall).
-	// Defaults to ClusterStallBound for a Cluster scenario; 0 elsewhere,
-	// where the stall is only reported (Postgres restarts, slow handlers
-	// and Kafka rebalances stall by design).
+	// Defaults to ClusterStallBound for a RabbitMQ Cluster scenario,
+	// NATSClusterStallBound for a NATS one and PGFailoverStallBound for a
+	// PGFailover one; 0 elsewhere, where the stall is only reported
+	// (Postgres restarts, slow handlers and Kafka rebalances stall by
+	// design).
 	StallBound time.Duration
 
-	// Sabotage, for the harness's own tests, breaks the workers on
-	// purpose (see SabotageEffectOutsideTx): the scenario must fail.
+	// Sabotage, for the harness's own tests, breaks the workers or the
+	// setup on purpose (SabotageEffectOutsideTx, SabotageAsyncStandby):
+	// the scenario must fail.
 	Sabotage string
 
 	// Partitioned runs the workers on the partitioned layout of the dedup
@@ -208,8 +227,15 @@ func (s Scenario) withDefaults() Scenario {
 	if s.SelfKillEvery == 0 {
 		s.SelfKillEvery = 40
 	}
-	if s.Cluster && s.StallBound == 0 {
-		s.StallBound = ClusterStallBound
+	if s.StallBound == 0 {
+		switch {
+		case s.Cluster && s.Broker == BrokerNATS:
+			s.StallBound = NATSClusterStallBound
+		case s.Cluster:
+			s.StallBound = ClusterStallBound
+		case s.PGFailover:
+			s.StallBound = PGFailoverStallBound
+		}
 	}
 	if s.Timeout == 0 {
 		s.Timeout = 3*s.PublishOver + 2*time.Minute
@@ -260,14 +286,20 @@ func (s Scenario) validate() error {
 		return bad("AbortRate %g, must be in [0, 0.9]", s.AbortRate)
 	case s.AbortRate > 0 && s.KafkaSource != SourceFranz:
 		return bad("aborted transactions need the read_committed source %q", SourceFranz)
-	case s.Cluster && s.Broker != BrokerRabbitMQ:
-		return bad("a cluster is RabbitMQ's")
-	case s.Cluster && s.RabbitRestarts > 0:
-		return bad("RabbitRestarts restart the lone node; a Cluster scenario has OwnNodeKills and LeaderKills")
-	case !s.Cluster && (s.OwnNodeKills != 0 || s.LeaderKills != 0 || s.NodeLost):
-		return bad("node kills need Cluster")
-	case s.OwnNodeKills < 0 || s.LeaderKills < 0:
+	case s.Cluster && s.Broker != BrokerRabbitMQ && s.Broker != BrokerNATS:
+		return bad("a cluster is RabbitMQ's or NATS's")
+	case s.Cluster && (s.RabbitRestarts > 0 || s.NATSRestarts > 0):
+		return bad("RabbitRestarts and NATSRestarts restart the lone server; a Cluster scenario has OwnNodeKills and LeaderKills")
+	case !s.Cluster && (s.OwnNodeKills != 0 || s.LeaderKills != 0 || s.NetPartitions != 0 || s.NodeLost):
+		return bad("node kills and partitions need Cluster")
+	case s.NetPartitions != 0 && s.Broker != BrokerNATS:
+		return bad("NetPartitions cut off a NATS server")
+	case s.OwnNodeKills < 0 || s.LeaderKills < 0 || s.NetPartitions < 0:
 		return bad("fault counts must not be negative")
+	case s.Sabotage == SabotageAsyncStandby && !s.PGFailover:
+		return bad("%s needs PGFailover", SabotageAsyncStandby)
+	case s.PGFailover && (s.PGRestarts > 0 || s.PGResetRate > 0 || s.PGLatency > 0):
+		return bad("PGFailover excludes PGRestarts, PGResetRate and PGLatency")
 	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0 || s.StallBound < 0:
 		return bad("negative duration or rate")
 	}
@@ -305,9 +337,13 @@ func (s Scenario) Faults() string {
 	add(s.AMQPDropEvery > 0, "AMQP drop after every %dth commit", s.AMQPDropEvery)
 	add(s.PGRestarts > 0, "%d PG immediate restarts", s.PGRestarts)
 	add(s.RabbitRestarts > 0, "%d RabbitMQ restarts", s.RabbitRestarts)
-	add(s.Cluster, "%d-node RabbitMQ cluster, quorum queue", ClusterSize)
+	add(s.Cluster && s.Broker == BrokerRabbitMQ, "%d-node RabbitMQ cluster, quorum queue", ClusterSize)
+	add(s.Cluster && s.Broker == BrokerNATS, "%d-server NATS cluster, R%d streams", ClusterSize, ClusterSize)
 	add(s.OwnNodeKills > 0, "%d SIGKILL restarts of a worker's node", s.OwnNodeKills)
-	add(s.LeaderKills > 0, "%d SIGKILL restarts of the queue leader's node", s.LeaderKills)
+	add(s.LeaderKills > 0 && s.Broker == BrokerNATS, "%d SIGKILL restarts of the durable consumer leader's server", s.LeaderKills)
+	add(s.LeaderKills > 0 && s.Broker != BrokerNATS, "%d SIGKILL restarts of the queue leader's node", s.LeaderKills)
+	add(s.NetPartitions > 0, "%d network partitions of a server (ip netns)", s.NetPartitions)
+	add(s.PGFailover, "PG primary crashed, synchronous standby promoted")
 	add(s.NodeLost, "a worker's node killed for good")
 	add(s.NATSRestarts > 0, "%d nats-server restarts", s.NATSRestarts)
 	add(s.RedisRestarts > 0, "%d redis-server restarts", s.RedisRestarts)

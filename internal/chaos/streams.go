@@ -261,7 +261,7 @@ func (r *run) setupStream(ctx context.Context) error {
 	}
 	r.subject = "idemq.chaos." + r.stream
 	return r.h.withRetry(ctx, func() error {
-		nc, err := nats.Connect(r.h.natsSrv.URL(), nats.Timeout(5*time.Second))
+		nc, err := nats.Connect(r.natsURL(), nats.Timeout(5*time.Second))
 		if err != nil {
 			return err
 		}
@@ -270,9 +270,13 @@ func (r *run) setupStream(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		replicas := 1
+		if r.s.Cluster {
+			replicas = ClusterSize
+		}
 		for _, sc := range []jetstream.StreamConfig{
-			{Name: r.stream, Subjects: []string{r.subject}},
-			{Name: r.stream + natsjs.DLQStreamSuffix, Subjects: []string{natsjs.DLQSubject(r.subject)}},
+			{Name: r.stream, Subjects: []string{r.subject}, Replicas: replicas},
+			{Name: r.stream + natsjs.DLQStreamSuffix, Subjects: []string{natsjs.DLQSubject(r.subject)}, Replicas: replicas},
 		} {
 			if _, err := js.CreateStream(ctx, sc); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 				return err
@@ -290,7 +294,7 @@ func (r *run) streamPublisher(ctx context.Context) (func(context.Context, []*con
 		var p *natsjs.Publisher
 		err := r.h.withRetry(ctx, func() error {
 			var err error
-			p, err = natsjs.NewPublisher(ctx, natsjs.PublisherConfig{URL: r.h.natsSrv.URL()})
+			p, err = natsjs.NewPublisher(ctx, natsjs.PublisherConfig{URL: r.natsURL()})
 			return err
 		})
 		if err != nil {
@@ -324,11 +328,20 @@ func (r *run) streamPublisher(ctx context.Context) (func(context.Context, []*con
 	}
 }
 
+// natsURL is the URL of the scenario's NATS server, or of every server of
+// its cluster, comma-separated.
+func (r *run) natsURL() string {
+	if r.s.Cluster {
+		return r.h.natsCluster.URLs()
+	}
+	return r.h.natsSrv.URL()
+}
+
 // streamStart is what the scenario's workers connect to.
 func (r *run) streamStart() StreamStart {
 	st := StreamStart{Stream: r.stream, Subject: r.subject}
-	if r.h.natsSrv != nil {
-		st.NATSURL = r.h.natsSrv.URL()
+	if r.s.Broker == BrokerNATS {
+		st.NATSURL = r.natsURL()
 	}
 	if r.h.redisSrv != nil {
 		st.RedisURL = r.h.redisSrv.URL()

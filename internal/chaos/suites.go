@@ -9,8 +9,9 @@ import (
 )
 
 // ShortSuite is the CI run: three scenarios, both brokers, every fault
-// kind, 55 planned SIGKILLs, a few minutes in all. The RabbitMQ cluster's
-// short form, ShortClusterScenario, is apart: it costs about a minute more.
+// kind, 55 planned SIGKILLs, a few minutes in all. The cluster scenarios'
+// short forms, ShortClusterSuite, are apart: they cost about three minutes
+// more.
 func ShortSuite() []Scenario {
 	return []Scenario{
 		{Name: "rabbit-kills", Broker: BrokerRabbitMQ, Messages: 1500, PublishOver: 20 * time.Second,
@@ -24,9 +25,10 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: eleven scenarios, 375 planned SIGKILLs across
-// RabbitMQ (plain, partitioned dedup store, and a 3-node cluster), Kafka
-// (both sources), NATS JetStream and Redis Streams, about twenty minutes.
+// LongSuite is the long run: thirteen scenarios, 400 planned SIGKILLs
+// across RabbitMQ (plain, partitioned dedup store, and a 3-node cluster),
+// Kafka (both sources), NATS JetStream (one server, and a 3-server cluster)
+// and Redis Streams, and a Postgres failover, about half an hour.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -74,15 +76,36 @@ func LongSuite() []Scenario {
 		// ClusterStallBound.
 		{Name: "long-rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 4000, PublishOver: 90 * time.Second,
 			Workers: 4, OwnNodeKills: 2, LeaderKills: 2, NodeLost: true, Kills: 10, SelfKills: 5, SelfKillEvery: 40},
+		// A 3-server NATS cluster and R3 streams: a worker's server and
+		// the durable consumer leader's are SIGKILLed and restarted, one
+		// server is cut off by a network partition twice, and a last
+		// worker's server never comes back. No apply gap may exceed
+		// NATSClusterStallBound.
+		{Name: "long-nats-cluster", Broker: BrokerNATS, Cluster: true, Messages: 3000, PublishOver: 120 * time.Second,
+			Workers: 4, OwnNodeKills: 2, LeaderKills: 2, NetPartitions: 2, NodeLost: true, Kills: 10, SelfKills: 5, SelfKillEvery: 40},
+		// A Postgres primary with a synchronous standby: the primary
+		// crashes mid-stream and the standby is promoted. Nothing acked
+		// is lost with it, and no apply gap exceeds PGFailoverStallBound.
+		{Name: "long-pg-failover", Broker: BrokerRabbitMQ, PGFailover: true, Mode: ModeBatch, Messages: 4000,
+			PublishOver: 40 * time.Second, Workers: 4, Kills: 10, SelfKills: 5, SelfKillEvery: 40},
 	}
 }
 
-// ShortClusterScenario is the short form of long-rabbit-cluster: a worker's
-// node and then the queue leader's are SIGKILLed and restarted, with a few
-// worker SIGKILLs.
-func ShortClusterScenario() Scenario {
-	return Scenario{Name: "rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 1000, PublishOver: 30 * time.Second,
-		OwnNodeKills: 1, LeaderKills: 1, Kills: 4, SelfKills: 2, SelfKillEvery: 30}
+// ShortClusterSuite is the short form of the cluster scenarios, which start
+// their own nodes: rabbit-cluster (a worker's node and then the queue
+// leader's SIGKILLed and restarted), nats-cluster (a worker's server, the
+// durable leader's, and a partition of one server) and pg-failover (the
+// primary crashed and its synchronous standby promoted), each with a few
+// worker SIGKILLs. nats-cluster needs root, iproute2 and iptables.
+func ShortClusterSuite() []Scenario {
+	return []Scenario{
+		{Name: "rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 1000, PublishOver: 30 * time.Second,
+			OwnNodeKills: 1, LeaderKills: 1, Kills: 4, SelfKills: 2, SelfKillEvery: 30},
+		{Name: "nats-cluster", Broker: BrokerNATS, Cluster: true, Messages: 1000, PublishOver: 45 * time.Second,
+			OwnNodeKills: 1, LeaderKills: 1, NetPartitions: 1, Kills: 4, SelfKills: 2, SelfKillEvery: 30},
+		{Name: "pg-failover", Broker: BrokerRabbitMQ, PGFailover: true, Messages: 1000, PublishOver: 20 * time.Second,
+			Kills: 4, SelfKills: 2, SelfKillEvery: 30},
+	}
 }
 
 // WriteSummary writes a plain-text table of results and one line per

@@ -120,6 +120,13 @@ type WorkerConfig struct {
 // commit then leaves an effect behind, and the retry adds another.
 const SabotageEffectOutsideTx = "effect-outside-tx"
 
+// SabotageAsyncStandby, on a PGFailover scenario, makes the standby stream
+// asynchronously and lag by a second when the primary crashes: commits
+// answered on the primary, and acked, are missing on the promoted standby,
+// so their messages are lost (the failure synchronous replication
+// prevents; see docs/clusters.md).
+const SabotageAsyncStandby = "async-standby"
+
 // Delivery-log line kinds. Each line is "<kind> <unix nanos> <fields...>",
 // written with one unbuffered write, so it survives a SIGKILL.
 const (
@@ -266,37 +273,40 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return rng.Float64() < p
 	}
 
-	// Postgres through a proxy that resets connections at COMMIT and adds
-	// latency.
-	pgTarget, err := hostPort(cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	pgProxy, err := NewProxy(pgTarget, ProxyOptions{Postgres: true, OnCommit: func() CommitAction {
-		if cfg.PGResetRate <= 0 || !chance(cfg.PGResetRate) {
-			return CommitPass
-		}
-		if chance(0.5) {
-			log.line(logFault, "pg-reset-after-commit")
-			return CommitResetAfter
-		}
-		log.line(logFault, "pg-reset-before-commit")
-		return CommitResetBefore
-	}})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		pgProxy.Close()
-		report.PGProxy = pgProxy.Stats()
-	}()
-	pgProxy.SetLatency(cfg.PGLatency)
-
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("parse database url: %w", err)
 	}
-	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", uint16(portOf(pgProxy.Addr()))
+	// Postgres through a proxy that resets connections at COMMIT and adds
+	// latency; a multi-host URL (a PGFailover scenario's, which has
+	// neither fault) directly, so that pgx can pick the host that accepts
+	// writes.
+	if len(pcfg.ConnConfig.Fallbacks) == 0 {
+		pgTarget, err := hostPort(cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		pgProxy, err := NewProxy(pgTarget, ProxyOptions{Postgres: true, OnCommit: func() CommitAction {
+			if cfg.PGResetRate <= 0 || !chance(cfg.PGResetRate) {
+				return CommitPass
+			}
+			if chance(0.5) {
+				log.line(logFault, "pg-reset-after-commit")
+				return CommitResetAfter
+			}
+			log.line(logFault, "pg-reset-before-commit")
+			return CommitResetBefore
+		}})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			pgProxy.Close()
+			report.PGProxy = pgProxy.Stats()
+		}()
+		pgProxy.SetLatency(cfg.PGLatency)
+		pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", uint16(portOf(pgProxy.Addr()))
+	}
 	pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	pcfg.MaxConns = int32(cfg.Concurrency + 4)
 	pcfg.HealthCheckPeriod = 500 * time.Millisecond

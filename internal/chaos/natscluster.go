@@ -1,0 +1,146 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/internal/natstest"
+)
+
+// NATSClusterStallBound is the longest a NATS Cluster scenario may go
+// without an apply (see Stall). It is the worst failover of the nats
+// package documented in docs/clusters.md: a server cut off by a partition
+// is left after a write timeout (5s) or two unanswered pings (5s apart),
+// then the client reconnects to another server and, if the cut-off server
+// led the stream or the durable, waits for an election; a lost durable
+// leader costs the election plus at most 2s before acks are sent again.
+// Measured here: 4.9 to 22s for a partition, 4 to 8s for a lost durable
+// leader.
+const NATSClusterStallBound = 30 * time.Second
+
+// startNATSCluster starts the harness's private NATS cluster: ClusterSize
+// servers, the last in a network namespace of its own (so that it can be
+// partitioned) if partitionable.
+func startNATSCluster(ctx context.Context, partitionable bool) (*natstest.Cluster, error) {
+	if partitionable {
+		c, err := natstest.StartPartitionable(ctx, ClusterSize)
+		if err != nil {
+			return nil, fmt.Errorf("chaos: a partitionable NATS cluster (needs root, iproute2 and iptables): %w", err)
+		}
+		return c, nil
+	}
+	c, err := natstest.Start(ctx, ClusterSize)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: %w", err)
+	}
+	return c, nil
+}
+
+// natsOps are the cluster faults' view of the harness's NATS cluster, for
+// r's stream and durable consumer.
+func (r *run) natsOps() clusterOps {
+	c := r.h.natsCluster
+	nodes := c.Nodes()
+	index := func(name string) int {
+		return slices.IndexFunc(nodes, func(nd *natstest.Node) bool { return nd.Name == name })
+	}
+	// js runs f on a fresh connection to the cluster.
+	js := func(ctx context.Context, f func(context.Context, jetstream.JetStream) error) error {
+		nc, err := nats.Connect(c.URLs(), nats.Timeout(2*time.Second), nats.NoReconnect())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		j, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return f(ctx, j)
+	}
+	ops := clusterOps{
+		prefix: "nats", nodes: len(nodes), leaderName: "durable consumer", partitionable: -1,
+		name:    func(i int) string { return nodes[i].Name },
+		running: func(i int) bool { return nodes[i].Running() },
+		leader: func(ctx context.Context) (int, error) {
+			leader := -1
+			err := js(ctx, func(ctx context.Context, j jetstream.JetStream) error {
+				info, err := j.Consumer(ctx, r.stream, r.consumer())
+				if err != nil {
+					return err
+				}
+				ci := info.CachedInfo()
+				if ci.Cluster == nil || index(ci.Cluster.Leader) < 0 {
+					return fmt.Errorf("no leader: %+v", ci.Cluster)
+				}
+				leader = index(ci.Cluster.Leader)
+				return nil
+			})
+			return leader, err
+		},
+		workers: func(ctx context.Context) (map[int]int, error) {
+			n := map[int]int{}
+			for i, nd := range nodes {
+				if !nd.Running() {
+					continue
+				}
+				names, err := nd.Connections(ctx)
+				if err != nil {
+					return nil, err
+				}
+				n[i] = workerConns(names)
+			}
+			return n, nil
+		},
+		kill:  func(i int) { nodes[i].Kill() },
+		start: func(_ context.Context, i int) error { return c.Restart(nodes[i]) },
+		back: func(ctx context.Context, i int) (bool, string, error) {
+			var ok bool
+			var state string
+			err := js(ctx, func(ctx context.Context, j jetstream.JetStream) error {
+				s, err := j.Stream(ctx, r.stream)
+				if err != nil {
+					return err
+				}
+				cons, err := j.Consumer(ctx, r.stream, r.consumer())
+				if err != nil {
+					return err
+				}
+				sc, cc := s.CachedInfo().Cluster, cons.CachedInfo().Cluster
+				if sc == nil || cc == nil {
+					return fmt.Errorf("no cluster information")
+				}
+				state = fmt.Sprintf("stream leader on %s, durable leader on %s", sc.Leader, cc.Leader)
+				ok = sc.Leader != "" && cc.Leader != "" && current(sc, nodes[i].Name) && current(cc, nodes[i].Name)
+				return nil
+			})
+			return ok, state, err
+		},
+		partition: func(i int) error { return nodes[i].Partition() },
+		heal:      func(i int) error { return nodes[i].Heal() },
+	}
+	if last := len(nodes) - 1; nodes[last].Partitionable() {
+		ops.partitionable = last
+	}
+	return ops
+}
+
+// current reports whether the group's member on server name leads it or
+// is a current, online replica.
+func current(ci *jetstream.ClusterInfo, name string) bool {
+	if ci.Leader == name {
+		return true
+	}
+	for _, p := range ci.Replicas {
+		if p.Name == name {
+			return p.Current && !p.Offline
+		}
+	}
+	return false
+}
