@@ -1,0 +1,81 @@
+package apisurface
+
+import (
+	"maps"
+	"slices"
+	"testing"
+)
+
+// budget is each public package's most exported top-level names. Raising
+// one is a decision to make in review, with the new names' reason; the
+// test fails when a package grows past it, or when one shrinks (lower the
+// budget then, so that the room is not taken back unnoticed).
+var budget = map[string]int{
+	"brokers/brokertest":       14,
+	"brokers/franz":            11,
+	"brokers/kafka":            30,
+	"brokers/memory":           11,
+	"brokers/nats":             36,
+	"brokers/rabbitmq":         34,
+	"brokers/redisstream":      32,
+	"consumer":                 83,
+	"dlq":                      75,
+	"httpidem":                 23,
+	"idemqtest":                15,
+	"keys":                     6,
+	"observability/otel":       19,
+	"observability/prometheus": 11,
+	"outbox":                   37,
+	"processed":                22,
+}
+
+// totalBudget is the most exported top-level names of all public packages
+// together.
+const totalBudget = 459
+
+// TestSurfaceBudget counts the exported top-level names (functions, types,
+// variables, constants; not methods or fields) of every public package
+// and holds each to its budget.
+func TestSurfaceBudget(t *testing.T) {
+	dirs, err := Public("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, d := range dirs {
+		names, err := Exported("../../" + d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(names)
+		b, ok := budget[d]
+		switch {
+		case !ok:
+			t.Errorf("%s: a new public package with %d exported names has no budget", d, len(names))
+		case len(names) > b:
+			t.Errorf("%s: %d exported names, over its budget of %d: %v", d, len(names), b, names)
+		case len(names) < b:
+			t.Errorf("%s: %d exported names, under its budget of %d: lower the budget", d, len(names), b)
+		}
+	}
+	for _, d := range slices.Sorted(maps.Keys(budget)) {
+		if !slices.Contains(dirs, d) {
+			t.Errorf("%s has a budget but is not a public package", d)
+		}
+	}
+	if total > totalBudget {
+		t.Errorf("%d exported names in all, over the budget of %d", total, totalBudget)
+	}
+	t.Logf("%d exported names in %d public packages (budget %d)", total, len(dirs), totalBudget)
+}
+
+// TestExportedCountsOnlyTopLevelNames checks the counter on this package.
+func TestExportedCountsOnlyTopLevelNames(t *testing.T) {
+	names, err := Exported(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"Exported", "Public"}; !slices.Equal(names, want) {
+		t.Errorf("names %v, want %v", names, want)
+	}
+}
