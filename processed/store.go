@@ -94,17 +94,14 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Sentinel errors. Compare with errors.Is.
-var (
-	// ErrNotFound is returned by Lookup when no row matches.
-	ErrNotFound = errors.New("processed: not found")
-	// ErrNotMigrated is wrapped by errors caused by the dedup table (or its
-	// schema) not existing, or not yet having the layout the Config asks
-	// for: run Store.Migrate or `idemq migrate`. It wraps
-	// consumer.ErrNotMigrated, on which the runtime stops instead of
-	// retrying.
-	ErrNotMigrated = fmt.Errorf("processed: table does not exist (run migrations): %w", consumer.ErrNotMigrated)
-)
+// ErrNotFound is returned by [Store.Lookup] when no row matches. Compare
+// with errors.Is.
+//
+// Errors caused by the dedup table (or its schema) not existing, or not
+// yet having the layout the Config asks for, wrap
+// [consumer.ErrNotMigrated], on which the runtime stops instead of
+// retrying: run [Store.Migrate] or `idemq migrate`.
+var ErrNotFound = errors.New("processed: not found")
 
 // maxClaimAttempts bounds the insert/select loop of a claim whose
 // conflicting row disappears (is purged) between the two statements.
@@ -216,7 +213,7 @@ func (s *Store) resolveSchema(ctx context.Context) (string, error) {
 // statements returns the store's SQL, reading the table's layout once: a
 // plain table, or the view of a partitioned layout's generations. A table
 // that does not exist yet, or has not the layout the Config asks for but
-// can be migrated to it, is ErrNotMigrated, and is read again on the next
+// can be migrated to it, is consumer.ErrNotMigrated, and is read again on the next
 // call; a partitioned table with a Config that does not ask for it is a
 // *consumer.ConfigError.
 func (s *Store) statements(ctx context.Context) (*statements, error) {
@@ -249,7 +246,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
-		return fmt.Errorf("processed: %s %s: %w", s, why, ErrNotMigrated)
+		return fmt.Errorf("processed: %s %s: %w", s, why, consumer.ErrNotMigrated)
 	}
 	switch {
 	case kind == nil:
@@ -813,7 +810,7 @@ func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 }
 
 // wrap adds context to a database error and translates a missing table or
-// schema into ErrNotMigrated, and so a table whose layout changed under
+// schema into consumer.ErrNotMigrated, and so a table whose layout changed under
 // the store (a claim into what is now the view of the generations), and a
 // prepared statement of pgx's cache lost by a pooling proxy into the
 // configuration error that names the fix (see the package's doc).
@@ -824,9 +821,9 @@ func (s *Store) wrap(op string, err error) error {
 	}
 	switch {
 	case pgmigrate.IsUndefined(err):
-		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
+		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, consumer.ErrNotMigrated, err)
 	case errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.HasPrefix(op, "claim"): // cannot insert into view
-		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, ErrNotMigrated, err)
+		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("processed: %s on %s: %w", op, s, err)
 }

@@ -94,7 +94,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		return []byte(fmt.Sprintf(`{"payment":%q,"amount":4200,"currency":"EUR"}`, id))
 	}
 	fp := (&consumer.Message{Body: payBody("pay-1")}).Fingerprint()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, processed.DefaultTable}.Sanitize()+
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "processed_messages"}.Sanitize()+
 		` (consumer, message_id, fingerprint, source, processed_at) VALUES ('ledger', 'pay-1', $1, $2, now() - interval '3 hours')`, fp[:], work); err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func newBundle(t *testing.T, opts ...option) *bundle {
 		deadLetter("ledger", "refunds", "forged-1", consumer.ClassPermanent, "refund rejected", []byte(`{"refund":1}`), nil, forgeryKey),
 	)
 	// pay-1 was applied with its payload; pay-3 with another one.
-	tbl := pgx.Identifier{schema, processed.DefaultTable}.Sanitize()
+	tbl := pgx.Identifier{schema, "processed_messages"}.Sanitize()
 	for _, r := range []struct {
 		id, body string
 	}{{"pay-1", string(json)}, {"pay-3", `{"amount":333}`}, {"other-9", "x"}} {
