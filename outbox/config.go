@@ -7,23 +7,18 @@ import (
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-// Defaults for Config.
+// The defaults of Config's fields, which their doc comments state.
 const (
-	DefaultSchema         = "public"
-	DefaultTable          = "outbox"
-	DefaultPurgeBatchSize = 1000
+	defaultSchema         = "public"
+	defaultTable          = "outbox"
+	defaultPurgeBatchSize = 1000
 )
-
-// MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
-// leaves room for the suffixes appended to Table (such as "_migrations")
-// within Postgres's 63-byte identifier limit.
-const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 
 // Config names the outbox table. The zero value selects public.outbox.
 type Config struct {
 	// Schema holds the table. Migrate creates it if it is missing. It
 	// must be a plain identifier (letters, digits and underscores, not
-	// starting with a digit, at most MaxIdentifierLen bytes); it is always
+	// starting with a digit, at most 48 bytes); it is always
 	// quoted, so it is case-sensitive. Defaults to "public".
 	Schema string
 	// Table is the outbox table's name, with the same rules as Schema.
@@ -36,13 +31,13 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = defaultSchema
 	}
 	if c.Table == "" {
-		c.Table = DefaultTable
+		c.Table = defaultTable
 	}
 	if c.PurgeBatchSize == 0 {
-		c.PurgeBatchSize = DefaultPurgeBatchSize
+		c.PurgeBatchSize = defaultPurgeBatchSize
 	}
 	return c
 }

@@ -16,7 +16,7 @@
 // Delivery is at least once. A relay claims a batch of due rows in a short
 // transaction: with SELECT ... FOR UPDATE SKIP LOCKED it picks them, writes
 // a fresh lease token on them and pushes their next_attempt_at to the end
-// of its lease (RelayConfig.Lease), and commits. It then publishes them with
+// of its lease ([RelayConfig.Lease]), and commits. It then publishes them with
 // no transaction open, so no row lock or idle transaction is held across a
 // network call, and records each row's outcome in a second short
 // transaction whose updates check the lease token (a fencing token): a
@@ -33,7 +33,7 @@
 //
 // Each row has its own outcome. The messages of a batch are published in
 // one Publish call per destination; if the call fails, the messages the
-// PublishFunc names with an IndexedError fail and the others are marked sent,
+// PublishFunc names with a [MessageError] fail and the others are marked sent,
 // and if it names none, each message is published again on its own (unless
 // the first two of those calls fail too: the broker is down, and the group
 // fails). So a poison message fails alone, and the broker's confirmed messages are never
@@ -41,15 +41,16 @@
 // one-at-a-time pass, when the PublishFunc cannot say which failed). A
 // failed publish is recorded on the row (attempts, last_error) and retried
 // after its own exponential backoff; rows keep being retried, at most every
-// BackoffConfig.MaxInterval, until they are sent. Order is not guaranteed: a
+// [BackoffConfig.MaxInterval], until they are sent. Order is not guaranteed: a
 // failed message is overtaken by later ones, and relays run concurrently.
 //
 // # Retention and metrics
 //
 // Sent rows stay in the table until [Outbox.Purge] (or a relay with
-// RelayConfig.Retention) deletes them. [Outbox.Stats] reads the pending and
-// failing counts, for a gauge; [Relay.Stats] and the Hook* interfaces count
-// what a relay published and what failed.
+// [RelayConfig.Retention]) deletes them. [Outbox.Stats] reads the pending and
+// failing counts, for a gauge; [Relay.Stats] and the hooks ([Hook],
+// [HookPublished], [HookPublishFailed]) count what a relay published and
+// what failed.
 package outbox
 
 import (
@@ -60,36 +61,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/pgpurge"
+	"github.com/idemq/idemq/processed"
 )
 
-// DB is what an Outbox needs from a database handle. *pgxpool.Pool and
-// *pgx.Conn satisfy it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Sentinel errors. Compare with errors.Is.
-var (
-	// ErrConflict: a message with the same destination and id is already in
-	// the outbox with a different key or body. Enqueueing the same message
-	// twice is not an error.
-	ErrConflict = errors.New("outbox: message id already enqueued with a different payload")
-	// ErrNotMigrated is wrapped by errors caused by the outbox table (or its
-	// schema) not existing: run Outbox.Migrate.
-	ErrNotMigrated = errors.New("outbox: table does not exist (run migrations)")
-)
+// ErrConflict is wrapped by the error of [Outbox.Enqueue] when a message
+// with the same destination and id is already in the outbox with a
+// different key or body. Enqueueing the same message twice is not an
+// error. Compare with errors.Is.
+//
+// Errors caused by the outbox table (or its schema) not existing wrap
+// [consumer.ErrNotMigrated]: run [Outbox.Migrate].
+var ErrConflict = errors.New("outbox: message id already enqueued with a different payload")
 
 // Message is one outgoing message.
 type Message struct {
 	// Destination is the queue or topic the relay publishes to; it is
-	// passed to RelayConfig.Publish. Required.
+	// passed to [RelayConfig.Publish]. Required.
 	Destination string
 	// ID is the message id consumers deduplicate on. Required. Derive it
 	// with keys.ChildKey from the id of the operation that produces the
@@ -107,7 +98,7 @@ type Message struct {
 // Outbox is an outbox table. It is safe for concurrent use; create it with
 // New.
 type Outbox struct {
-	db     DB
+	db     processed.DB
 	cfg    Config
 	qTable string
 	sql    struct {
@@ -115,16 +106,14 @@ type Outbox struct {
 	}
 }
 
-// New returns the outbox in the table cfg names. It does not touch the
-// database; call Migrate to create the table.
-func New(db DB, cfg Config) (*Outbox, error) {
+// New returns the outbox in the table cfg names, over db: a *pgxpool.Pool
+// (the caller keeps owning it), or a *pgx.Conn, which serves one goroutine
+// at a time. It does not touch the database; call Migrate to create the
+// table.
+func New(db processed.DB, cfg Config) (*Outbox, error) {
 	if db == nil {
 		return nil, &consumer.ConfigError{Field: "db", Reason: "required"}
 	}
-	return newOutbox(db, cfg)
-}
-
-func newOutbox(db DB, cfg Config) (*Outbox, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -179,9 +168,6 @@ WHERE seq = ANY($1) AND lease_token = $2::uuid`
 	return o, nil
 }
 
-// defaultOutbox is public.outbox, used by the package-level Enqueue.
-var defaultOutbox, _ = newOutbox(nil, Config{})
-
 // Schema returns the schema holding the table.
 func (o *Outbox) Schema() string { return o.cfg.Schema }
 
@@ -191,19 +177,13 @@ func (o *Outbox) Table() string { return o.cfg.Table }
 // String returns "schema.table", unquoted, for messages.
 func (o *Outbox) String() string { return o.cfg.Schema + "." + o.cfg.Table }
 
-// Enqueue writes msg to the default outbox table, public.outbox, in tx. See
-// Outbox.Enqueue.
-func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
-	return defaultOutbox.Enqueue(ctx, tx, msg)
-}
-
 // Enqueue writes msg to the outbox in tx, the caller's transaction: the
 // message is relayed only if tx commits, and is lost with everything else in
 // tx if it rolls back. Enqueue never commits or rolls back tx.
 //
 // Enqueueing a message whose destination and id are already in the outbox
 // (even sent, until it is purged) does nothing if its key and body are the
-// same, and returns an error wrapping ErrConflict if they differ.
+// same, and returns an error wrapping [ErrConflict] if they differ.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	switch {
 	case tx == nil:
@@ -290,10 +270,10 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 }
 
 // wrap adds context to a database error and translates a missing table or
-// schema into ErrNotMigrated.
+// schema into consumer.ErrNotMigrated.
 func (o *Outbox) wrap(op string, err error) error {
 	if pgmigrate.IsUndefined(err) {
-		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, ErrNotMigrated, err)
+		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("outbox: %s on %s: %w", op, o, err)
 }

@@ -22,8 +22,8 @@ import (
 // returns nil only once the broker has durably accepted every one of them: a
 // confirmed publish, an acknowledged write.
 //
-// To say which messages failed, return one IndexedError (such as
-// *MessageError) per failed message, alone, wrapped, or joined with
+// To say which messages failed, return one [MessageError] (or any error
+// with a method MessageIndex() int) per failed message, alone, wrapped, or joined with
 // errors.Join: the relay then takes every message not named as confirmed
 // and marks it sent, and retries only the named ones, each with its own
 // backoff. Any other error says nothing about which messages were
@@ -43,22 +43,22 @@ import (
 //	kafkaPublisher.Publish
 type PublishFunc func(ctx context.Context, destination string, msgs ...*consumer.Message) error
 
-// Defaults for RelayConfig.
+// The defaults and limits of RelayConfig's fields, which their doc
+// comments state.
 const (
-	DefaultBatchSize       = 100
-	DefaultPollInterval    = 500 * time.Millisecond
-	DefaultPublishTimeout  = 30 * time.Second
-	DefaultPurgeInterval   = 10 * time.Minute
-	DefaultInitialInterval = time.Second
-	DefaultMaxInterval     = 5 * time.Minute
-	DefaultMultiplier      = 2.0
-	DefaultJitter          = 0.2
+	defaultBatchSize       = 100
+	defaultPollInterval    = 500 * time.Millisecond
+	defaultPublishTimeout  = 30 * time.Second
+	defaultPurgeInterval   = 10 * time.Minute
+	defaultInitialInterval = time.Second
+	defaultMaxInterval     = 5 * time.Minute
+	defaultMultiplier      = 2.0
+	defaultJitter          = 0.2
 	maxBatchSize           = 10_000
-	// DefaultLeaseFactor: RelayConfig.Lease defaults to this many times
-	// PublishTimeout.
-	DefaultLeaseFactor = 3
-	// MaxLease is the longest RelayConfig.Lease accepted.
-	MaxLease = 7 * 24 * time.Hour
+	// defaultLeaseFactor: Lease defaults to this many times PublishTimeout.
+	defaultLeaseFactor = 3
+	// maxLease is the longest Lease accepted.
+	maxLease = 7 * 24 * time.Hour
 )
 
 // RelayConfig configures a Relay. The zero value of every optional field
@@ -83,23 +83,23 @@ type RelayConfig struct {
 	// publishing a batch when less than a tenth of Lease is left (each
 	// Publish call is cut short to that point), so that it can record the
 	// outcomes in time; rows it did not get to are released at once. It
-	// must exceed PublishTimeout and be at most MaxLease (7 days).
-	// Defaults to 3 × PublishTimeout (90s with the default
-	// PublishTimeout), capped at MaxLease.
+	// must exceed PublishTimeout and be at most 7 days. Defaults to 3 ×
+	// PublishTimeout (90s with the default PublishTimeout), capped at 7
+	// days.
 	Lease time.Duration
 	// Backoff paces the retries of rows whose publish failed.
 	Backoff BackoffConfig
 	// Retention, if positive, makes the relay purge rows sent more than
 	// Retention ago every PurgeInterval. Defaults to 0: never; call
-	// Outbox.Purge yourself.
+	// [Outbox.Purge] yourself.
 	Retention time.Duration
 	// PurgeInterval is the time between purges. Defaults to 10m.
 	PurgeInterval time.Duration
 	// Logger receives the relay's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
-	// Hooks receive events for metrics; each must implement at least one
-	// of HookPublished and HookPublishFailed.
+	// Hooks receive events for metrics; see [Hook]. Each must implement
+	// at least one of [HookPublished] and [HookPublishFailed].
 	Hooks []Hook
 }
 
@@ -120,27 +120,42 @@ type BackoffConfig struct {
 	Jitter float64
 }
 
-// Hook is a value implementing HookPublished, HookPublishFailed or both.
-// Hooks are called synchronously by the relay and must be fast; a hook that
-// panics is logged and ignored.
-type Hook any
+// Hook receives a relay's events, for metrics, as [consumer.Hook] does the
+// runtime's: a hook is a type that embeds [HookDefaults], which makes it a
+// Hook, and implements [HookPublished], [HookPublishFailed] or both; the
+// relay detects each once, at [NewRelay], and calls only the events the
+// hook implements. A hook that implements neither is refused. Hooks are
+// called synchronously by the relay and must be fast; a hook that panics
+// is logged and ignored.
+type Hook interface {
+	// IsHook marks the type as a hook. Embed HookDefaults to implement it.
+	IsHook() bool
+}
+
+// HookDefaults, embedded in a struct, makes it a [Hook].
+type HookDefaults struct{}
+
+// IsHook returns true.
+func (HookDefaults) IsHook() bool { return true }
 
 // HookPublished is called once per destination of a batch with the
 // messages the broker confirmed, before their rows are marked sent; took is
 // the time spent publishing to that destination.
 type HookPublished interface {
+	Hook
 	OnPublished(ctx context.Context, destination string, msgs []*consumer.Message, took time.Duration)
 }
 
 // HookPublishFailed is called with messages whose publish failed, and their
 // error, before the failures are recorded: once per message that failed
-// with an error of its own (named by an IndexedError, or failing its own
+// with an error of its own (named by a MessageError, or failing its own
 // call when the relay publishes a group one message at a time), and once
 // for the messages that failed with the group's first error (a group of
 // one, or the messages left unpublished once the broker is taken to be
 // down or the lease runs short). The rows are due again after retryIn (the
 // shortest of their delays).
 type HookPublishFailed interface {
+	Hook
 	OnPublishFailed(ctx context.Context, destination string, msgs []*consumer.Message, err error, retryIn time.Duration)
 }
 
@@ -166,36 +181,36 @@ type RelayStats struct {
 
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
+		c.PollInterval = defaultPollInterval
 	}
 	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
+		c.PublishTimeout = defaultPublishTimeout
 	}
 	if c.PurgeInterval == 0 {
-		c.PurgeInterval = DefaultPurgeInterval
+		c.PurgeInterval = defaultPurgeInterval
 	}
 	if c.Lease == 0 && c.PublishTimeout > 0 {
-		if c.PublishTimeout >= MaxLease/DefaultLeaseFactor {
-			c.Lease = MaxLease
+		if c.PublishTimeout >= maxLease/defaultLeaseFactor {
+			c.Lease = maxLease
 		} else {
-			c.Lease = DefaultLeaseFactor * c.PublishTimeout
+			c.Lease = defaultLeaseFactor * c.PublishTimeout
 		}
 	}
 	b := &c.Backoff
 	if b.InitialInterval == 0 {
-		b.InitialInterval = DefaultInitialInterval
+		b.InitialInterval = defaultInitialInterval
 	}
 	if b.MaxInterval == 0 {
-		b.MaxInterval = max(DefaultMaxInterval, b.InitialInterval)
+		b.MaxInterval = max(defaultMaxInterval, b.InitialInterval)
 	}
 	if b.Multiplier == 0 {
-		b.Multiplier = DefaultMultiplier
+		b.Multiplier = defaultMultiplier
 	}
 	if b.Jitter == 0 {
-		b.Jitter = DefaultJitter
+		b.Jitter = defaultJitter
 	} else if b.Jitter < 0 {
 		b.Jitter = 0
 	}
@@ -217,8 +232,8 @@ func (c RelayConfig) validate() error {
 		return configError("PublishTimeout", "negative")
 	case c.Lease < 0:
 		return configError("Lease", "negative")
-	case c.Lease > MaxLease:
-		return configError("Lease", "%s, more than MaxLease %s", c.Lease, MaxLease)
+	case c.Lease > maxLease:
+		return configError("Lease", "%s, more than the longest lease accepted, %s", c.Lease, maxLease)
 	case c.Lease <= c.PublishTimeout:
 		return configError("Lease", "%s, must exceed PublishTimeout %s", c.Lease, c.PublishTimeout)
 	case c.Retention < 0:
@@ -238,7 +253,7 @@ func (c RelayConfig) validate() error {
 		_, ok1 := h.(HookPublished)
 		_, ok2 := h.(HookPublishFailed)
 		if !ok1 && !ok2 {
-			return configError(fmt.Sprintf("Hooks[%d]", i), "%T implements no Hook interface", h)
+			return configError(fmt.Sprintf("Hooks[%d]", i), "%T implements neither HookPublished nor HookPublishFailed", h)
 		}
 	}
 	return nil

@@ -157,7 +157,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	srv, err := console.New(console.Config{Store: store, DB: pool, Retention: 7 * 24 * time.Hour,
 		DLQs:   []console.DLQ{rabbitDLQ(dead), kafkaDLQ(kc.Addrs(), topic+".dlq")},
 		Tokens: []console.Token{tok}, VerifyKeys: [][]byte{signingKey}, Rate: 100,
-		Outbox: console.Table{Schema: schema, Name: outbox.DefaultTable}, HTTPKeys: console.Table{Schema: schema, Name: httpidem.DefaultTable},
+		Outbox: console.Table{Schema: schema, Name: "outbox"}, HTTPKeys: console.Table{Schema: schema, Name: httpidem.DefaultTable},
 		// `idemq console` reads this with `idemq status`'s code; here, the
 		// same two facts from the seeded table.
 		Status: func(ctx context.Context, name string) (console.ConsumerStatus, error) {

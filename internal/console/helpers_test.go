@@ -229,7 +229,7 @@ func newBundle(t *testing.T, opts ...option) *bundle {
 
 	cfg := Config{Store: store, DB: pool, Retention: 24 * time.Hour, DLQs: []DLQ{q.dlq("payments.dlq")},
 		Tokens: []Token{{Name: "alice", Secret: "alice-secret-1"}}, VerifyKeys: [][]byte{signingKey}, Rate: 1000,
-		Outbox: Table{Schema: schema, Name: outbox.DefaultTable}, HTTPKeys: Table{Schema: schema, Name: httpidem.DefaultTable},
+		Outbox: Table{Schema: schema, Name: "outbox"}, HTTPKeys: Table{Schema: schema, Name: httpidem.DefaultTable},
 		Info:    [][2]string{{"Postgres", "postgres://app:xxxxx@db/prod"}},
 		Secrets: []string{"amqp://guest:hunter2hunter2@rabbit:5672/"}}
 	for _, o := range opts {
