@@ -30,7 +30,7 @@
 //
 // The request's fingerprint is the sha256 of its method, its path with its
 // sorted query, and its canonical body: JSON bodies are re-encoded with
-// sorted keys and without Config.IgnoreFields (see CanonicalJSON); other
+// sorted keys and without [Config.IgnoreFields] (see [CanonicalJSON]); other
 // bodies are used as they are.
 //
 // # The API contract, for clients
@@ -61,23 +61,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/pgpurge"
+	"github.com/idemq/idemq/processed"
 )
-
-// DB is what the middleware needs from a database handle. *pgxpool.Pool and
-// *pgx.Conn satisfy it (a *pgx.Conn only serves one request at a time).
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// ErrNotMigrated is wrapped by errors caused by the table (or its schema) not
-// existing: run Middleware.Migrate.
-var ErrNotMigrated = errors.New("httpidem: table does not exist (run migrations)")
 
 type ctxKey struct{}
 
@@ -93,8 +82,11 @@ func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
 
 // Middleware is the idempotency-key middleware. Create it with New, run
 // Migrate once, and wrap handlers with Wrap. It is safe for concurrent use.
+//
+// Errors caused by its table (or its schema) not existing wrap
+// [consumer.ErrNotMigrated]: run [Middleware.Migrate].
 type Middleware struct {
-	db      DB
+	db      processed.DB
 	cfg     Config
 	log     *slog.Logger
 	qTable  string
@@ -108,15 +100,21 @@ type Middleware struct {
 	afterClaim func() error
 }
 
-// New validates cfg and returns a Middleware. It does not touch the
-// database; call Migrate to create the table.
-func New(cfg Config) (*Middleware, error) {
+// New validates cfg and returns a Middleware over db, the database the
+// keys' table lives in and the handlers' transactions are begun on: a
+// *pgxpool.Pool (the caller keeps owning it), or a *pgx.Conn, which serves
+// one request at a time. It does not touch the database; call Migrate to
+// create the table.
+func New(db processed.DB, cfg Config) (*Middleware, error) {
+	if db == nil {
+		return nil, configError("db", "required")
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	m := &Middleware{
-		db: cfg.DB, cfg: cfg,
+		db: db, cfg: cfg,
 		log:     cfg.Logger.With(slog.String("idempotency_table", cfg.Schema+"."+cfg.Table)),
 		qTable:  pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
 		methods: map[string]bool{},
@@ -482,7 +480,7 @@ func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64,
 
 func (m *Middleware) wrap(op string, err error) error {
 	if pgmigrate.IsUndefined(err) {
-		return fmt.Errorf("httpidem: %s on %s: %w: %w", op, m, ErrNotMigrated, err)
+		return fmt.Errorf("httpidem: %s on %s: %w: %w", op, m, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("httpidem: %s on %s: %w", op, m, err)
 }

@@ -5,6 +5,7 @@ import (
 	"embed"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/processed"
 )
 
 //go:embed migrations/*.sql
@@ -12,14 +13,14 @@ var migrationFS embed.FS
 
 var migrations = pgmigrate.Load("httpidem", migrationFS, "migrations")
 
-// Migration is one embedded schema migration.
-type Migration = pgmigrate.Migration
-
-// Migrations returns the embedded migrations, oldest first.
-func Migrations() []Migration { return migrations.Migrations() }
-
-// LatestVersion is the version Migrate brings the table to.
-func LatestVersion() int { return migrations.Latest() }
+// Migrations returns the embedded migrations, oldest first; the last one's
+// Version is the version [Middleware.Migrate] brings the table to. Migrate
+// applies them, so most programs never call this: it is for reviewing the
+// schema changes, or for applying them with a migration tool of your own,
+// replacing the {{...}} placeholders in their SQL with quoted identifiers
+// as Migrate does ({{table}} is the schema-qualified table, the others
+// name Table plus a suffix).
+func Migrations() []processed.Migration { return migrations.Migrations() }
 
 func (m *Middleware) target() pgmigrate.Target {
 	return pgmigrate.Target{Schema: m.cfg.Schema, Table: m.cfg.Table, Indexes: map[string]string{"created_at_index": "_created_at"}}

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
-	"github.com/idemq/idemq/httpidem"
 	"github.com/idemq/idemq/internal/console"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
@@ -110,7 +109,7 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&f.keyFiles, "verify-key-file", "", keyFileFlag+"; replays take only verified envelopes")
 	fs.Float64Var(&f.rate, "rate", 50, "republish at most this many messages per second")
 	fs.StringVar(&f.outbox, "outbox-table", "public.outbox", "the outbox `table` (schema.table) whose backlog to show, if it exists")
-	fs.StringVar(&f.httpKeys, "http-key-table", httpidem.DefaultSchema+"."+httpidem.DefaultTable, "the HTTP idempotency key `table` (schema.table) to show, if it exists")
+	fs.StringVar(&f.httpKeys, "http-key-table", "public.idempotency_keys", "the HTTP idempotency key `table` (schema.table) to show, if it exists")
 	fs.Var(&f.hosts, "allowed-host", "serve requests whose Host header is this `name` (repeatable; default: loopback names when --addr is loopback, any otherwise), against DNS rebinding")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
