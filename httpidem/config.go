@@ -23,7 +23,6 @@ const (
 
 // The defaults of Config's fields, which their doc comments state.
 const (
-	defaultSchema           = "public"
 	defaultTable            = "idempotency_keys"
 	defaultHeader           = "Idempotency-Key"
 	defaultLockTimeout      = time.Minute
@@ -43,7 +42,11 @@ const ReplayedHeader = "Idempotent-Replayed"
 // selects a documented default.
 type Config struct {
 	// Schema holds the table, a plain identifier (letters, digits and
-	// underscores, not starting with a digit, at most 48 bytes). Migrate creates it if it is missing. Defaults to "public".
+	// underscores, not starting with a digit, at most 48 bytes). Migrate
+	// creates it if it is missing. Defaults to the connection's
+	// current_schema(): the first schema of its search_path that exists,
+	// so a search_path set in the URL or on the role is honoured, learned
+	// on first use.
 	Schema string
 	// Table is the table's name, with the same rules as Schema;
 	// Table+"_migrations" tracks migrations. Defaults to
@@ -106,9 +109,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = defaultSchema
-	}
 	if c.Table == "" {
 		c.Table = defaultTable
 	}
@@ -146,8 +146,10 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := pgmigrate.ValidIdent("Schema", c.Schema); err != nil {
-		return err
+	if c.Schema != "" {
+		if err := pgmigrate.ValidIdent("Schema", c.Schema); err != nil {
+			return err
+		}
 	}
 	if err := pgmigrate.ValidIdent("Table", c.Table); err != nil {
 		return err

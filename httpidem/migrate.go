@@ -22,21 +22,25 @@ var migrations = pgmigrate.Load("httpidem", migrationFS, "migrations")
 // name Table plus a suffix).
 func Migrations() []processed.Migration { return migrations.Migrations() }
 
-func (m *Middleware) target() pgmigrate.Target {
-	return pgmigrate.Target{Schema: m.cfg.Schema, Table: m.cfg.Table, Indexes: map[string]string{"created_at_index": "_created_at"}}
-}
-
 // Migrate creates the schema if it is missing, then applies the pending
 // migrations and records them in the table Config.Table+"_migrations", all in
 // one transaction under an advisory lock keyed on the schema and table. It is
 // idempotent and safe to run from several processes at once.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	_, err := migrations.Migrate(ctx, m.db, m.target())
+	t, err := m.table.Target(ctx, m.db)
+	if err != nil {
+		return err
+	}
+	_, err = migrations.Migrate(ctx, m.db, t)
 	return err
 }
 
 // Version returns the highest applied migration version, or 0 if Migrate
 // has never run.
 func (m *Middleware) Version(ctx context.Context) (int, error) {
-	return migrations.Version(ctx, m.db, m.target())
+	t, err := m.table.Target(ctx, m.db)
+	if err != nil {
+		return 0, err
+	}
+	return migrations.Version(ctx, m.db, t)
 }

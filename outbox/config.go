@@ -9,17 +9,23 @@ import (
 
 // The defaults of Config's fields, which their doc comments state.
 const (
-	defaultSchema         = "public"
 	defaultTable          = "outbox"
 	defaultPurgeBatchSize = 1000
 )
 
-// Config names the outbox table. The zero value selects public.outbox.
+// Config names the outbox table. The zero value selects the table outbox
+// in the connection's current schema (usually public), as processed.Config
+// and httpidem.Config do theirs.
 type Config struct {
 	// Schema holds the table. Migrate creates it if it is missing. It
 	// must be a plain identifier (letters, digits and underscores, not
-	// starting with a digit, at most 48 bytes); it is always
-	// quoted, so it is case-sensitive. Defaults to "public".
+	// starting with a digit, at most 48 bytes); it is always quoted, so
+	// it is case-sensitive. Defaults to the connection's current_schema():
+	// the first schema of its search_path that exists, so a search_path
+	// set in the URL or on the role is honoured. It is learned on first
+	// use, from the outbox's handle (from the caller's transaction, for
+	// Enqueue); give the same search_path to every handle that uses the
+	// table, or set Schema.
 	Schema string
 	// Table is the outbox table's name, with the same rules as Schema.
 	// Table+"_migrations" tracks applied migrations. Defaults to "outbox".
@@ -30,9 +36,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = defaultSchema
-	}
 	if c.Table == "" {
 		c.Table = defaultTable
 	}
@@ -43,8 +46,10 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := validIdent("Schema", c.Schema); err != nil {
-		return err
+	if c.Schema != "" {
+		if err := validIdent("Schema", c.Schema); err != nil {
+			return err
+		}
 	}
 	if err := validIdent("Table", c.Table); err != nil {
 		return err

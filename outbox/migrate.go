@@ -22,21 +22,25 @@ var migrations = pgmigrate.Load("outbox", migrationFS, "migrations")
 // name Table plus a suffix).
 func Migrations() []processed.Migration { return migrations.Migrations() }
 
-func (o *Outbox) target() pgmigrate.Target {
-	return pgmigrate.Target{Schema: o.cfg.Schema, Table: o.cfg.Table, Indexes: map[string]string{"id_index": "_id", "pending_index": "_pending", "sent_index": "_sent"}}
-}
-
 // Migrate creates the schema if it is missing, then applies the pending
 // migrations and records them in the table Config.Table+"_migrations", all in
 // one transaction under an advisory lock keyed on the schema and table. It is
 // idempotent and safe to run from several processes at once.
 func (o *Outbox) Migrate(ctx context.Context) error {
-	_, err := migrations.Migrate(ctx, o.db, o.target())
+	t, err := o.table.Target(ctx, o.db)
+	if err != nil {
+		return err
+	}
+	_, err = migrations.Migrate(ctx, o.db, t)
 	return err
 }
 
 // Version returns the highest applied migration version, or 0 if Migrate
 // has never run.
 func (o *Outbox) Version(ctx context.Context) (int, error) {
-	return migrations.Version(ctx, o.db, o.target())
+	t, err := o.table.Target(ctx, o.db)
+	if err != nil {
+		return 0, err
+	}
+	return migrations.Version(ctx, o.db, t)
 }

@@ -98,12 +98,16 @@ type Message struct {
 // Outbox is an outbox table. It is safe for concurrent use; create it with
 // New.
 type Outbox struct {
-	db     processed.DB
-	cfg    Config
-	qTable string
-	sql    struct {
-		insert, existing, purge, stats, claim, sent, failed, release string
-	}
+	db  processed.DB
+	cfg Config
+	// table is the table, its schema resolved on first use, and the
+	// statements on it.
+	table *pgmigrate.Table[statements]
+}
+
+// statements are the outbox's SQL, for one resolved schema.
+type statements struct {
+	insert, existing, purge, stats, claim, sent, failed, release string
 }
 
 // New returns the outbox in the table cfg names, over db: a *pgxpool.Pool
@@ -118,18 +122,23 @@ func New(db processed.DB, cfg Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	o := &Outbox{db: db, cfg: cfg, qTable: pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()}
-	t := o.qTable
-	o.sql.insert = `INSERT INTO ` + t + ` (destination, message_id, key, headers, body)
+	indexes := map[string]string{"id_index": "_id", "pending_index": "_pending", "sent_index": "_sent"}
+	return &Outbox{db: db, cfg: cfg, table: pgmigrate.NewTable("outbox", cfg.Schema, cfg.Table, indexes, newStatements)}, nil
+}
+
+// newStatements returns the SQL for the quoted, qualified table t.
+func newStatements(t string) *statements {
+	o := &statements{}
+	o.insert = `INSERT INTO ` + t + ` (destination, message_id, key, headers, body)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (destination, message_id) DO NOTHING`
-	o.sql.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
-	o.sql.purge = `DELETE FROM ` + t + ` WHERE seq IN (
+	o.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
+	o.purge = `DELETE FROM ` + t + ` WHERE seq IN (
 	SELECT seq FROM ` + t + `
 	WHERE sent_at < $1
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
-	o.sql.stats = `SELECT
+	o.stats = `SELECT
 	count(*) FILTER (WHERE sent_at IS NULL),
 	count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0),
 	min(created_at) FILTER (WHERE sent_at IS NULL),
@@ -140,7 +149,7 @@ FROM ` + t
 	// the due rows to the caller's token until clock_timestamp() + $4
 	// microseconds and returns them, with the time they were due, for
 	// ordering.
-	o.sql.claim = `UPDATE ` + t + ` AS o
+	o.claim = `UPDATE ` + t + ` AS o
 SET lease_token = $2::uuid, lease_owner = $3,
     next_attempt_at = clock_timestamp() + $4 * interval '1 microsecond'
 FROM (
@@ -153,29 +162,31 @@ WHERE o.seq = due.seq
 RETURNING o.seq, o.destination, o.message_id, o.key, o.headers, o.body, o.created_at, o.attempts, due.due_at`
 	// The outcomes apply only to rows still leased to the caller's token
 	// ($2): the fencing check.
-	o.sql.sent = `UPDATE ` + t + `
+	o.sent = `UPDATE ` + t + `
 SET sent_at = clock_timestamp(), attempts = attempts + 1, lease_token = NULL, lease_owner = NULL
 WHERE seq = ANY($1) AND lease_token = $2::uuid`
-	o.sql.failed = `UPDATE ` + t + ` AS o
+	o.failed = `UPDATE ` + t + ` AS o
 SET attempts = o.attempts + 1, last_error = d.error,
     next_attempt_at = clock_timestamp() + d.delay * interval '1 microsecond',
     lease_token = NULL, lease_owner = NULL
 FROM unnest($1::bigint[], $3::bigint[], $4::text[]) AS d(seq, delay, error)
 WHERE o.seq = d.seq AND o.lease_token = $2::uuid`
-	o.sql.release = `UPDATE ` + t + `
+	o.release = `UPDATE ` + t + `
 SET next_attempt_at = clock_timestamp(), lease_token = NULL, lease_owner = NULL
 WHERE seq = ANY($1) AND lease_token = $2::uuid`
-	return o, nil
+	return o
 }
 
-// Schema returns the schema holding the table.
-func (o *Outbox) Schema() string { return o.cfg.Schema }
+// Schema returns the schema holding the table: Config.Schema, or the one
+// the search_path names once the outbox has asked the database ("" until
+// then).
+func (o *Outbox) Schema() string { return o.table.Schema() }
 
 // Table returns the table's name, without its schema.
 func (o *Outbox) Table() string { return o.cfg.Table }
 
 // String returns "schema.table", unquoted, for messages.
-func (o *Outbox) String() string { return o.cfg.Schema + "." + o.cfg.Table }
+func (o *Outbox) String() string { return o.table.String() }
 
 // Enqueue writes msg to the outbox in tx, the caller's transaction: the
 // message is relayed only if tx commits, and is lost with everything else in
@@ -201,7 +212,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if body == nil {
 		body = []byte{}
 	}
-	tag, err := tx.Exec(ctx, o.sql.insert, msg.Destination, msg.ID, msg.Key, headers, body)
+	st, err := o.table.Statements(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	tag, err := tx.Exec(ctx, st.insert, msg.Destination, msg.ID, msg.Key, headers, body)
 	if err != nil {
 		return o.wrap("enqueue", err)
 	}
@@ -212,7 +227,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 		key  string
 		prev []byte
 	)
-	if err := tx.QueryRow(ctx, o.sql.existing, msg.Destination, msg.ID).Scan(&key, &prev); err != nil {
+	if err := tx.QueryRow(ctx, st.existing, msg.Destination, msg.ID).Scan(&key, &prev); err != nil {
 		return o.wrap("enqueue: read existing", err)
 	}
 	if key != msg.Key || !bytes.Equal(prev, body) {
@@ -230,7 +245,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 // new message: keep sent rows at least as long as the operations that
 // produce them may be retried.
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, o.db, o.sql.purge, olderThan, o.cfg.PurgeBatchSize, pgpurge.Pace{})
+	st, err := o.table.Statements(ctx, o.db)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	n, step, err := pgpurge.Run(ctx, o.db, st.purge, olderThan, o.cfg.PurgeBatchSize, pgpurge.Pace{})
 	if err != nil {
 		return n, o.wrap(string(step), err)
 	}
@@ -260,7 +279,11 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 		s      Stats
 		oldest *time.Time
 	)
-	if err := o.db.QueryRow(ctx, o.sql.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent, &s.Leased); err != nil {
+	st, err := o.table.Statements(ctx, o.db)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if err := o.db.QueryRow(ctx, st.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent, &s.Leased); err != nil {
 		return Stats{}, o.wrap("stats", err)
 	}
 	if oldest != nil {

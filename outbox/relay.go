@@ -475,7 +475,11 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 		return nil, fmt.Errorf("outbox: relay: claim: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.BatchSize, token, r.owner, r.cfg.Lease.Microseconds())
+	st, err := r.ob.table.Statements(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	rows, err := tx.Query(ctx, st.claim, r.cfg.BatchSize, token, r.owner, r.cfg.Lease.Microseconds())
 	if err != nil {
 		return nil, r.ob.wrap("relay: claim due rows", err)
 	}
@@ -688,6 +692,11 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 			released = append(released, c.seq)
 		}
 	}
+	// The claim resolved the schema.
+	st, err := r.ob.table.Statements(ctx, r.ob.db)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: record outcomes: %w", err)
+	}
 	tx, err := r.ob.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: relay: record outcomes: begin: %w", err)
@@ -695,21 +704,21 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var nSent, nFailed, nReleased int64
 	if len(sent) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.sent, sent, token)
+		tag, err := tx.Exec(ctx, st.sent, sent, token)
 		if err != nil {
 			return r.ob.wrap("relay: mark sent", err)
 		}
 		nSent = tag.RowsAffected()
 	}
 	if len(failed) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.failed, failed, token, delays, errs)
+		tag, err := tx.Exec(ctx, st.failed, failed, token, delays, errs)
 		if err != nil {
 			return r.ob.wrap("relay: record failures", err)
 		}
 		nFailed = tag.RowsAffected()
 	}
 	if len(released) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.release, released, token)
+		tag, err := tx.Exec(ctx, st.release, released, token)
 		if err != nil {
 			return r.ob.wrap("relay: release unpublished rows", err)
 		}

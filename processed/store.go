@@ -124,9 +124,10 @@ type Store struct {
 	// pool is the handle Open made, which Close closes; nil for New.
 	pool *pgxpool.Pool
 	cfg  Config
-	// schema is the resolved schema; st the statements, built once the
-	// table's layout is known (see statements).
-	schema    atomic.Pointer[string]
+	// schema is Config.Schema or the search_path's, once resolved; st the
+	// statements, built once the table's layout is known (see
+	// statements).
+	schema    *pgmigrate.Schema
 	st        atomic.Pointer[statements]
 	resolveMu sync.Mutex
 	// tokens numbers the transactions BeginClaim begins, after
@@ -182,32 +183,14 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}
-	if cfg.Schema != "" {
-		s.schema.Store(&cfg.Schema)
-	}
-	return s, nil
+	return &Store{db: db, cfg: cfg, schema: pgmigrate.NewSchema(cfg.Schema), tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}, nil
 }
 
 // resolveSchema returns the schema: Config.Schema, or the database's
 // current_schema() (the first existing schema of the search_path), learned
 // once. A failed lookup is retried on the next call.
 func (s *Store) resolveSchema(ctx context.Context) (string, error) {
-	if p := s.schema.Load(); p != nil {
-		return *p, nil
-	}
-	var schema *string
-	if err := s.db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		return "", fmt.Errorf("processed: %s: read the schema from search_path: %w", s.cfg.Table, err)
-	}
-	if schema == nil {
-		return "", &consumer.ConfigError{Field: "Schema", Reason: "empty, and the connection's search_path names no existing schema: create one, fix search_path, or set Config.Schema"}
-	}
-	if err := validIdent("Schema", *schema); err != nil {
-		return "", fmt.Errorf("processed: the search_path's schema: %w", err)
-	}
-	s.schema.Store(schema)
-	return *schema, nil
+	return s.schema.Resolve(ctx, s.db, "processed", s.cfg.Table)
 }
 
 // statements returns the store's SQL, reading the table's layout once: a
@@ -339,23 +322,13 @@ RETURNING purge_before`
 
 // Schema returns the schema holding the table: Config.Schema, or the one the
 // search_path names once the store has asked the database ("" until then).
-func (s *Store) Schema() string {
-	if p := s.schema.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
+func (s *Store) Schema() string { return s.schema.Get() }
 
 // Table returns the table's name, without its schema.
 func (s *Store) Table() string { return s.cfg.Table }
 
 // String returns "schema.table", unquoted, for messages.
-func (s *Store) String() string {
-	if schema := s.Schema(); schema != "" {
-		return schema + "." + s.cfg.Table
-	}
-	return "(search_path)." + s.cfg.Table
-}
+func (s *Store) String() string { return s.schema.Qualified(s.cfg.Table) }
 
 // Pool returns the pool the store uses: the one Open made, or the one New
 // was given; nil if New was given a connection. Use it for the queries of
