@@ -82,9 +82,10 @@ import (
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-// DB is a database handle a Store can be made from with New: a
-// *pgxpool.Pool (what Open makes), or a *pgx.Conn for one goroutine at a
-// time.
+// DB is the database handle of idemq's three Postgres components: New
+// takes one, and so do outbox.New and httpidem.New. It is a *pgxpool.Pool
+// (what Open makes, and what you pass in most programs), or a *pgx.Conn,
+// which serves one goroutine at a time.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
