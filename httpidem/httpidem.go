@@ -89,7 +89,6 @@ func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
 type Middleware struct {
 	db      processed.DB
 	cfg     Config
-	log     *slog.Logger
 	methods map[string]bool
 	// table is the table, its schema resolved on first use, and the
 	// statements on it.
@@ -116,7 +115,6 @@ func New(db processed.DB, cfg Config) (*Middleware, error) {
 	indexes := map[string]string{"created_at_index": "_created_at"}
 	m := &Middleware{db: db, cfg: cfg, methods: map[string]bool{},
 		table: pgmigrate.NewTable("httpidem", cfg.Schema, cfg.Table, indexes, newStatements)}
-	m.log = cfg.Logger.With(slog.String("idempotency_table", m.String()))
 	for _, meth := range cfg.Methods {
 		m.methods[meth] = true
 	}
@@ -166,6 +164,12 @@ WHERE scope = $1 AND key = $2 AND lock_token = $3`
 	return m
 }
 
+// logger returns the middleware's logger, naming the table: with its schema
+// once the first claim has learned it from the search_path.
+func (m *Middleware) logger() *slog.Logger {
+	return m.cfg.Logger.With(slog.String("idempotency_table", m.String()))
+}
+
 // String returns "schema.table", unquoted, for messages.
 func (m *Middleware) String() string { return m.table.String() }
 
@@ -213,7 +217,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	c := &claim{scope: m.cfg.Scope(r), key: key, fp: fp}
 	res, err := m.claim(r.Context(), c, r.Method, r.URL.Path)
 	if err != nil {
-		m.log.Error("httpidem: claim failed", slog.String("key", key), slog.Any("error", err))
+		m.logger().Error("httpidem: claim failed", slog.String("key", key), slog.Any("error", err))
 		w.Header().Set("Retry-After", "1")
 		reject(w, http.StatusServiceUnavailable, "idempotency store unavailable")
 		return
@@ -369,7 +373,7 @@ func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, metho
 		if _, err := tx.Exec(ctx, st.takeover, c.scope, c.key, c.token, lease); err != nil {
 			return res, false, m.wrap("claim: take over", err)
 		}
-		m.log.Warn("httpidem: took over a stale claim", slog.String("key", c.key))
+		m.logger().Warn("httpidem: took over a stale claim", slog.String("key", c.key))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, m.wrap("claim: commit", err)
@@ -384,7 +388,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	ctx := r.Context()
 	tx, err := m.db.Begin(ctx)
 	if err != nil {
-		m.log.Error("httpidem: begin", slog.Any("error", err))
+		m.logger().Error("httpidem: begin", slog.Any("error", err))
 		m.release(ctx, c)
 		w.Header().Set("Retry-After", "1")
 		reject(w, http.StatusServiceUnavailable, "database unavailable")
@@ -402,7 +406,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			tag, err = tx.Exec(ctx, st.own, c.scope, c.key, c.token)
 		}
 		if err != nil {
-			m.log.Error("httpidem: lock claim", slog.Any("error", err))
+			m.logger().Error("httpidem: lock claim", slog.Any("error", err))
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			m.release(ctx, c)
 			w.Header().Set("Retry-After", "1")
@@ -455,7 +459,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		}
 		tag, err := tx.Exec(ctx, st.complete, c.scope, c.key, c.token, status, stored, body)
 		if err != nil || tag.RowsAffected() != 1 {
-			m.log.Error("httpidem: store response", slog.Any("error", err), slog.Int64("rows", tag.RowsAffected()))
+			m.logger().Error("httpidem: store response", slog.Any("error", err), slog.Int64("rows", tag.RowsAffected()))
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			m.release(ctx, c)
 			w.Header().Set("Retry-After", "1")
@@ -466,7 +470,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		// The commit may or may not have happened: keep the claim. If it
 		// did not, a retry takes it over after LockTimeout.
-		m.log.Error("httpidem: commit", slog.Any("error", err))
+		m.logger().Error("httpidem: commit", slog.Any("error", err))
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(m.cfg.LockTimeout/time.Second)), 10))
 		reject(w, http.StatusServiceUnavailable, "could not commit; retry with the same "+m.cfg.Header)
 		return
@@ -487,7 +491,7 @@ func (m *Middleware) release(ctx context.Context, c *claim) {
 		_, err = m.db.Exec(ctx, st.release, c.scope, c.key, c.token)
 	}
 	if err != nil {
-		m.log.Warn("httpidem: release claim failed; it expires after LockTimeout",
+		m.logger().Warn("httpidem: release claim failed; it expires after LockTimeout",
 			slog.String("key", c.key), slog.Any("error", err))
 	}
 }

@@ -287,7 +287,6 @@ func (b BackoffConfig) delay(attempts int) time.Duration {
 type Relay struct {
 	ob  *Outbox
 	cfg RelayConfig
-	log *slog.Logger
 
 	published []HookPublished
 	failed    []HookPublishFailed
@@ -316,7 +315,7 @@ func NewRelay(ob *Outbox, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{ob: ob, cfg: cfg, log: cfg.Logger.With(slog.String("outbox", ob.String())), owner: leaseOwner()}
+	r := &Relay{ob: ob, cfg: cfg, owner: leaseOwner()}
 	for _, h := range cfg.Hooks {
 		if v, ok := h.(HookPublished); ok {
 			r.published = append(r.published, v)
@@ -326,6 +325,12 @@ func NewRelay(ob *Outbox, cfg RelayConfig) (*Relay, error) {
 		}
 	}
 	return r, nil
+}
+
+// logger returns the relay's logger, naming the outbox: with its schema
+// once the first claim has learned it from the search_path.
+func (r *Relay) logger() *slog.Logger {
+	return r.cfg.Logger.With(slog.String("outbox", r.ob.String()))
 }
 
 // Stats returns a snapshot of the relay's counters.
@@ -375,7 +380,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err != nil:
 			r.stats.errors.Add(1)
 			wait = errBackoff.NextBackOff()
-			r.log.Warn("outbox: relay batch failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+			r.logger().Warn("outbox: relay batch failed", slog.Any("error", err), slog.Duration("retry_in", wait))
 		case n < r.cfg.BatchSize:
 			errBackoff.Reset()
 			wait = r.cfg.PollInterval
@@ -549,7 +554,7 @@ func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, dea
 			g[0].shared = true
 			break
 		}
-		r.log.Info("outbox: publish failed; publishing its messages one at a time",
+		r.logger().Info("outbox: publish failed; publishing its messages one at a time",
 			slog.String("destination", dest), slog.Int("messages", len(g)), slog.Any("error", err))
 		sent, failures := false, 0
 		for _, c := range g {
@@ -628,7 +633,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 		}
 	}
 	report := func(msgs []*consumer.Message, err error, retryIn time.Duration) {
-		r.log.Warn("outbox: publish failed",
+		r.logger().Warn("outbox: publish failed",
 			slog.String("destination", dest), slog.Int("messages", len(msgs)),
 			slog.Any("error", err), slog.Duration("retry_in", retryIn))
 		for _, h := range r.failed {
@@ -662,7 +667,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 func (r *Relay) hook(name string, call func()) {
 	defer func() {
 		if v := recover(); v != nil {
-			r.log.Error("outbox: hook panicked; ignored", slog.String("hook", name), slog.Any("panic", v))
+			r.logger().Error("outbox: hook panicked; ignored", slog.String("hook", name), slog.Any("panic", v))
 		}
 	}()
 	call()
@@ -731,11 +736,11 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 	r.stats.failed.Add(nFailed)
 	if fenced := int64(len(batch)) - nSent - nFailed - nReleased; fenced > 0 {
 		r.stats.fenced.Add(fenced)
-		r.log.Warn("outbox: lease lost before the outcomes were recorded; another relay claimed the rows since",
+		r.logger().Warn("outbox: lease lost before the outcomes were recorded; another relay claimed the rows since",
 			slog.Int64("rows", fenced), slog.Int("sent", len(sent)), slog.Int("failed", len(failed)))
 	}
 	if len(released) > 0 {
-		r.log.Warn("outbox: lease running out; rows released unpublished",
+		r.logger().Warn("outbox: lease running out; rows released unpublished",
 			slog.Int("rows", len(released)), slog.Duration("lease", r.cfg.Lease))
 	}
 	return nil
@@ -748,7 +753,7 @@ func (r *Relay) janitor(ctx context.Context) {
 		n, err := r.ob.Purge(ctx, r.cfg.Retention)
 		r.stats.purged.Add(n)
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("outbox: purge failed", slog.Any("error", err))
+			r.logger().Warn("outbox: purge failed", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():
