@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/processed"
 )
 
 // TestJanitorPurgesOnlyItsOwnConsumer: on a dedup table shared by two
@@ -18,7 +17,7 @@ import (
 func TestJanitorPurgesOnlyItsOwnConsumer(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
-	table := pgx.Identifier{b.schema, processed.DefaultTable}.Sanitize()
+	table := pgx.Identifier{b.schema, "processed_messages"}.Sanitize()
 	for _, name := range []string{"test-consumer", "other"} {
 		if _, err := b.pool.Exec(context.Background(), `INSERT INTO `+table+` (consumer, message_id, fingerprint, processed_at)
 VALUES ($1, 'old', sha256('x'), now() - interval '2 hours')`, name); err != nil {

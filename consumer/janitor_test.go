@@ -60,7 +60,7 @@ func TestDupAgeBounds(t *testing.T) {
 func TestJanitorHorizon(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
-	table := pgx.Identifier{b.schema, processed.DefaultTable}.Sanitize()
+	table := pgx.Identifier{b.schema, "processed_messages"}.Sanitize()
 	old := func(id string, age time.Duration) {
 		if _, err := b.pool.Exec(context.Background(), `INSERT INTO `+table+` (consumer, message_id, fingerprint, processed_at)
 VALUES ('test-consumer', $1, sha256('x'), now() - $2::bigint * interval '1 microsecond')`, id, age.Microseconds()); err != nil {

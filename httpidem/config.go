@@ -21,20 +21,19 @@ const (
 	Lax
 )
 
-// Defaults for Config.
+// The defaults of Config's fields, which their doc comments state.
 const (
-	DefaultSchema           = "public"
-	DefaultTable            = "idempotency_keys"
-	DefaultHeader           = "Idempotency-Key"
-	DefaultLockTimeout      = time.Minute
-	DefaultMaxBodyBytes     = 1 << 20
-	DefaultMaxResponseBytes = 1 << 20
-	DefaultPurgeBatchSize   = 1000
-	// MaxKeyLen is the longest idempotency key accepted, in bytes.
-	MaxKeyLen = 255
-	// MaxIdentifierLen is the longest Schema or Table accepted, in bytes.
-	MaxIdentifierLen = pgmigrate.MaxIdentifierLen
+	defaultTable            = "idempotency_keys"
+	defaultHeader           = "Idempotency-Key"
+	defaultLockTimeout      = time.Minute
+	defaultMaxBodyBytes     = 1 << 20
+	defaultMaxResponseBytes = 1 << 20
+	defaultPurgeBatchSize   = 1000
 )
+
+// MaxKeyLen is the longest idempotency key accepted, in bytes; a longer one
+// gets 400 Bad Request.
+const MaxKeyLen = 255
 
 // ReplayedHeader is set to "true" on a response replayed from the store.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -42,12 +41,12 @@ const ReplayedHeader = "Idempotent-Replayed"
 // Config configures a Middleware. The zero value of every optional field
 // selects a documented default.
 type Config struct {
-	// DB is the database: the claims table lives there, and the handler's
-	// transaction is begun on it. Required; typically a *pgxpool.Pool.
-	DB DB
 	// Schema holds the table, a plain identifier (letters, digits and
-	// underscores, not starting with a digit, at most MaxIdentifierLen
-	// bytes). Migrate creates it if it is missing. Defaults to "public".
+	// underscores, not starting with a digit, at most 48 bytes). Migrate
+	// creates it if it is missing. Defaults to the connection's
+	// current_schema(): the first schema of its search_path that exists,
+	// so a search_path set in the URL or on the role is honoured, learned
+	// on first use.
 	Schema string
 	// Table is the table's name, with the same rules as Schema;
 	// Table+"_migrations" tracks migrations. Defaults to
@@ -76,7 +75,7 @@ type Config struct {
 	// nested objects ("meta.request_time"). Defaults to none.
 	IgnoreFields []string
 	// Canonicalize, if set, replaces the default canonicalization of the
-	// body (see CanonicalJSON) before fingerprinting.
+	// body (see [CanonicalJSON]) before fingerprinting.
 	Canonicalize func(r *http.Request, body []byte) ([]byte, error)
 
 	// LockTimeout is how long a claim stays locked without its request
@@ -110,14 +109,11 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
 	if c.Table == "" {
-		c.Table = DefaultTable
+		c.Table = defaultTable
 	}
 	if c.Header == "" {
-		c.Header = DefaultHeader
+		c.Header = defaultHeader
 	}
 	if c.Scope == nil {
 		c.Scope = func(*http.Request) string { return "" }
@@ -126,7 +122,7 @@ func (c Config) withDefaults() Config {
 		c.Methods = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 	}
 	if c.LockTimeout == 0 {
-		c.LockTimeout = DefaultLockTimeout
+		c.LockTimeout = defaultLockTimeout
 	}
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = []string{"Content-Type", "Location"}
@@ -135,13 +131,13 @@ func (c Config) withDefaults() Config {
 		c.Cacheable = func(status int) bool { return status < 500 }
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
+		c.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
+		c.MaxResponseBytes = defaultMaxResponseBytes
 	}
 	if c.PurgeBatchSize == 0 {
-		c.PurgeBatchSize = DefaultPurgeBatchSize
+		c.PurgeBatchSize = defaultPurgeBatchSize
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -150,15 +146,15 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := pgmigrate.ValidIdent("Schema", c.Schema); err != nil {
-		return err
+	if c.Schema != "" {
+		if err := pgmigrate.ValidIdent("Schema", c.Schema); err != nil {
+			return err
+		}
 	}
 	if err := pgmigrate.ValidIdent("Table", c.Table); err != nil {
 		return err
 	}
 	switch {
-	case c.DB == nil:
-		return configError("DB", "required")
 	case c.Mode != Strict && c.Mode != Lax:
 		return configError("Mode", "%d is neither Strict nor Lax", c.Mode)
 	case c.LockTimeout < time.Millisecond:

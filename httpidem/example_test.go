@@ -30,7 +30,7 @@ func Example() {
 	_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_httpidem_example CASCADE`)
 	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_httpidem_example CASCADE`)
 
-	mw, err := httpidem.New(httpidem.Config{DB: pool, Schema: "idemq_httpidem_example"})
+	mw, err := httpidem.New(pool, httpidem.Config{Schema: "idemq_httpidem_example"})
 	if err != nil {
 		fmt.Println(err)
 		return

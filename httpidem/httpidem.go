@@ -30,7 +30,7 @@
 //
 // The request's fingerprint is the sha256 of its method, its path with its
 // sorted query, and its canonical body: JSON bodies are re-encoded with
-// sorted keys and without Config.IgnoreFields (see CanonicalJSON); other
+// sorted keys and without [Config.IgnoreFields] (see [CanonicalJSON]); other
 // bodies are used as they are.
 //
 // # The API contract, for clients
@@ -63,21 +63,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/pgpurge"
+	"github.com/idemq/idemq/processed"
 )
-
-// DB is what the middleware needs from a database handle. *pgxpool.Pool and
-// *pgx.Conn satisfy it (a *pgx.Conn only serves one request at a time).
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// ErrNotMigrated is wrapped by errors caused by the table (or its schema) not
-// existing: run Middleware.Migrate.
-var ErrNotMigrated = errors.New("httpidem: table does not exist (run migrations)")
 
 type ctxKey struct{}
 
@@ -93,69 +83,95 @@ func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
 
 // Middleware is the idempotency-key middleware. Create it with New, run
 // Migrate once, and wrap handlers with Wrap. It is safe for concurrent use.
+//
+// Errors caused by its table (or its schema) not existing wrap
+// [consumer.ErrNotMigrated]: run [Middleware.Migrate].
 type Middleware struct {
-	db      DB
+	db      processed.DB
 	cfg     Config
-	log     *slog.Logger
-	qTable  string
 	methods map[string]bool
-	sql     struct {
-		insert, lockSkip, peek, takeover, own, complete, release, purge string
-	}
+	// table is the table, its schema resolved on first use, and the
+	// statements on it.
+	table *pgmigrate.Table[statements]
 
 	// afterClaim, set by tests, runs after a claim commits; an error ends
 	// the request there, as a crash would.
 	afterClaim func() error
 }
 
-// New validates cfg and returns a Middleware. It does not touch the
-// database; call Migrate to create the table.
-func New(cfg Config) (*Middleware, error) {
+// New validates cfg and returns a Middleware over db, the database the
+// keys' table lives in and the handlers' transactions are begun on: a
+// *pgxpool.Pool (the caller keeps owning it), or a *pgx.Conn, which serves
+// one request at a time. It does not touch the database; call Migrate to
+// create the table.
+func New(db processed.DB, cfg Config) (*Middleware, error) {
+	if db == nil {
+		return nil, configError("db", "required")
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Middleware{
-		db: cfg.DB, cfg: cfg,
-		log:     cfg.Logger.With(slog.String("idempotency_table", cfg.Schema+"."+cfg.Table)),
-		qTable:  pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(),
-		methods: map[string]bool{},
-	}
+	indexes := map[string]string{"created_at_index": "_created_at"}
+	m := &Middleware{db: db, cfg: cfg, methods: map[string]bool{},
+		table: pgmigrate.NewTable("httpidem", cfg.Schema, cfg.Table, indexes, newStatements)}
 	for _, meth := range cfg.Methods {
 		m.methods[meth] = true
 	}
-	t := m.qTable
+	return m, nil
+}
+
+// statements are the middleware's SQL, for one resolved schema.
+type statements struct {
+	insert, lockSkip, peek, takeover, own, complete, release, purge string
+}
+
+// statements returns the middleware's SQL, resolving the schema the first
+// time.
+func (m *Middleware) statements(ctx context.Context) (*statements, error) {
+	return m.table.Statements(ctx, m.db)
+}
+
+// newStatements returns the SQL for the quoted, qualified table t.
+func newStatements(t string) *statements {
+	m := &statements{}
 	lease := `now() + $5::bigint * interval '1 microsecond'`
-	m.sql.insert = `INSERT INTO ` + t + ` (scope, key, fingerprint, method, path, state, lock_token, locked_until)
+	m.insert = `INSERT INTO ` + t + ` (scope, key, fingerprint, method, path, state, lock_token, locked_until)
 VALUES ($1, $2, $3, $6, $7, 'in_progress', $4, ` + lease + `)
 ON CONFLICT (scope, key) DO NOTHING`
 	// The time left on the lock, in microseconds (0 once completed).
 	remaining := `coalesce((extract(epoch FROM locked_until - now()) * 1000000)::bigint, 0)`
-	m.sql.lockSkip = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''),
+	m.lockSkip = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''),
 	coalesce(locked_until <= now(), false), ` + remaining + `
 FROM ` + t + ` WHERE scope = $1 AND key = $2 FOR UPDATE SKIP LOCKED`
-	m.sql.peek = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''), ` + remaining + `
+	m.peek = `SELECT fingerprint, state, coalesce(status, 0), coalesce(headers, '{}'), coalesce(body, ''), ` + remaining + `
 FROM ` + t + ` WHERE scope = $1 AND key = $2`
-	m.sql.takeover = `UPDATE ` + t + ` SET lock_token = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
+	m.takeover = `UPDATE ` + t + ` SET lock_token = $3, locked_until = now() + $4::bigint * interval '1 microsecond',
 	takeovers = takeovers + 1 WHERE scope = $1 AND key = $2`
 	// A row lock, not an update: a new row version would make concurrent
 	// claims (INSERT ... ON CONFLICT) wait for this transaction.
-	m.sql.own = `SELECT 1 FROM ` + t + `
+	m.own = `SELECT 1 FROM ` + t + `
 WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_progress' FOR UPDATE`
-	m.sql.complete = `UPDATE ` + t + ` SET state = 'completed', status = $4, headers = $5, body = $6,
+	m.complete = `UPDATE ` + t + ` SET state = 'completed', status = $4, headers = $5, body = $6,
 	completed_at = now(), lock_token = NULL, locked_until = NULL
 WHERE scope = $1 AND key = $2 AND lock_token = $3`
-	m.sql.release = `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_progress'`
-	m.sql.purge = `DELETE FROM ` + t + ` WHERE (scope, key) IN (
+	m.release = `DELETE FROM ` + t + ` WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_progress'`
+	m.purge = `DELETE FROM ` + t + ` WHERE (scope, key) IN (
 	SELECT scope, key FROM ` + t + `
 	WHERE created_at < $1 AND (state = 'completed' OR locked_until < now())
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
-	return m, nil
+	return m
+}
+
+// logger returns the middleware's logger, naming the table: with its schema
+// once the first claim has learned it from the search_path.
+func (m *Middleware) logger() *slog.Logger {
+	return m.cfg.Logger.With(slog.String("idempotency_table", m.String()))
 }
 
 // String returns "schema.table", unquoted, for messages.
-func (m *Middleware) String() string { return m.cfg.Schema + "." + m.cfg.Table }
+func (m *Middleware) String() string { return m.table.String() }
 
 // Wrap returns next wrapped by the middleware.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
@@ -201,7 +217,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	c := &claim{scope: m.cfg.Scope(r), key: key, fp: fp}
 	res, err := m.claim(r.Context(), c, r.Method, r.URL.Path)
 	if err != nil {
-		m.log.Error("httpidem: claim failed", slog.String("key", key), slog.Any("error", err))
+		m.logger().Error("httpidem: claim failed", slog.String("key", key), slog.Any("error", err))
 		w.Header().Set("Retry-After", "1")
 		reject(w, http.StatusServiceUnavailable, "idempotency store unavailable")
 		return
@@ -294,12 +310,16 @@ func (m *Middleware) claim(ctx context.Context, c *claim, method, path string) (
 }
 
 func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, method, path string) (res claimResult, retry bool, err error) {
+	st, err := m.statements(ctx)
+	if err != nil {
+		return res, false, fmt.Errorf("httpidem: claim: %w", err)
+	}
 	tx, err := m.db.Begin(ctx)
 	if err != nil {
 		return res, false, m.wrap("claim: begin", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	tag, err := tx.Exec(ctx, m.sql.insert, c.scope, c.key, c.fp[:], c.token, lease, method, path)
+	tag, err := tx.Exec(ctx, st.insert, c.scope, c.key, c.fp[:], c.token, lease, method, path)
 	if err != nil {
 		return res, false, m.wrap("claim: insert", err)
 	}
@@ -311,12 +331,12 @@ func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, metho
 			stale   bool
 		)
 		var remainingUs int64
-		err = tx.QueryRow(ctx, m.sql.lockSkip, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &stale, &remainingUs)
+		err = tx.QueryRow(ctx, st.lockSkip, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &stale, &remainingUs)
 		res.remaining = time.Duration(remainingUs) * time.Microsecond
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Locked by a request that is running its handler, or gone.
-			err = tx.QueryRow(ctx, m.sql.peek, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &remainingUs)
+			err = tx.QueryRow(ctx, st.peek, c.scope, c.key).Scan(&fp, &state, &res.status, &headers, &res.body, &remainingUs)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return res, true, nil
 			}
@@ -350,10 +370,10 @@ func (m *Middleware) claimOnce(ctx context.Context, c *claim, lease int64, metho
 			return res, false, nil
 		}
 		// A stale claim with our fingerprint: its request died.
-		if _, err := tx.Exec(ctx, m.sql.takeover, c.scope, c.key, c.token, lease); err != nil {
+		if _, err := tx.Exec(ctx, st.takeover, c.scope, c.key, c.token, lease); err != nil {
 			return res, false, m.wrap("claim: take over", err)
 		}
-		m.log.Warn("httpidem: took over a stale claim", slog.String("key", c.key))
+		m.logger().Warn("httpidem: took over a stale claim", slog.String("key", c.key))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, m.wrap("claim: commit", err)
@@ -368,20 +388,25 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	ctx := r.Context()
 	tx, err := m.db.Begin(ctx)
 	if err != nil {
-		m.log.Error("httpidem: begin", slog.Any("error", err))
+		m.logger().Error("httpidem: begin", slog.Any("error", err))
 		m.release(ctx, c)
 		w.Header().Set("Retry-After", "1")
 		reject(w, http.StatusServiceUnavailable, "database unavailable")
 		return
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var st *statements
 	if c != nil {
 		// Lock the claim for the handler's whole run, so that it is never
 		// taken over while the request lives, and check that it is still
-		// ours.
-		tag, err := tx.Exec(ctx, m.sql.own, c.scope, c.key, c.token)
+		// ours. (The claim resolved the schema: st is at hand.)
+		st, err = m.statements(ctx)
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = tx.Exec(ctx, st.own, c.scope, c.key, c.token)
+		}
 		if err != nil {
-			m.log.Error("httpidem: lock claim", slog.Any("error", err))
+			m.logger().Error("httpidem: lock claim", slog.Any("error", err))
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			m.release(ctx, c)
 			w.Header().Set("Retry-After", "1")
@@ -432,9 +457,9 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		if body == nil {
 			body = []byte{}
 		}
-		tag, err := tx.Exec(ctx, m.sql.complete, c.scope, c.key, c.token, status, stored, body)
+		tag, err := tx.Exec(ctx, st.complete, c.scope, c.key, c.token, status, stored, body)
 		if err != nil || tag.RowsAffected() != 1 {
-			m.log.Error("httpidem: store response", slog.Any("error", err), slog.Int64("rows", tag.RowsAffected()))
+			m.logger().Error("httpidem: store response", slog.Any("error", err), slog.Int64("rows", tag.RowsAffected()))
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			m.release(ctx, c)
 			w.Header().Set("Retry-After", "1")
@@ -445,7 +470,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		// The commit may or may not have happened: keep the claim. If it
 		// did not, a retry takes it over after LockTimeout.
-		m.log.Error("httpidem: commit", slog.Any("error", err))
+		m.logger().Error("httpidem: commit", slog.Any("error", err))
 		w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(m.cfg.LockTimeout/time.Second)), 10))
 		reject(w, http.StatusServiceUnavailable, "could not commit; retry with the same "+m.cfg.Header)
 		return
@@ -461,8 +486,12 @@ func (m *Middleware) release(ctx context.Context, c *claim) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := m.db.Exec(ctx, m.sql.release, c.scope, c.key, c.token); err != nil {
-		m.log.Warn("httpidem: release claim failed; it expires after LockTimeout",
+	st, err := m.statements(ctx)
+	if err == nil {
+		_, err = m.db.Exec(ctx, st.release, c.scope, c.key, c.token)
+	}
+	if err != nil {
+		m.logger().Warn("httpidem: release claim failed; it expires after LockTimeout",
 			slog.String("key", c.key), slog.Any("error", err))
 	}
 }
@@ -473,7 +502,11 @@ func (m *Middleware) release(ctx context.Context, c *claim) {
 // it is treated as new: choose olderThan longer than clients may retry (24h
 // is common). It deletes in batches of Config.PurgeBatchSize rows.
 func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, m.db, m.sql.purge, olderThan, m.cfg.PurgeBatchSize, pgpurge.Pace{})
+	st, err := m.statements(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("httpidem: purge: %w", err)
+	}
+	n, step, err := pgpurge.Run(ctx, m.db, st.purge, olderThan, m.cfg.PurgeBatchSize, pgpurge.Pace{})
 	if err != nil {
 		return n, m.wrap(string(step), err)
 	}
@@ -482,7 +515,7 @@ func (m *Middleware) Purge(ctx context.Context, olderThan time.Duration) (int64,
 
 func (m *Middleware) wrap(op string, err error) error {
 	if pgmigrate.IsUndefined(err) {
-		return fmt.Errorf("httpidem: %s on %s: %w: %w", op, m, ErrNotMigrated, err)
+		return fmt.Errorf("httpidem: %s on %s: %w: %w", op, m, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("httpidem: %s on %s: %w", op, m, err)
 }

@@ -51,9 +51,8 @@ func newApp(t *testing.T, cfg httpidem.Config) *app {
 	if _, err := a.pool.Exec(ctx, "CREATE TABLE "+a.payments+" (id bigint GENERATED ALWAYS AS IDENTITY, account text, amount bigint)"); err != nil {
 		t.Fatal(err)
 	}
-	cfg.DB = a.pool
 	cfg.Schema = a.schema
-	mw, err := httpidem.New(cfg)
+	mw, err := httpidem.New(a.pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,16 +513,19 @@ func TestPurgeAndConfig(t *testing.T) {
 	if _, err := a.mw.Purge(ctx, 0); err == nil {
 		t.Error("Purge(0): want error")
 	}
-	for _, cfg := range []httpidem.Config{{}, {DB: a.pool, Table: "x-y"}, {DB: a.pool, LockTimeout: -1}, {DB: a.pool, Mode: 7}} {
-		if _, err := httpidem.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+	if _, err := httpidem.New(nil, httpidem.Config{}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("New(nil) = %v", err)
+	}
+	for _, cfg := range []httpidem.Config{{Table: "x-y"}, {LockTimeout: -1}, {Mode: 7}} {
+		if _, err := httpidem.New(a.pool, cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v", cfg, err)
 		}
 	}
-	m, err := httpidem.New(httpidem.Config{DB: a.pool, Schema: a.schema, Table: "not_migrated"})
+	m, err := httpidem.New(a.pool, httpidem.Config{Schema: a.schema, Table: "not_migrated"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Purge(ctx, time.Hour); !errors.Is(err, httpidem.ErrNotMigrated) {
+	if _, err := m.Purge(ctx, time.Hour); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("Purge before Migrate: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"embed"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/processed"
 )
 
 //go:embed migrations/*.sql
@@ -12,30 +13,34 @@ var migrationFS embed.FS
 
 var migrations = pgmigrate.Load("httpidem", migrationFS, "migrations")
 
-// Migration is one embedded schema migration.
-type Migration = pgmigrate.Migration
-
-// Migrations returns the embedded migrations, oldest first.
-func Migrations() []Migration { return migrations.Migrations() }
-
-// LatestVersion is the version Migrate brings the table to.
-func LatestVersion() int { return migrations.Latest() }
-
-func (m *Middleware) target() pgmigrate.Target {
-	return pgmigrate.Target{Schema: m.cfg.Schema, Table: m.cfg.Table, Indexes: map[string]string{"created_at_index": "_created_at"}}
-}
+// Migrations returns the embedded migrations, oldest first; the last one's
+// Version is the version [Middleware.Migrate] brings the table to. Migrate
+// applies them, so most programs never call this: it is for reviewing the
+// schema changes, or for applying them with a migration tool of your own,
+// replacing the {{...}} placeholders in their SQL with quoted identifiers
+// as Migrate does ({{table}} is the schema-qualified table, the others
+// name Table plus a suffix).
+func Migrations() []processed.Migration { return migrations.Migrations() }
 
 // Migrate creates the schema if it is missing, then applies the pending
 // migrations and records them in the table Config.Table+"_migrations", all in
 // one transaction under an advisory lock keyed on the schema and table. It is
 // idempotent and safe to run from several processes at once.
 func (m *Middleware) Migrate(ctx context.Context) error {
-	_, err := migrations.Migrate(ctx, m.db, m.target())
+	t, err := m.table.Target(ctx, m.db)
+	if err != nil {
+		return err
+	}
+	_, err = migrations.Migrate(ctx, m.db, t)
 	return err
 }
 
 // Version returns the highest applied migration version, or 0 if Migrate
 // has never run.
 func (m *Middleware) Version(ctx context.Context) (int, error) {
-	return migrations.Version(ctx, m.db, m.target())
+	t, err := m.table.Target(ctx, m.db)
+	if err != nil {
+		return 0, err
+	}
+	return migrations.Version(ctx, m.db, t)
 }

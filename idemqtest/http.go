@@ -54,7 +54,7 @@ type HTTPSuite struct {
 	// compared, as in Suite. Defaults to none.
 	Ignore []string
 	// KeyHeader is the idempotency key header. Defaults to
-	// httpidem.DefaultHeader (Idempotency-Key).
+	// "Idempotency-Key", as httpidem.Config.Header does.
 	KeyHeader string
 	// Mutate returns a different request body for the same operation's
 	// key, for the mutated-body case. Defaults to adding the field
@@ -71,7 +71,7 @@ type HTTPSuite struct {
 
 func (s HTTPSuite) withDefaults() HTTPSuite {
 	if s.KeyHeader == "" {
-		s.KeyHeader = httpidem.DefaultHeader
+		s.KeyHeader = "Idempotency-Key"
 	}
 	if s.Mutate == nil {
 		s.Mutate = mutateBody

@@ -10,11 +10,11 @@ import (
 )
 
 // creditAPI is POST /credit {"account", "amount"} behind httpidem, with
-// the middleware configured by cfg (DB and Schema are filled in).
+// the middleware configured by cfg (Schema is filled in).
 func creditAPI(cfg httpidem.Config) func(ctx context.Context, env *Env) (http.Handler, *httpidem.Middleware, error) {
 	return func(ctx context.Context, env *Env) (http.Handler, *httpidem.Middleware, error) {
-		cfg.DB, cfg.Schema = env.Pool, env.Schema
-		mw, err := httpidem.New(cfg)
+		cfg.Schema = env.Schema
+		mw, err := httpidem.New(env.Pool, cfg)
 		if err != nil {
 			return nil, nil, err
 		}

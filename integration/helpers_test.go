@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -78,8 +79,8 @@ func newDB(t testing.TB) *db {
 	ctx := testCtx(t, 60*time.Second)
 	pool := newPool(t, url, 16)
 	schema := uniqueName(t, "idemq")
-	if len(schema) > processed.MaxIdentifierLen {
-		schema = schema[:processed.MaxIdentifierLen]
+	if len(schema) > pgmigrate.MaxIdentifierLen {
+		schema = schema[:pgmigrate.MaxIdentifierLen]
 	}
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatalf("create schema: %v", err)

@@ -7,24 +7,25 @@ import (
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-// Defaults for Config.
+// The defaults of Config's fields, which their doc comments state.
 const (
-	DefaultSchema         = "public"
-	DefaultTable          = "outbox"
-	DefaultPurgeBatchSize = 1000
+	defaultTable          = "outbox"
+	defaultPurgeBatchSize = 1000
 )
 
-// MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
-// leaves room for the suffixes appended to Table (such as "_migrations")
-// within Postgres's 63-byte identifier limit.
-const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
-
-// Config names the outbox table. The zero value selects public.outbox.
+// Config names the outbox table. The zero value selects the table outbox
+// in the connection's current schema (usually public), as processed.Config
+// and httpidem.Config do theirs.
 type Config struct {
 	// Schema holds the table. Migrate creates it if it is missing. It
 	// must be a plain identifier (letters, digits and underscores, not
-	// starting with a digit, at most MaxIdentifierLen bytes); it is always
-	// quoted, so it is case-sensitive. Defaults to "public".
+	// starting with a digit, at most 48 bytes); it is always quoted, so
+	// it is case-sensitive. Defaults to the connection's current_schema():
+	// the first schema of its search_path that exists, so a search_path
+	// set in the URL or on the role is honoured. It is learned on first
+	// use, from the outbox's handle (from the caller's transaction, for
+	// Enqueue); give the same search_path to every handle that uses the
+	// table, or set Schema.
 	Schema string
 	// Table is the outbox table's name, with the same rules as Schema.
 	// Table+"_migrations" tracks applied migrations. Defaults to "outbox".
@@ -35,21 +36,20 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
 	if c.Table == "" {
-		c.Table = DefaultTable
+		c.Table = defaultTable
 	}
 	if c.PurgeBatchSize == 0 {
-		c.PurgeBatchSize = DefaultPurgeBatchSize
+		c.PurgeBatchSize = defaultPurgeBatchSize
 	}
 	return c
 }
 
 func (c Config) validate() error {
-	if err := validIdent("Schema", c.Schema); err != nil {
-		return err
+	if c.Schema != "" {
+		if err := validIdent("Schema", c.Schema); err != nil {
+			return err
+		}
 	}
 	if err := validIdent("Table", c.Table); err != nil {
 		return err

@@ -8,21 +8,22 @@ import (
 	"os"
 )
 
-// IndexedError is implemented by errors that say which message of a Publish
-// call failed. A PublishFunc returns one per failed message, alone, wrapped
-// or joined with errors.Join, and thereby promises that the broker
-// confirmed every message of the call it does not name: the relay marks
-// those sent and retries only the named ones, each with its own backoff and
-// its own error. *MessageError implements it; a broker adapter's error type
-// may too, without importing this package.
-type IndexedError interface {
+// indexedError is an error that says which message of a Publish call
+// failed: a *MessageError, or a broker adapter's error of its own.
+type indexedError interface {
 	error
-	// MessageIndex is the failed message's position in the Publish
-	// call's msgs.
 	MessageIndex() int
 }
 
-// MessageError is an IndexedError: the message at Index failed with Err.
+// MessageError says which message of a Publish call failed: the message at
+// Index, with Err. A [PublishFunc] returns one per failed message, alone,
+// wrapped or joined with errors.Join, and thereby promises that the broker
+// confirmed every message of the call it does not name: the relay marks
+// those sent and retries only the named ones, each with its own backoff and
+// its own error. Any error with a method MessageIndex() int (the failed
+// message's position in the call's msgs) counts as a MessageError does, so
+// a broker adapter's error type can say the same without importing this
+// package; the idemq brokers' do.
 type MessageError struct {
 	// Index is the message's position in the Publish call's msgs.
 	Index int
@@ -42,7 +43,7 @@ func (e *MessageError) Unwrap() error { return e.Err }
 func (e *MessageError) MessageIndex() int { return e.Index }
 
 // messageErrors returns the error of each failed message of a Publish call
-// of n messages, by index, if err consists only of IndexedError values with
+// of n messages, by index, if err consists only of indexedError values with
 // indexes below n (joined, wrapped or alone). Otherwise ok is false: err
 // does not say which messages failed.
 func messageErrors(err error, n int) (failed map[int]error, ok bool) {
@@ -52,7 +53,7 @@ func messageErrors(err error, n int) (failed map[int]error, ok bool) {
 		switch x := err.(type) {
 		case nil:
 			return false
-		case IndexedError:
+		case indexedError:
 			i := x.MessageIndex()
 			if i < 0 || i >= n {
 				return false

@@ -16,7 +16,7 @@
 // Delivery is at least once. A relay claims a batch of due rows in a short
 // transaction: with SELECT ... FOR UPDATE SKIP LOCKED it picks them, writes
 // a fresh lease token on them and pushes their next_attempt_at to the end
-// of its lease (RelayConfig.Lease), and commits. It then publishes them with
+// of its lease ([RelayConfig.Lease]), and commits. It then publishes them with
 // no transaction open, so no row lock or idle transaction is held across a
 // network call, and records each row's outcome in a second short
 // transaction whose updates check the lease token (a fencing token): a
@@ -33,7 +33,7 @@
 //
 // Each row has its own outcome. The messages of a batch are published in
 // one Publish call per destination; if the call fails, the messages the
-// PublishFunc names with an IndexedError fail and the others are marked sent,
+// PublishFunc names with a [MessageError] fail and the others are marked sent,
 // and if it names none, each message is published again on its own (unless
 // the first two of those calls fail too: the broker is down, and the group
 // fails). So a poison message fails alone, and the broker's confirmed messages are never
@@ -41,15 +41,16 @@
 // one-at-a-time pass, when the PublishFunc cannot say which failed). A
 // failed publish is recorded on the row (attempts, last_error) and retried
 // after its own exponential backoff; rows keep being retried, at most every
-// BackoffConfig.MaxInterval, until they are sent. Order is not guaranteed: a
+// [BackoffConfig.MaxInterval], until they are sent. Order is not guaranteed: a
 // failed message is overtaken by later ones, and relays run concurrently.
 //
 // # Retention and metrics
 //
 // Sent rows stay in the table until [Outbox.Purge] (or a relay with
-// RelayConfig.Retention) deletes them. [Outbox.Stats] reads the pending and
-// failing counts, for a gauge; [Relay.Stats] and the Hook* interfaces count
-// what a relay published and what failed.
+// [RelayConfig.Retention]) deletes them. [Outbox.Stats] reads the pending and
+// failing counts, for a gauge; [Relay.Stats] and the hooks ([Hook],
+// [HookPublished], [HookPublishFailed]) count what a relay published and
+// what failed.
 package outbox
 
 import (
@@ -60,36 +61,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/idemq/idemq/internal/pgpurge"
+	"github.com/idemq/idemq/processed"
 )
 
-// DB is what an Outbox needs from a database handle. *pgxpool.Pool and
-// *pgx.Conn satisfy it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Sentinel errors. Compare with errors.Is.
-var (
-	// ErrConflict: a message with the same destination and id is already in
-	// the outbox with a different key or body. Enqueueing the same message
-	// twice is not an error.
-	ErrConflict = errors.New("outbox: message id already enqueued with a different payload")
-	// ErrNotMigrated is wrapped by errors caused by the outbox table (or its
-	// schema) not existing: run Outbox.Migrate.
-	ErrNotMigrated = errors.New("outbox: table does not exist (run migrations)")
-)
+// ErrConflict is wrapped by the error of [Outbox.Enqueue] when a message
+// with the same destination and id is already in the outbox with a
+// different key or body. Enqueueing the same message twice is not an
+// error. Compare with errors.Is.
+//
+// Errors caused by the outbox table (or its schema) not existing wrap
+// [consumer.ErrNotMigrated]: run [Outbox.Migrate].
+var ErrConflict = errors.New("outbox: message id already enqueued with a different payload")
 
 // Message is one outgoing message.
 type Message struct {
 	// Destination is the queue or topic the relay publishes to; it is
-	// passed to RelayConfig.Publish. Required.
+	// passed to [RelayConfig.Publish]. Required.
 	Destination string
 	// ID is the message id consumers deduplicate on. Required. Derive it
 	// with keys.ChildKey from the id of the operation that produces the
@@ -107,40 +98,47 @@ type Message struct {
 // Outbox is an outbox table. It is safe for concurrent use; create it with
 // New.
 type Outbox struct {
-	db     DB
-	cfg    Config
-	qTable string
-	sql    struct {
-		insert, existing, purge, stats, claim, sent, failed, release string
-	}
+	db  processed.DB
+	cfg Config
+	// table is the table, its schema resolved on first use, and the
+	// statements on it.
+	table *pgmigrate.Table[statements]
 }
 
-// New returns the outbox in the table cfg names. It does not touch the
-// database; call Migrate to create the table.
-func New(db DB, cfg Config) (*Outbox, error) {
+// statements are the outbox's SQL, for one resolved schema.
+type statements struct {
+	insert, existing, purge, stats, claim, sent, failed, release string
+}
+
+// New returns the outbox in the table cfg names, over db: a *pgxpool.Pool
+// (the caller keeps owning it), or a *pgx.Conn, which serves one goroutine
+// at a time. It does not touch the database; call Migrate to create the
+// table.
+func New(db processed.DB, cfg Config) (*Outbox, error) {
 	if db == nil {
 		return nil, &consumer.ConfigError{Field: "db", Reason: "required"}
 	}
-	return newOutbox(db, cfg)
-}
-
-func newOutbox(db DB, cfg Config) (*Outbox, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	o := &Outbox{db: db, cfg: cfg, qTable: pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()}
-	t := o.qTable
-	o.sql.insert = `INSERT INTO ` + t + ` (destination, message_id, key, headers, body)
+	indexes := map[string]string{"id_index": "_id", "pending_index": "_pending", "sent_index": "_sent"}
+	return &Outbox{db: db, cfg: cfg, table: pgmigrate.NewTable("outbox", cfg.Schema, cfg.Table, indexes, newStatements)}, nil
+}
+
+// newStatements returns the SQL for the quoted, qualified table t.
+func newStatements(t string) *statements {
+	o := &statements{}
+	o.insert = `INSERT INTO ` + t + ` (destination, message_id, key, headers, body)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (destination, message_id) DO NOTHING`
-	o.sql.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
-	o.sql.purge = `DELETE FROM ` + t + ` WHERE seq IN (
+	o.existing = `SELECT key, body FROM ` + t + ` WHERE destination = $1 AND message_id = $2`
+	o.purge = `DELETE FROM ` + t + ` WHERE seq IN (
 	SELECT seq FROM ` + t + `
 	WHERE sent_at < $1
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED)`
-	o.sql.stats = `SELECT
+	o.stats = `SELECT
 	count(*) FILTER (WHERE sent_at IS NULL),
 	count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0),
 	min(created_at) FILTER (WHERE sent_at IS NULL),
@@ -151,7 +149,7 @@ FROM ` + t
 	// the due rows to the caller's token until clock_timestamp() + $4
 	// microseconds and returns them, with the time they were due, for
 	// ordering.
-	o.sql.claim = `UPDATE ` + t + ` AS o
+	o.claim = `UPDATE ` + t + ` AS o
 SET lease_token = $2::uuid, lease_owner = $3,
     next_attempt_at = clock_timestamp() + $4 * interval '1 microsecond'
 FROM (
@@ -164,38 +162,31 @@ WHERE o.seq = due.seq
 RETURNING o.seq, o.destination, o.message_id, o.key, o.headers, o.body, o.created_at, o.attempts, due.due_at`
 	// The outcomes apply only to rows still leased to the caller's token
 	// ($2): the fencing check.
-	o.sql.sent = `UPDATE ` + t + `
+	o.sent = `UPDATE ` + t + `
 SET sent_at = clock_timestamp(), attempts = attempts + 1, lease_token = NULL, lease_owner = NULL
 WHERE seq = ANY($1) AND lease_token = $2::uuid`
-	o.sql.failed = `UPDATE ` + t + ` AS o
+	o.failed = `UPDATE ` + t + ` AS o
 SET attempts = o.attempts + 1, last_error = d.error,
     next_attempt_at = clock_timestamp() + d.delay * interval '1 microsecond',
     lease_token = NULL, lease_owner = NULL
 FROM unnest($1::bigint[], $3::bigint[], $4::text[]) AS d(seq, delay, error)
 WHERE o.seq = d.seq AND o.lease_token = $2::uuid`
-	o.sql.release = `UPDATE ` + t + `
+	o.release = `UPDATE ` + t + `
 SET next_attempt_at = clock_timestamp(), lease_token = NULL, lease_owner = NULL
 WHERE seq = ANY($1) AND lease_token = $2::uuid`
-	return o, nil
+	return o
 }
 
-// defaultOutbox is public.outbox, used by the package-level Enqueue.
-var defaultOutbox, _ = newOutbox(nil, Config{})
-
-// Schema returns the schema holding the table.
-func (o *Outbox) Schema() string { return o.cfg.Schema }
+// Schema returns the schema holding the table: Config.Schema, or the one
+// the search_path names once the outbox has asked the database ("" until
+// then).
+func (o *Outbox) Schema() string { return o.table.Schema() }
 
 // Table returns the table's name, without its schema.
 func (o *Outbox) Table() string { return o.cfg.Table }
 
 // String returns "schema.table", unquoted, for messages.
-func (o *Outbox) String() string { return o.cfg.Schema + "." + o.cfg.Table }
-
-// Enqueue writes msg to the default outbox table, public.outbox, in tx. See
-// Outbox.Enqueue.
-func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
-	return defaultOutbox.Enqueue(ctx, tx, msg)
-}
+func (o *Outbox) String() string { return o.table.String() }
 
 // Enqueue writes msg to the outbox in tx, the caller's transaction: the
 // message is relayed only if tx commits, and is lost with everything else in
@@ -203,7 +194,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 //
 // Enqueueing a message whose destination and id are already in the outbox
 // (even sent, until it is purged) does nothing if its key and body are the
-// same, and returns an error wrapping ErrConflict if they differ.
+// same, and returns an error wrapping [ErrConflict] if they differ.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	switch {
 	case tx == nil:
@@ -221,7 +212,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	if body == nil {
 		body = []byte{}
 	}
-	tag, err := tx.Exec(ctx, o.sql.insert, msg.Destination, msg.ID, msg.Key, headers, body)
+	st, err := o.table.Statements(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	tag, err := tx.Exec(ctx, st.insert, msg.Destination, msg.ID, msg.Key, headers, body)
 	if err != nil {
 		return o.wrap("enqueue", err)
 	}
@@ -232,7 +227,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 		key  string
 		prev []byte
 	)
-	if err := tx.QueryRow(ctx, o.sql.existing, msg.Destination, msg.ID).Scan(&key, &prev); err != nil {
+	if err := tx.QueryRow(ctx, st.existing, msg.Destination, msg.ID).Scan(&key, &prev); err != nil {
 		return o.wrap("enqueue: read existing", err)
 	}
 	if key != msg.Key || !bytes.Equal(prev, body) {
@@ -250,7 +245,11 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 // new message: keep sent rows at least as long as the operations that
 // produce them may be retried.
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration) (int64, error) {
-	n, step, err := pgpurge.Run(ctx, o.db, o.sql.purge, olderThan, o.cfg.PurgeBatchSize, pgpurge.Pace{})
+	st, err := o.table.Statements(ctx, o.db)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	n, step, err := pgpurge.Run(ctx, o.db, st.purge, olderThan, o.cfg.PurgeBatchSize, pgpurge.Pace{})
 	if err != nil {
 		return n, o.wrap(string(step), err)
 	}
@@ -280,7 +279,11 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 		s      Stats
 		oldest *time.Time
 	)
-	if err := o.db.QueryRow(ctx, o.sql.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent, &s.Leased); err != nil {
+	st, err := o.table.Statements(ctx, o.db)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if err := o.db.QueryRow(ctx, st.stats).Scan(&s.Pending, &s.Failing, &oldest, &s.Sent, &s.Leased); err != nil {
 		return Stats{}, o.wrap("stats", err)
 	}
 	if oldest != nil {
@@ -290,10 +293,10 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 }
 
 // wrap adds context to a database error and translates a missing table or
-// schema into ErrNotMigrated.
+// schema into consumer.ErrNotMigrated.
 func (o *Outbox) wrap(op string, err error) error {
 	if pgmigrate.IsUndefined(err) {
-		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, ErrNotMigrated, err)
+		return fmt.Errorf("outbox: %s on %s: %w: %w", op, o, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("outbox: %s on %s: %w", op, o, err)
 }

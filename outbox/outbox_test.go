@@ -21,6 +21,9 @@ import (
 	"github.com/idemq/idemq/processed"
 )
 
+// maxLease is the longest RelayConfig.Lease accepted.
+const maxLease = 7 * 24 * time.Hour
+
 func TestEnqueueCommitsAndRollsBackWithTheBusinessChange(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -118,7 +121,7 @@ func TestConfigAndMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ob.Stats(ctx); !errors.Is(err, outbox.ErrNotMigrated) {
+	if _, err := ob.Stats(ctx); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("Stats before Migrate = %v, want ErrNotMigrated", err)
 	}
 	var wg sync.WaitGroup
@@ -136,7 +139,7 @@ func TestConfigAndMigrations(t *testing.T) {
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := ob.Version(ctx); err != nil || v != outbox.LatestVersion() || v != len(outbox.Migrations()) {
+	if v, err := ob.Version(ctx); err != nil || v != len(outbox.Migrations()) {
 		t.Fatalf("Version = %d, %v", v, err)
 	}
 	if _, err := outbox.NewRelay(ob, outbox.RelayConfig{}); !errors.Is(err, consumer.ErrInvalidConfig) {
@@ -147,12 +150,12 @@ func TestConfigAndMigrations(t *testing.T) {
 		{Publish: pub, BatchSize: -1},
 		{Publish: pub, Backoff: outbox.BackoffConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}},
 		{Publish: pub, Backoff: outbox.BackoffConfig{Multiplier: 0.5}},
-		{Publish: pub, Hooks: []outbox.Hook{42}},
+		{Publish: pub, Hooks: []outbox.Hook{outbox.HookDefaults{}}}, // no event
 		{Publish: pub, Lease: -time.Second},
 		{Publish: pub, Lease: 10 * time.Second}, // not more than the default PublishTimeout, 30s
 		{Publish: pub, PublishTimeout: time.Second, Lease: time.Second},
-		{Publish: pub, Lease: outbox.MaxLease + time.Second},
-		{Publish: pub, PublishTimeout: 8 * 24 * time.Hour}, // the default Lease is capped at MaxLease
+		{Publish: pub, Lease: maxLease + time.Second},
+		{Publish: pub, PublishTimeout: 8 * 24 * time.Hour}, // the default Lease is capped at 7 days
 	} {
 		if _, err := outbox.NewRelay(ob, rc); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("NewRelay(%+v) = %v, want ErrInvalidConfig", rc, err)
@@ -164,7 +167,7 @@ func TestConfigAndMigrations(t *testing.T) {
 	}{
 		{outbox.RelayConfig{Publish: pub}, 90 * time.Second},
 		{outbox.RelayConfig{Publish: pub, PublishTimeout: 10 * time.Second}, 30 * time.Second},
-		{outbox.RelayConfig{Publish: pub, PublishTimeout: 3 * 24 * time.Hour}, outbox.MaxLease},
+		{outbox.RelayConfig{Publish: pub, PublishTimeout: 3 * 24 * time.Hour}, maxLease},
 		{outbox.RelayConfig{Publish: pub, PublishTimeout: time.Second, Lease: 1500 * time.Millisecond}, 1500 * time.Millisecond},
 	} {
 		r, err := outbox.NewRelay(ob, c.cfg)
@@ -499,6 +502,7 @@ func TestConcurrentRelaysNeverDoubleSend(t *testing.T) {
 }
 
 type failHook struct {
+	outbox.HookDefaults
 	mu      sync.Mutex
 	retryIn []time.Duration
 	ok      int
@@ -694,8 +698,8 @@ UPDATE `+f.table()+` SET sent_at = now(), attempts = 1 WHERE message_id = 'e2'`)
 	if err := f.ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := f.ob.Version(ctx); err != nil || v != outbox.LatestVersion() {
-		t.Fatalf("Version after Migrate = %d, %v; want %d", v, err, outbox.LatestVersion())
+	if v, err := f.ob.Version(ctx); err != nil || v != len(outbox.Migrations()) {
+		t.Fatalf("Version after Migrate = %d, %v; want %d", v, err, len(outbox.Migrations()))
 	}
 	if n, err := relay.RelayOnce(ctx); err != nil || n != 2 {
 		t.Fatalf("RelayOnce after Migrate = %d, %v; want the 2 pending rows", n, err)
@@ -716,12 +720,13 @@ UPDATE `+f.table()+` SET sent_at = now(), attempts = 1 WHERE message_id = 'e2'`)
 	if err := f.ob.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate over existing lease columns: %v", err)
 	}
-	if v, err := f.ob.Version(ctx); err != nil || v != outbox.LatestVersion() {
+	if v, err := f.ob.Version(ctx); err != nil || v != len(outbox.Migrations()) {
 		t.Fatalf("Version = %d, %v", v, err)
 	}
 }
 
-// indexed is a broker adapter's own IndexedError.
+// indexed is a broker adapter's own error naming a failed message, with
+// MessageIndex as outbox.MessageError has it.
 type indexed struct{ i int }
 
 func (e indexed) Error() string     { return fmt.Sprintf("message %d nacked", e.i) }
@@ -857,7 +862,7 @@ func TestPublishFuncPanicFailsTheRow(t *testing.T) {
 	}
 }
 
-type panicHook struct{}
+type panicHook struct{ outbox.HookDefaults }
 
 func (panicHook) OnPublished(context.Context, string, []*consumer.Message, time.Duration) {
 	panic("hook")

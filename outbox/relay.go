@@ -22,8 +22,8 @@ import (
 // returns nil only once the broker has durably accepted every one of them: a
 // confirmed publish, an acknowledged write.
 //
-// To say which messages failed, return one IndexedError (such as
-// *MessageError) per failed message, alone, wrapped, or joined with
+// To say which messages failed, return one [MessageError] (or any error
+// with a method MessageIndex() int) per failed message, alone, wrapped, or joined with
 // errors.Join: the relay then takes every message not named as confirmed
 // and marks it sent, and retries only the named ones, each with its own
 // backoff. Any other error says nothing about which messages were
@@ -43,22 +43,22 @@ import (
 //	kafkaPublisher.Publish
 type PublishFunc func(ctx context.Context, destination string, msgs ...*consumer.Message) error
 
-// Defaults for RelayConfig.
+// The defaults and limits of RelayConfig's fields, which their doc
+// comments state.
 const (
-	DefaultBatchSize       = 100
-	DefaultPollInterval    = 500 * time.Millisecond
-	DefaultPublishTimeout  = 30 * time.Second
-	DefaultPurgeInterval   = 10 * time.Minute
-	DefaultInitialInterval = time.Second
-	DefaultMaxInterval     = 5 * time.Minute
-	DefaultMultiplier      = 2.0
-	DefaultJitter          = 0.2
+	defaultBatchSize       = 100
+	defaultPollInterval    = 500 * time.Millisecond
+	defaultPublishTimeout  = 30 * time.Second
+	defaultPurgeInterval   = 10 * time.Minute
+	defaultInitialInterval = time.Second
+	defaultMaxInterval     = 5 * time.Minute
+	defaultMultiplier      = 2.0
+	defaultJitter          = 0.2
 	maxBatchSize           = 10_000
-	// DefaultLeaseFactor: RelayConfig.Lease defaults to this many times
-	// PublishTimeout.
-	DefaultLeaseFactor = 3
-	// MaxLease is the longest RelayConfig.Lease accepted.
-	MaxLease = 7 * 24 * time.Hour
+	// defaultLeaseFactor: Lease defaults to this many times PublishTimeout.
+	defaultLeaseFactor = 3
+	// maxLease is the longest Lease accepted.
+	maxLease = 7 * 24 * time.Hour
 )
 
 // RelayConfig configures a Relay. The zero value of every optional field
@@ -83,23 +83,23 @@ type RelayConfig struct {
 	// publishing a batch when less than a tenth of Lease is left (each
 	// Publish call is cut short to that point), so that it can record the
 	// outcomes in time; rows it did not get to are released at once. It
-	// must exceed PublishTimeout and be at most MaxLease (7 days).
-	// Defaults to 3 × PublishTimeout (90s with the default
-	// PublishTimeout), capped at MaxLease.
+	// must exceed PublishTimeout and be at most 7 days. Defaults to 3 ×
+	// PublishTimeout (90s with the default PublishTimeout), capped at 7
+	// days.
 	Lease time.Duration
 	// Backoff paces the retries of rows whose publish failed.
 	Backoff BackoffConfig
 	// Retention, if positive, makes the relay purge rows sent more than
 	// Retention ago every PurgeInterval. Defaults to 0: never; call
-	// Outbox.Purge yourself.
+	// [Outbox.Purge] yourself.
 	Retention time.Duration
 	// PurgeInterval is the time between purges. Defaults to 10m.
 	PurgeInterval time.Duration
 	// Logger receives the relay's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
-	// Hooks receive events for metrics; each must implement at least one
-	// of HookPublished and HookPublishFailed.
+	// Hooks receive events for metrics; see [Hook]. Each must implement
+	// at least one of [HookPublished] and [HookPublishFailed].
 	Hooks []Hook
 }
 
@@ -120,27 +120,42 @@ type BackoffConfig struct {
 	Jitter float64
 }
 
-// Hook is a value implementing HookPublished, HookPublishFailed or both.
-// Hooks are called synchronously by the relay and must be fast; a hook that
-// panics is logged and ignored.
-type Hook any
+// Hook receives a relay's events, for metrics, as [consumer.Hook] does the
+// runtime's: a hook is a type that embeds [HookDefaults], which makes it a
+// Hook, and implements [HookPublished], [HookPublishFailed] or both; the
+// relay detects each once, at [NewRelay], and calls only the events the
+// hook implements. A hook that implements neither is refused. Hooks are
+// called synchronously by the relay and must be fast; a hook that panics
+// is logged and ignored.
+type Hook interface {
+	// IsHook marks the type as a hook. Embed HookDefaults to implement it.
+	IsHook() bool
+}
+
+// HookDefaults, embedded in a struct, makes it a [Hook].
+type HookDefaults struct{}
+
+// IsHook returns true.
+func (HookDefaults) IsHook() bool { return true }
 
 // HookPublished is called once per destination of a batch with the
 // messages the broker confirmed, before their rows are marked sent; took is
 // the time spent publishing to that destination.
 type HookPublished interface {
+	Hook
 	OnPublished(ctx context.Context, destination string, msgs []*consumer.Message, took time.Duration)
 }
 
 // HookPublishFailed is called with messages whose publish failed, and their
 // error, before the failures are recorded: once per message that failed
-// with an error of its own (named by an IndexedError, or failing its own
+// with an error of its own (named by a MessageError, or failing its own
 // call when the relay publishes a group one message at a time), and once
 // for the messages that failed with the group's first error (a group of
 // one, or the messages left unpublished once the broker is taken to be
 // down or the lease runs short). The rows are due again after retryIn (the
 // shortest of their delays).
 type HookPublishFailed interface {
+	Hook
 	OnPublishFailed(ctx context.Context, destination string, msgs []*consumer.Message, err error, retryIn time.Duration)
 }
 
@@ -166,36 +181,36 @@ type RelayStats struct {
 
 func (c RelayConfig) withDefaults() RelayConfig {
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
+		c.PollInterval = defaultPollInterval
 	}
 	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
+		c.PublishTimeout = defaultPublishTimeout
 	}
 	if c.PurgeInterval == 0 {
-		c.PurgeInterval = DefaultPurgeInterval
+		c.PurgeInterval = defaultPurgeInterval
 	}
 	if c.Lease == 0 && c.PublishTimeout > 0 {
-		if c.PublishTimeout >= MaxLease/DefaultLeaseFactor {
-			c.Lease = MaxLease
+		if c.PublishTimeout >= maxLease/defaultLeaseFactor {
+			c.Lease = maxLease
 		} else {
-			c.Lease = DefaultLeaseFactor * c.PublishTimeout
+			c.Lease = defaultLeaseFactor * c.PublishTimeout
 		}
 	}
 	b := &c.Backoff
 	if b.InitialInterval == 0 {
-		b.InitialInterval = DefaultInitialInterval
+		b.InitialInterval = defaultInitialInterval
 	}
 	if b.MaxInterval == 0 {
-		b.MaxInterval = max(DefaultMaxInterval, b.InitialInterval)
+		b.MaxInterval = max(defaultMaxInterval, b.InitialInterval)
 	}
 	if b.Multiplier == 0 {
-		b.Multiplier = DefaultMultiplier
+		b.Multiplier = defaultMultiplier
 	}
 	if b.Jitter == 0 {
-		b.Jitter = DefaultJitter
+		b.Jitter = defaultJitter
 	} else if b.Jitter < 0 {
 		b.Jitter = 0
 	}
@@ -217,8 +232,8 @@ func (c RelayConfig) validate() error {
 		return configError("PublishTimeout", "negative")
 	case c.Lease < 0:
 		return configError("Lease", "negative")
-	case c.Lease > MaxLease:
-		return configError("Lease", "%s, more than MaxLease %s", c.Lease, MaxLease)
+	case c.Lease > maxLease:
+		return configError("Lease", "%s, more than the longest lease accepted, %s", c.Lease, maxLease)
 	case c.Lease <= c.PublishTimeout:
 		return configError("Lease", "%s, must exceed PublishTimeout %s", c.Lease, c.PublishTimeout)
 	case c.Retention < 0:
@@ -238,7 +253,7 @@ func (c RelayConfig) validate() error {
 		_, ok1 := h.(HookPublished)
 		_, ok2 := h.(HookPublishFailed)
 		if !ok1 && !ok2 {
-			return configError(fmt.Sprintf("Hooks[%d]", i), "%T implements no Hook interface", h)
+			return configError(fmt.Sprintf("Hooks[%d]", i), "%T implements neither HookPublished nor HookPublishFailed", h)
 		}
 	}
 	return nil
@@ -272,7 +287,6 @@ func (b BackoffConfig) delay(attempts int) time.Duration {
 type Relay struct {
 	ob  *Outbox
 	cfg RelayConfig
-	log *slog.Logger
 
 	published []HookPublished
 	failed    []HookPublishFailed
@@ -301,7 +315,7 @@ func NewRelay(ob *Outbox, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{ob: ob, cfg: cfg, log: cfg.Logger.With(slog.String("outbox", ob.String())), owner: leaseOwner()}
+	r := &Relay{ob: ob, cfg: cfg, owner: leaseOwner()}
 	for _, h := range cfg.Hooks {
 		if v, ok := h.(HookPublished); ok {
 			r.published = append(r.published, v)
@@ -311,6 +325,12 @@ func NewRelay(ob *Outbox, cfg RelayConfig) (*Relay, error) {
 		}
 	}
 	return r, nil
+}
+
+// logger returns the relay's logger, naming the outbox: with its schema
+// once the first claim has learned it from the search_path.
+func (r *Relay) logger() *slog.Logger {
+	return r.cfg.Logger.With(slog.String("outbox", r.ob.String()))
 }
 
 // Stats returns a snapshot of the relay's counters.
@@ -360,7 +380,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err != nil:
 			r.stats.errors.Add(1)
 			wait = errBackoff.NextBackOff()
-			r.log.Warn("outbox: relay batch failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+			r.logger().Warn("outbox: relay batch failed", slog.Any("error", err), slog.Duration("retry_in", wait))
 		case n < r.cfg.BatchSize:
 			errBackoff.Reset()
 			wait = r.cfg.PollInterval
@@ -460,7 +480,11 @@ func (r *Relay) claim(ctx context.Context, token string) ([]*claimed, error) {
 		return nil, fmt.Errorf("outbox: relay: claim: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.BatchSize, token, r.owner, r.cfg.Lease.Microseconds())
+	st, err := r.ob.table.Statements(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	rows, err := tx.Query(ctx, st.claim, r.cfg.BatchSize, token, r.owner, r.cfg.Lease.Microseconds())
 	if err != nil {
 		return nil, r.ob.wrap("relay: claim due rows", err)
 	}
@@ -530,7 +554,7 @@ func (r *Relay) publishGroup(ctx context.Context, dest string, g []*claimed, dea
 			g[0].shared = true
 			break
 		}
-		r.log.Info("outbox: publish failed; publishing its messages one at a time",
+		r.logger().Info("outbox: publish failed; publishing its messages one at a time",
 			slog.String("destination", dest), slog.Int("messages", len(g)), slog.Any("error", err))
 		sent, failures := false, 0
 		for _, c := range g {
@@ -609,7 +633,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 		}
 	}
 	report := func(msgs []*consumer.Message, err error, retryIn time.Duration) {
-		r.log.Warn("outbox: publish failed",
+		r.logger().Warn("outbox: publish failed",
 			slog.String("destination", dest), slog.Int("messages", len(msgs)),
 			slog.Any("error", err), slog.Duration("retry_in", retryIn))
 		for _, h := range r.failed {
@@ -643,7 +667,7 @@ func (r *Relay) notify(ctx context.Context, dest string, g []*claimed, groupErr 
 func (r *Relay) hook(name string, call func()) {
 	defer func() {
 		if v := recover(); v != nil {
-			r.log.Error("outbox: hook panicked; ignored", slog.String("hook", name), slog.Any("panic", v))
+			r.logger().Error("outbox: hook panicked; ignored", slog.String("hook", name), slog.Any("panic", v))
 		}
 	}()
 	call()
@@ -673,6 +697,11 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 			released = append(released, c.seq)
 		}
 	}
+	// The claim resolved the schema.
+	st, err := r.ob.table.Statements(ctx, r.ob.db)
+	if err != nil {
+		return fmt.Errorf("outbox: relay: record outcomes: %w", err)
+	}
 	tx, err := r.ob.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: relay: record outcomes: begin: %w", err)
@@ -680,21 +709,21 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var nSent, nFailed, nReleased int64
 	if len(sent) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.sent, sent, token)
+		tag, err := tx.Exec(ctx, st.sent, sent, token)
 		if err != nil {
 			return r.ob.wrap("relay: mark sent", err)
 		}
 		nSent = tag.RowsAffected()
 	}
 	if len(failed) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.failed, failed, token, delays, errs)
+		tag, err := tx.Exec(ctx, st.failed, failed, token, delays, errs)
 		if err != nil {
 			return r.ob.wrap("relay: record failures", err)
 		}
 		nFailed = tag.RowsAffected()
 	}
 	if len(released) > 0 {
-		tag, err := tx.Exec(ctx, r.ob.sql.release, released, token)
+		tag, err := tx.Exec(ctx, st.release, released, token)
 		if err != nil {
 			return r.ob.wrap("relay: release unpublished rows", err)
 		}
@@ -707,11 +736,11 @@ func (r *Relay) record(ctx context.Context, token string, batch []*claimed) erro
 	r.stats.failed.Add(nFailed)
 	if fenced := int64(len(batch)) - nSent - nFailed - nReleased; fenced > 0 {
 		r.stats.fenced.Add(fenced)
-		r.log.Warn("outbox: lease lost before the outcomes were recorded; another relay claimed the rows since",
+		r.logger().Warn("outbox: lease lost before the outcomes were recorded; another relay claimed the rows since",
 			slog.Int64("rows", fenced), slog.Int("sent", len(sent)), slog.Int("failed", len(failed)))
 	}
 	if len(released) > 0 {
-		r.log.Warn("outbox: lease running out; rows released unpublished",
+		r.logger().Warn("outbox: lease running out; rows released unpublished",
 			slog.Int("rows", len(released)), slog.Duration("lease", r.cfg.Lease))
 	}
 	return nil
@@ -724,7 +753,7 @@ func (r *Relay) janitor(ctx context.Context) {
 		n, err := r.ob.Purge(ctx, r.cfg.Retention)
 		r.stats.purged.Add(n)
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("outbox: purge failed", slog.Any("error", err))
+			r.logger().Warn("outbox: purge failed", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():

@@ -9,31 +9,22 @@ import (
 	"github.com/idemq/idemq/internal/pgpurge"
 )
 
-// Defaults for Config.
+// The defaults of Config's fields, which their doc comments state.
 const (
-	DefaultTable = "processed_messages"
-	// DefaultMaxConns is the size of the pool Open makes when neither
-	// Config.MaxConns nor the URL's pool_max_conns sets it: room for a
-	// runtime at Concurrency 16 with its janitor, or two at the default
-	// Concurrency. Connections are opened as they are needed, so an idle
-	// or lightly loaded consumer holds fewer.
-	DefaultMaxConns       = 20
-	DefaultPurgeBatchSize = 1000
-	DefaultPurgePause     = 10 * time.Millisecond
-	DefaultPurgeDutyCycle = 0.25
+	defaultTable          = "processed_messages"
+	defaultMaxConns       = 20
+	defaultPurgeBatchSize = 1000
+	defaultPurgePause     = 10 * time.Millisecond
+	defaultPurgeDutyCycle = 0.25
 )
-
-// MaxIdentifierLen is the longest Schema or Table accepted, in bytes. It
-// leaves room for the suffixes the store appends (such as "_migrations")
-// within Postgres's 63-byte identifier limit.
-const MaxIdentifierLen = pgmigrate.MaxIdentifierLen
 
 // Config configures a Store. The zero value selects the table
 // processed_messages in the connection's current schema (usually public).
 type Config struct {
 	// Schema holds the dedup table. Migrate creates it if it is missing.
 	// It must be a plain identifier (letters, digits and underscores, not
-	// starting with a digit, at most MaxIdentifierLen bytes); it is always
+	// starting with a digit, at most 48 bytes, which leaves room for the
+	// suffixes the store appends, such as "_migrations"); it is always
 	// quoted, so it is case-sensitive. Defaults to the connection's
 	// current_schema(): the first schema of its search_path that exists,
 	// so a search_path set in the URL or on the role is honoured.
@@ -88,8 +79,11 @@ type Config struct {
 	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
 	// runtime's Concurrency workers holds one connection for its
 	// transaction, and its janitor one more. Defaults to the URL's
-	// pool_max_conns if it has one, else DefaultMaxConns; setting both is
-	// an error. Only Open uses it: with New, the pool you pass decides.
+	// pool_max_conns if it has one, else 20: room for a runtime at
+	// Concurrency 16 with its janitor, or two at the default Concurrency
+	// (connections are opened as they are needed, so an idle or lightly
+	// loaded consumer holds fewer). Setting both is an error. Only Open
+	// uses it: with New, the pool you pass decides.
 	MaxConns int
 }
 
@@ -100,16 +94,16 @@ func (c Config) pace() pgpurge.Pace {
 
 func (c Config) withDefaults() Config {
 	if c.Table == "" {
-		c.Table = DefaultTable
+		c.Table = defaultTable
 	}
 	if c.PurgeBatchSize == 0 {
-		c.PurgeBatchSize = DefaultPurgeBatchSize
+		c.PurgeBatchSize = defaultPurgeBatchSize
 	}
 	if c.PurgePause == 0 {
-		c.PurgePause = DefaultPurgePause
+		c.PurgePause = defaultPurgePause
 	}
 	if c.PurgeDutyCycle == 0 {
-		c.PurgeDutyCycle = DefaultPurgeDutyCycle
+		c.PurgeDutyCycle = defaultPurgeDutyCycle
 	}
 	return c
 }

@@ -18,17 +18,19 @@ var (
 	genMigrations = pgmigrate.Load("processed", migrationFS, "migrations/gen")
 )
 
-// Migration is one embedded schema migration.
+// Migration is one embedded schema migration, of the dedup table or of the
+// outbox's or the HTTP idempotency keys' table (their Migrations return
+// this type too).
 type Migration = pgmigrate.Migration
 
-// AppliedMigration is a row of the migrations-tracking table.
-type AppliedMigration = pgmigrate.Applied
-
-// Migrations returns the embedded migrations of the main line, oldest first.
+// Migrations returns the embedded migrations of the main line, oldest
+// first; the last one's Version is the version [Store.Migrate] brings the
+// table to. Migrate applies them, so most programs never call this: it is
+// for reviewing the schema changes, or for applying them with a migration
+// tool of your own, replacing the {{...}} placeholders in their SQL with
+// quoted identifiers as Migrate does ({{table}} is the schema-qualified
+// table, the others name Table plus a suffix).
 func Migrations() []Migration { return migrations.Migrations() }
-
-// LatestVersion is the version Migrate brings the main line to.
-func LatestVersion() int { return migrations.Latest() }
 
 // target is the table the migrations apply to, line being "" for the main
 // line and "gen" for the partitioned layout's.
@@ -68,7 +70,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 // table of the partitioned layout of earlier versions is made plain again
 // first, with its rows (migration 0003), then converted. Convert with the
 // consumers stopped: a store that read the plain layout refuses to claim
-// into the converted table (ErrNotMigrated), and a runtime using it stops.
+// into the converted table (consumer.ErrNotMigrated), and a runtime using it stops.
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.migrate(ctx)
 	return err
@@ -100,14 +102,4 @@ func (s *Store) Version(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return migrations.Version(ctx, s.db, t)
-}
-
-// Applied returns the rows of the main line's migrations-tracking table,
-// oldest first, or none if Migrate has never run.
-func (s *Store) Applied(ctx context.Context) ([]AppliedMigration, error) {
-	t, err := s.target(ctx, "")
-	if err != nil {
-		return nil, err
-	}
-	return migrations.AppliedTo(ctx, s.db, t)
 }

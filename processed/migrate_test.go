@@ -70,7 +70,7 @@ func TestMigrateConcurrent(t *testing.T) {
 	dropSchemaLater(t, schema)
 
 	const n = 8
-	tables := []string{processed.DefaultTable, "other_dedup"}
+	tables := []string{"processed_messages", "other_dedup"}
 	conns := make([]*pgx.Conn, n)
 	for i := range conns {
 		c, err := pgx.Connect(ctx(t), testdb.URL())
@@ -242,7 +242,7 @@ func TestMigrateFromEarlierPartitionedLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "x", "x")}); !errors.Is(err, processed.ErrNotMigrated) {
+	if _, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "x", "x")}); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("claim before Migrate: %v, want ErrNotMigrated", err)
 	}
 	if err := s.Migrate(ctx(t)); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -19,7 +18,7 @@ import (
 // lookups and purges. Close closes the pool.
 //
 // The pool holds cfg.MaxConns connections at most (the URL's pool_max_conns,
-// else DefaultMaxConns), opened as they are needed. Open fails if the
+// else 20), opened as they are needed. Open fails if the
 // database does not answer, and learns the schema from the search_path
 // when cfg.Schema is empty. It does not create the table: call Migrate, or
 // run `idemq migrate`. It reads the table's layout if the table exists, and
@@ -39,7 +38,7 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 	case cfg.MaxConns != 0:
 		pcfg.MaxConns = int32(min(cfg.MaxConns, 1<<30))
 	case !inURL:
-		pcfg.MaxConns = DefaultMaxConns
+		pcfg.MaxConns = defaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -59,7 +58,7 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 	// The schema, and the table's layout if it has one: a table that is
 	// not migrated yet is Migrate's to make; one whose layout disagrees
 	// with cfg is refused.
-	if _, err := s.statements(ctx); err != nil && !errors.Is(err, ErrNotMigrated) {
+	if _, err := s.statements(ctx); err != nil && !errors.Is(err, consumer.ErrNotMigrated) {
 		pool.Close()
 		return nil, err
 	}
@@ -70,29 +69,4 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 func endpoint(c *pgxpool.Config) string {
 	cc := c.ConnConfig
 	return fmt.Sprintf("database %q on %s:%d as %q", cc.Database, cc.Host, cc.Port, cc.User)
-}
-
-// Detect returns cfg with Partitioned set to the layout the table it names
-// has in db, for tools that work on whatever table they find (the idemq
-// command does); cfg as it is if the table does not exist yet. A consumer
-// states the layout it expects instead, and its store refuses a table that
-// disagrees.
-func Detect(ctx context.Context, db DB, cfg Config) (Config, error) {
-	s, err := New(db, cfg)
-	if err != nil {
-		return cfg, err
-	}
-	schema, err := s.resolveSchema(ctx)
-	if err != nil {
-		return cfg, err
-	}
-	var kind *string
-	if err := db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`,
-		pgx.Identifier{schema, s.cfg.Table}.Sanitize()).Scan(&kind); err != nil {
-		return cfg, s.wrap("read the table's layout", err)
-	}
-	if kind != nil {
-		cfg.Partitioned = *kind == "v"
-	}
-	return cfg, nil
 }

@@ -92,7 +92,7 @@ func (s *Store) Retention(ctx context.Context, consumerName string, since time.T
 	horizon, horizon_state, coalesce(purged_older_than_ms, 0)
 FROM `+s.retentionTable(st)+` WHERE consumer = $1 AND window_end >= $2 ORDER BY window_end`, consumerName, since)
 	if err != nil {
-		if errors.Is(s.wrap("", err), ErrNotMigrated) {
+		if errors.Is(s.wrap("", err), consumer.ErrNotMigrated) {
 			return RetentionSummary{}, nil
 		}
 		return RetentionSummary{}, s.wrap("read the janitor's reports", err)

@@ -82,9 +82,10 @@ import (
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-// DB is a database handle a Store can be made from with New: a
-// *pgxpool.Pool (what Open makes), or a *pgx.Conn for one goroutine at a
-// time.
+// DB is the database handle of idemq's three Postgres components: New
+// takes one, and so do outbox.New and httpidem.New. It is a *pgxpool.Pool
+// (what Open makes, and what you pass in most programs), or a *pgx.Conn,
+// which serves one goroutine at a time.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
@@ -94,17 +95,14 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Sentinel errors. Compare with errors.Is.
-var (
-	// ErrNotFound is returned by Lookup when no row matches.
-	ErrNotFound = errors.New("processed: not found")
-	// ErrNotMigrated is wrapped by errors caused by the dedup table (or its
-	// schema) not existing, or not yet having the layout the Config asks
-	// for: run Store.Migrate or `idemq migrate`. It wraps
-	// consumer.ErrNotMigrated, on which the runtime stops instead of
-	// retrying.
-	ErrNotMigrated = fmt.Errorf("processed: table does not exist (run migrations): %w", consumer.ErrNotMigrated)
-)
+// ErrNotFound is returned by [Store.Lookup] when no row matches. Compare
+// with errors.Is.
+//
+// Errors caused by the dedup table (or its schema) not existing, or not
+// yet having the layout the Config asks for, wrap
+// [consumer.ErrNotMigrated], on which the runtime stops instead of
+// retrying: run [Store.Migrate] or `idemq migrate`.
+var ErrNotFound = errors.New("processed: not found")
 
 // maxClaimAttempts bounds the insert/select loop of a claim whose
 // conflicting row disappears (is purged) between the two statements.
@@ -127,9 +125,10 @@ type Store struct {
 	// pool is the handle Open made, which Close closes; nil for New.
 	pool *pgxpool.Pool
 	cfg  Config
-	// schema is the resolved schema; st the statements, built once the
-	// table's layout is known (see statements).
-	schema    atomic.Pointer[string]
+	// schema is Config.Schema or the search_path's, once resolved; st the
+	// statements, built once the table's layout is known (see
+	// statements).
+	schema    *pgmigrate.Schema
 	st        atomic.Pointer[statements]
 	resolveMu sync.Mutex
 	// tokens numbers the transactions BeginClaim begins, after
@@ -185,38 +184,20 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}
-	if cfg.Schema != "" {
-		s.schema.Store(&cfg.Schema)
-	}
-	return s, nil
+	return &Store{db: db, cfg: cfg, schema: pgmigrate.NewSchema(cfg.Schema), tokenPrefix: strconv.FormatUint(rand.Uint64(), 36) + "."}, nil
 }
 
 // resolveSchema returns the schema: Config.Schema, or the database's
 // current_schema() (the first existing schema of the search_path), learned
 // once. A failed lookup is retried on the next call.
 func (s *Store) resolveSchema(ctx context.Context) (string, error) {
-	if p := s.schema.Load(); p != nil {
-		return *p, nil
-	}
-	var schema *string
-	if err := s.db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		return "", fmt.Errorf("processed: %s: read the schema from search_path: %w", s.cfg.Table, err)
-	}
-	if schema == nil {
-		return "", &consumer.ConfigError{Field: "Schema", Reason: "empty, and the connection's search_path names no existing schema: create one, fix search_path, or set Config.Schema"}
-	}
-	if err := validIdent("Schema", *schema); err != nil {
-		return "", fmt.Errorf("processed: the search_path's schema: %w", err)
-	}
-	s.schema.Store(schema)
-	return *schema, nil
+	return s.schema.Resolve(ctx, s.db, "processed", s.cfg.Table)
 }
 
 // statements returns the store's SQL, reading the table's layout once: a
 // plain table, or the view of a partitioned layout's generations. A table
 // that does not exist yet, or has not the layout the Config asks for but
-// can be migrated to it, is ErrNotMigrated, and is read again on the next
+// can be migrated to it, is consumer.ErrNotMigrated, and is read again on the next
 // call; a partitioned table with a Config that does not ask for it is a
 // *consumer.ConfigError.
 func (s *Store) statements(ctx context.Context) (*statements, error) {
@@ -249,7 +230,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
-		return fmt.Errorf("processed: %s %s: %w", s, why, ErrNotMigrated)
+		return fmt.Errorf("processed: %s %s: %w", s, why, consumer.ErrNotMigrated)
 	}
 	switch {
 	case kind == nil:
@@ -342,23 +323,13 @@ RETURNING purge_before`
 
 // Schema returns the schema holding the table: Config.Schema, or the one the
 // search_path names once the store has asked the database ("" until then).
-func (s *Store) Schema() string {
-	if p := s.schema.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
+func (s *Store) Schema() string { return s.schema.Get() }
 
 // Table returns the table's name, without its schema.
 func (s *Store) Table() string { return s.cfg.Table }
 
 // String returns "schema.table", unquoted, for messages.
-func (s *Store) String() string {
-	if schema := s.Schema(); schema != "" {
-		return schema + "." + s.cfg.Table
-	}
-	return "(search_path)." + s.cfg.Table
-}
+func (s *Store) String() string { return s.schema.Qualified(s.cfg.Table) }
 
 // Pool returns the pool the store uses: the one Open made, or the one New
 // was given; nil if New was given a connection. Use it for the queries of
@@ -813,7 +784,7 @@ func (s *Store) Stats(ctx context.Context, consumerName string) (Stats, error) {
 }
 
 // wrap adds context to a database error and translates a missing table or
-// schema into ErrNotMigrated, and so a table whose layout changed under
+// schema into consumer.ErrNotMigrated, and so a table whose layout changed under
 // the store (a claim into what is now the view of the generations), and a
 // prepared statement of pgx's cache lost by a pooling proxy into the
 // configuration error that names the fix (see the package's doc).
@@ -824,9 +795,9 @@ func (s *Store) wrap(op string, err error) error {
 	}
 	switch {
 	case pgmigrate.IsUndefined(err):
-		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, ErrNotMigrated, err)
+		return fmt.Errorf("processed: %s on %s: %w: %w", op, s, consumer.ErrNotMigrated, err)
 	case errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.HasPrefix(op, "claim"): // cannot insert into view
-		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, ErrNotMigrated, err)
+		return fmt.Errorf("processed: %s on %s: the table was converted to the partitioned layout after this store read it (restart with Config.Partitioned): %w: %w", op, s, consumer.ErrNotMigrated, err)
 	}
 	return fmt.Errorf("processed: %s on %s: %w", op, s, err)
 }

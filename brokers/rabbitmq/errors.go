@@ -45,7 +45,7 @@ func (e *PublishError) Error() string {
 // Unwrap returns Err.
 func (e *PublishError) Unwrap() error { return e.Err }
 
-// MessageIndex returns Index: the outbox relay (outbox.IndexedError) reads
-// it to retry only the messages that failed, never their confirmed
-// siblings.
+// MessageIndex returns Index: the outbox relay, counting the error as an
+// outbox.MessageError, reads it to retry only the messages that failed,
+// never their confirmed siblings.
 func (e *PublishError) MessageIndex() int { return e.Index }

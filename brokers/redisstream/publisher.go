@@ -130,7 +130,7 @@ func (e *PublishError) Error() string {
 // Unwrap returns Err.
 func (e *PublishError) Unwrap() error { return e.Err }
 
-// MessageIndex returns Index, for the outbox relay (outbox.IndexedError).
+// MessageIndex returns Index, for the outbox relay, which counts it as an outbox.MessageError.
 func (e *PublishError) MessageIndex() int { return e.Index }
 
 func xadd(ctx context.Context, rdb *redis.Client, mp mapping, stream string, maxLen int64, msgs []*consumer.Message) ([]string, error) {

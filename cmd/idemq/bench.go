@@ -15,7 +15,6 @@ import (
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/internal/bench"
-	"github.com/idemq/idemq/processed"
 )
 
 var benchCommand = &command{
@@ -86,8 +85,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the publisher to this many messages a second, one per publish (an idle consumer's latency; not with --preload)")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
-	fs.DurationVar(&cfg.PurgePause, "purge-pause", processed.DefaultPurgePause, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
-	fs.Float64Var(&cfg.PurgeDutyCycle, "purge-duty", processed.DefaultPurgeDutyCycle, "with --purge-during, the largest share of time the purge spends deleting (processed.Config.PurgeDutyCycle); 1 for no limit")
+	fs.DurationVar(&cfg.PurgePause, "purge-pause", 10*time.Millisecond, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
+	fs.Float64Var(&cfg.PurgeDutyCycle, "purge-duty", 0.25, "with --purge-during, the largest share of time the purge spends deleting (processed.Config.PurgeDutyCycle); 1 for no limit")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.BoolVar(&cfg.Partitioned, "partitioned", false, "give the fresh schema's dedup table the partitioned layout (generations); the naive modes need a plain one")
 	fs.StringVar(&cfg.Schema, "schema", "", "run in this existing schema, on its dedup table as it is, keeping its rows")

@@ -11,10 +11,8 @@ import (
 	"strings"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
-	"github.com/idemq/idemq/httpidem"
 	"github.com/idemq/idemq/internal/console"
 	"github.com/idemq/idemq/internal/redact"
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -110,8 +108,8 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.BoolVar(&f.readOnly, "read-only", false, "offer and accept no replay or requeue")
 	fs.StringVar(&f.keyFiles, "verify-key-file", "", keyFileFlag+"; replays take only verified envelopes")
 	fs.Float64Var(&f.rate, "rate", 50, "republish at most this many messages per second")
-	fs.StringVar(&f.outbox, "outbox-table", outbox.DefaultSchema+"."+outbox.DefaultTable, "the outbox `table` (schema.table) whose backlog to show, if it exists")
-	fs.StringVar(&f.httpKeys, "http-key-table", httpidem.DefaultSchema+"."+httpidem.DefaultTable, "the HTTP idempotency key `table` (schema.table) to show, if it exists")
+	fs.StringVar(&f.outbox, "outbox-table", "outbox", "the outbox `table` (schema.table, or table in the connection's current schema) whose backlog to show, if it exists")
+	fs.StringVar(&f.httpKeys, "http-key-table", "idempotency_keys", "the HTTP idempotency key `table` (schema.table, or table in the connection's current schema) to show, if it exists")
 	fs.Var(&f.hosts, "allowed-host", "serve requests whose Host header is this `name` (repeatable; default: loopback names when --addr is loopback, any otherwise), against DNS rebinding")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
@@ -173,12 +171,37 @@ func (f *consoleFlags) readTokens(e *env) ([]console.Token, error) {
 	return out, nil
 }
 
+// splitTable reads a table flag: schema.table, or a table alone, in the
+// connection's current schema (Schema "" until inSearchPath fills it in),
+// as outbox.Config and httpidem.Config default to.
 func splitTable(flagName, s string) (console.Table, error) {
 	schema, table, ok := strings.Cut(s, ".")
-	if !ok || schema == "" || table == "" {
-		return console.Table{}, usagef("--%s %q: want schema.table", flagName, s)
+	if !ok {
+		schema, table = "", s
+	}
+	if (ok && schema == "") || table == "" {
+		return console.Table{}, usagef("--%s %q: want schema.table, or a table", flagName, s)
 	}
 	return console.Table{Schema: schema, Name: table}, nil
+}
+
+// inSearchPath sets the schema of the tables that name none to the
+// connection's current_schema().
+func inSearchPath(ctx context.Context, db processed.DB, tables ...*console.Table) error {
+	for _, t := range tables {
+		if t.Schema != "" {
+			continue
+		}
+		var schema *string
+		if err := db.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			return fmt.Errorf("read the schema of %s from search_path: %w", t.Name, err)
+		}
+		if schema == nil {
+			return fmt.Errorf("the schema of %s: the connection's search_path names no existing schema", t.Name)
+		}
+		t.Schema = *schema
+	}
+	return nil
 }
 
 // config validates the flags, connects, and returns the console's
@@ -231,6 +254,10 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 
 	store, err := f.db.openPool(ctx, e)
 	if err != nil {
+		return cfg, nil, err
+	}
+	if err := inSearchPath(ctx, store.Pool(), &ob, &hk); err != nil {
+		store.Close()
 		return cfg, nil, err
 	}
 	dbURL, _ := f.db.databaseURL(e)

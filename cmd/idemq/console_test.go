@@ -296,7 +296,7 @@ func TestConsoleUsage(t *testing.T) {
 		{[]string{"--token", "a:secret-one", "--token", "a:secret-two"}, nil, `token "a" given twice`},
 		{[]string{"--token-file", "/nonexistent/tokens"}, nil, "--token-file"},
 		{[]string{"--dlq-topic", "x.dlq"}, nil, "--kafka-brokers (or $KAFKA_BROKERS) is required"},
-		{[]string{"--outbox-table", "outbox"}, nil, "want schema.table"},
+		{[]string{"--outbox-table", ".outbox"}, nil, "want schema.table, or a table"},
 		{[]string{"extra"}, nil, `unexpected argument "extra"`},
 		{nil, map[string]string{"IDEMQ_CONSOLE_TOKEN": ":"}, "neither may be empty"},
 	} {

@@ -32,7 +32,7 @@ type dbFlags struct {
 func (d *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.url, "database-url", "", "Postgres URL or DSN (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&d.schema, "schema", "", "schema of the dedup table (default: the connection's current schema, the first on its search_path)")
-	fs.StringVar(&d.table, "table", processed.DefaultTable, "name of the dedup table")
+	fs.StringVar(&d.table, "table", "processed_messages", "name of the dedup table")
 }
 
 // databaseURL returns the URL to use and where it came from.
@@ -58,7 +58,7 @@ func (d *dbFlags) openStore(ctx context.Context, e *env, batch int, pause time.D
 // open is openStore with the rest of the store's Config given: it fills in
 // the schema and table from the flags, validates them before connecting,
 // connects, and sets cfg.Partitioned to the layout the table has
-// (processed.Detect), so that the store never refuses the table for its
+// (see detectLayout), so that the store never refuses the table for its
 // layout, whichever it is; a table that does not exist yet keeps cfg's. It
 // returns the store, the Config it was made with, and the connection,
 // which the caller closes.
@@ -78,7 +78,7 @@ func (d *dbFlags) open(ctx context.Context, e *env, cfg processed.Config) (*proc
 // connect validates the names of cfg (the schema and table set from the
 // flags) before connecting, so that a hostile --table is rejected without
 // touching the database, then connects and returns cfg with Partitioned
-// set to the table's layout (processed.Detect), and the connection.
+// set to the table's layout (see detectLayout), and the connection.
 func (d *dbFlags) connect(ctx context.Context, e *env, cfg processed.Config) (processed.Config, *pgx.Conn, error) {
 	cfg.Schema, cfg.Table = d.schema, d.table
 	if _, err := processed.New(&pgx.Conn{}, cfg); err != nil {
@@ -100,12 +100,24 @@ func (d *dbFlags) connect(ctx context.Context, e *env, cfg processed.Config) (pr
 	if err != nil {
 		return cfg, nil, redact.Error(fmt.Errorf("cannot connect to Postgres at %s (URL from %s; set DATABASE_URL or --database-url): %w", redact.DSN(raw), from, err), raw)
 	}
-	detected, err := processed.Detect(ctx, conn, cfg)
+	detected, err := detectLayout(ctx, conn, cfg)
 	if err != nil {
 		closeConn(conn)
 		return cfg, nil, err
 	}
 	return detected, conn, nil
+}
+
+// detectLayout returns cfg with Partitioned set to the layout the table it
+// names has, cfg as it is if the table does not exist yet: the command
+// works on whatever table it finds, where a consumer states the layout it
+// expects and its store refuses a table that disagrees.
+func detectLayout(ctx context.Context, conn *pgx.Conn, cfg processed.Config) (processed.Config, error) {
+	l, err := readLayout(ctx, conn, cfg.Schema, cfg.Table)
+	if err == nil && l != layoutNone {
+		cfg.Partitioned = l == layoutGenerations
+	}
+	return cfg, err
 }
 
 func closeConn(conn *pgx.Conn) {
@@ -118,7 +130,7 @@ func closeConn(conn *pgx.Conn) {
 // range-partitioned layout of earlier versions) with the command that
 // fixes it.
 func hint(err error, store *processed.Store) error {
-	if errors.Is(err, processed.ErrNotMigrated) {
+	if errors.Is(err, consumer.ErrNotMigrated) {
 		return fmt.Errorf("%s is not migrated: run 'idemq migrate --schema %s --table %s' (%w)", store, store.Schema(), store.Table(), err)
 	}
 	return err

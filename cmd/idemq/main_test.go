@@ -59,7 +59,7 @@ func want(t *testing.T, r result, code int, stdout, stderr string) {
 func migrated(t *testing.T) (*processed.Store, []string) {
 	t.Helper()
 	schema, args := dbArgs(t)
-	want(t, idemq(t, append([]string{"migrate"}, args...)...), 0, fmt.Sprintf("migrated from version 0 to %d", processed.LatestVersion()), "")
+	want(t, idemq(t, append([]string{"migrate"}, args...)...), 0, fmt.Sprintf("migrated from version 0 to %d", latestVersion()), "")
 	s, err := processed.New(testdb.Pool(t), processed.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func claim(t *testing.T, s *processed.Store, c consumer.Claim) {
 func TestMigrateTwice(t *testing.T) {
 	t.Parallel()
 	schema, args := dbArgs(t)
-	latest := processed.LatestVersion()
+	latest := latestVersion()
 	want(t, idemq(t, append([]string{"migrate"}, args...)...), 0, fmt.Sprintf("%s.processed_messages: migrated from version 0 to %d\n", schema, latest), "")
 	want(t, idemq(t, append([]string{"migrate"}, args...)...), 0, fmt.Sprintf("already at version %d", latest), "")
 	want(t, idemq(t, append([]string{"migrate"}, args...)...), 0, schema+".processed_messages: plain table (idemq migrate --partitioned converts it", "")

@@ -34,7 +34,7 @@ and are retired with it. A table of the range-partitioned layout of earlier
 versions is made plain again first, with its rows and grants (one pass over
 them), then converted. Convert with the consumers stopped, and restart them
 with Config.Partitioned set: a store that read the plain layout refuses to
-claim into the converted table (processed.ErrNotMigrated), and a runtime
+claim into the converted table (consumer.ErrNotMigrated), and a runtime
 using it stops. There is no way back to a plain table here.
 
 Without --partitioned, a table that has the partitioned layout keeps it
@@ -64,13 +64,15 @@ const (
 	layoutRanges tableLayout = "range-partitioned"
 )
 
-// readLayout reads the layout of store's table through conn. The store's
-// schema must be resolved (store.Version does it).
-func readLayout(ctx context.Context, conn *pgx.Conn, store *processed.Store) (tableLayout, error) {
+// readLayout reads the layout of the table schema.table through conn; an
+// empty schema is the connection's current_schema(), as a store without
+// Config.Schema resolves it.
+func readLayout(ctx context.Context, conn *pgx.Conn, schema, table string) (tableLayout, error) {
 	var kind *string
-	if err := conn.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`,
-		pgx.Identifier{store.Schema(), store.Table()}.Sanitize()).Scan(&kind); err != nil {
-		return "", fmt.Errorf("read the layout of %s: %w", store, err)
+	if err := conn.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class
+	WHERE oid = to_regclass(quote_ident(coalesce(nullif($1, ''), current_schema())) || '.' || quote_ident($2)))`,
+		schema, table).Scan(&kind); err != nil {
+		return "", fmt.Errorf("read the layout of %s: %w", table, err)
 	}
 	switch {
 	case kind == nil:
@@ -83,6 +85,13 @@ func readLayout(ctx context.Context, conn *pgx.Conn, store *processed.Store) (ta
 		return layoutRanges, nil
 	}
 	return tableLayout("relkind " + *kind), nil
+}
+
+// latestVersion is the version Migrate brings the dedup table's main line
+// of migrations to.
+func latestVersion() int {
+	ms := processed.Migrations()
+	return ms[len(ms)-1].Version
 }
 
 // generationNames lists the generations' tables of table, the current
@@ -102,7 +111,7 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}
-	// The store takes the layout the table has (processed.Detect), so that
+	// The store takes the layout the table has (detectLayout), so that
 	// a partitioned table's own migrations are applied too; --partitioned
 	// asks for that layout whatever the table has.
 	cfg, conn, err := db.connect(ctx, e, processed.Config{})
@@ -120,7 +129,7 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	was, err := readLayout(ctx, conn, store)
+	was, err := readLayout(ctx, conn, store.Schema(), store.Table())
 	if err != nil {
 		return err
 	}
@@ -131,12 +140,12 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	is, err := readLayout(ctx, conn, store)
+	is, err := readLayout(ctx, conn, store.Schema(), store.Table())
 	if err != nil {
 		return err
 	}
 	if before == after {
-		fmt.Fprintf(e.stdout, "%s: already at version %d (latest %d)\n", store, after, processed.LatestVersion())
+		fmt.Fprintf(e.stdout, "%s: already at version %d (latest %d)\n", store, after, latestVersion())
 	} else {
 		fmt.Fprintf(e.stdout, "%s: migrated from version %d to %d\n", store, before, after)
 	}

@@ -141,9 +141,9 @@ func runProcessedPurge(ctx context.Context, e *env, c *command, args []string) e
 	fs.Var(&olderThan, "older-than", "purge records processed more than this long ago: a `duration` such as 72h, 90m or 7d (required)")
 	fs.StringVar(&name, "consumer", "", "purge the records of this consumer, and of no other (or --all-consumers)")
 	fs.BoolVar(&all, "all-consumers", false, "purge the records of every consumer that has records, each by --older-than (or --consumer)")
-	fs.IntVar(&batch, "batch-size", processed.DefaultPurgeBatchSize, "plain table: rows deleted per statement")
-	fs.DurationVar(&pause, "pause", processed.DefaultPurgePause, "plain table: least pause between two batches, so live consumers keep the database; 0 for none")
-	fs.Float64Var(&duty, "duty", processed.DefaultPurgeDutyCycle, "plain table: largest share of the time spent deleting: after a batch that took d, wait at least d*(1-duty)/duty; 1 for no such wait (with --pause 0: flat out)")
+	fs.IntVar(&batch, "batch-size", 1000, "plain table: rows deleted per statement")
+	fs.DurationVar(&pause, "pause", 10*time.Millisecond, "plain table: least pause between two batches, so live consumers keep the database; 0 for none")
+	fs.Float64Var(&duty, "duty", 0.25, "plain table: largest share of the time spent deleting: after a batch that took d, wait at least d*(1-duty)/duty; 1 for no such wait (with --pause 0: flat out)")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
 	}

@@ -142,7 +142,7 @@ func TestMigrateEarlierPartitionedLayout(t *testing.T) {
 
 	r := idemq(t, append([]string{"migrate", "--partitioned"}, args...)...)
 	for _, line := range []string{
-		fmt.Sprintf("%s: migrated from version 2 to %d\n", s, processed.LatestVersion()),
+		fmt.Sprintf("%s: migrated from version 2 to %d\n", s, latestVersion()),
 		s.String() + ": made the range-partitioned table of earlier versions plain again, keeping its rows and grants\n",
 		s.String() + ": converted to the partitioned layout",
 		s.String() + ": its rows are now processed_messages_g1",
@@ -163,7 +163,7 @@ func TestMigratePartitionedFresh(t *testing.T) {
 	t.Parallel()
 	schema, args := dbArgs(t)
 	r := idemq(t, append([]string{"migrate", "--partitioned"}, args...)...)
-	want(t, r, exitOK, fmt.Sprintf("%s.processed_messages: migrated from version 0 to %d\n", schema, processed.LatestVersion()), "")
+	want(t, r, exitOK, fmt.Sprintf("%s.processed_messages: migrated from version 0 to %d\n", schema, latestVersion()), "")
 	want(t, r, exitOK, schema+".processed_messages: created with the partitioned layout: generations processed_messages_g0 (current), processed_messages_g1 and processed_messages_g2", "")
 	if strings.Contains(r.stdout, "converted") {
 		t.Errorf("a fresh table reported as converted:\n%s", r.stdout)

@@ -78,7 +78,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hm, err := httpidem.New(httpidem.Config{DB: pool, Schema: schema})
+	hm, err := httpidem.New(pool, httpidem.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	zero := (&consumer.Message{}).Fingerprint()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, httpidem.DefaultTable}.Sanitize()+
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()+
 		` (scope, key, fingerprint, method, path, state, status, completed_at) VALUES ('', 'order-7f3a', $1, 'POST', '/orders', 'completed', 201, now())`, zero[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		return []byte(fmt.Sprintf(`{"payment":%q,"amount":4200,"currency":"EUR"}`, id))
 	}
 	fp := (&consumer.Message{Body: payBody("pay-1")}).Fingerprint()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, processed.DefaultTable}.Sanitize()+
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "processed_messages"}.Sanitize()+
 		` (consumer, message_id, fingerprint, source, processed_at) VALUES ('ledger', 'pay-1', $1, $2, now() - interval '3 hours')`, fp[:], work); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	srv, err := console.New(console.Config{Store: store, DB: pool, Retention: 7 * 24 * time.Hour,
 		DLQs:   []console.DLQ{rabbitDLQ(dead), kafkaDLQ(kc.Addrs(), topic+".dlq")},
 		Tokens: []console.Token{tok}, VerifyKeys: [][]byte{signingKey}, Rate: 100,
-		Outbox: console.Table{Schema: schema, Name: outbox.DefaultTable}, HTTPKeys: console.Table{Schema: schema, Name: httpidem.DefaultTable},
+		Outbox: console.Table{Schema: schema, Name: "outbox"}, HTTPKeys: console.Table{Schema: schema, Name: "idempotency_keys"},
 		// `idemq console` reads this with `idemq status`'s code; here, the
 		// same two facts from the seeded table.
 		Status: func(ctx context.Context, name string) (console.ConsumerStatus, error) {

@@ -159,8 +159,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 
 // newApp creates the tables and returns the API.
 func newApp(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (http.Handler, *httpidem.Middleware, error) {
-	mw, err := httpidem.New(httpidem.Config{
-		DB:     pool,
+	mw, err := httpidem.New(pool, httpidem.Config{
 		Schema: schema,
 		// Keys are per API client. A real service takes the client from
 		// its authentication, not from a header anyone can set.

@@ -247,7 +247,7 @@ func TestPartitionedAndExistingSchema(t *testing.T) {
 		}
 	}
 	var rows, ledgers int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, processed.DefaultTable}.Sanitize()).Scan(&rows); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, "processed_messages"}.Sanitize()).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE 'ledger%'`, schema).Scan(&ledgers); err != nil {

@@ -95,7 +95,7 @@ func (r *runner) runKey(key string) string {
 }
 
 func (r *runner) dedupTable() string {
-	return pgx.Identifier{r.schema, processed.DefaultTable}.Sanitize()
+	return pgx.Identifier{r.schema, "processed_messages"}.Sanitize()
 }
 
 // ledgerTable is the business table of a mode's run, named after key: the
@@ -149,8 +149,8 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	// it), as a month-old consumer's table has its old rows.
 	into := r.dedupTable()
 	if r.partitioned {
-		into = pgx.Identifier{r.schema, processed.DefaultTable + "_g2"}.Sanitize()
-		gens := pgx.Identifier{r.schema, processed.DefaultTable + "_generations"}.Sanitize()
+		into = pgx.Identifier{r.schema, "processed_messages" + "_g2"}.Sanitize()
+		gens := pgx.Identifier{r.schema, "processed_messages" + "_generations"}.Sanitize()
 		if _, err := r.pool.Exec(ctx, `UPDATE `+gens+` SET began_at = `+prefillDay+` + interval '1 day'
 WHERE generation = (SELECT max(generation) - 1 FROM `+gens+`) AND began_at > `+prefillDay+` + interval '1 day'`); err != nil {
 			return fmt.Errorf("prefill: date the oldest generation: %w", err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/processed"
 )
 
 // AuditTable is the audit table's name, in the dedup table's schema.
@@ -47,7 +49,7 @@ type AuditRow struct {
 }
 
 type audit struct {
-	db     DB
+	db     processed.DB
 	schema string
 	once   sync.Mutex
 	ready  bool

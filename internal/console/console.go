@@ -23,20 +23,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
-
-// DB is the database handle the console queries: a *pgxpool.Pool.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // DLQ is one dead-letter queue or topic the console shows.
 type DLQ struct {
@@ -102,7 +91,7 @@ type Config struct {
 	// DB is the database the Store uses: the console creates its audit
 	// table (idemq_console_audit, in the Store's schema) and reads the
 	// outbox and HTTP key tables there. Required.
-	DB DB
+	DB processed.DB
 	// Status reads a consumer's overview row. Defaults to the row counts
 	// of Store.Stats alone.
 	Status func(ctx context.Context, consumer string) (ConsumerStatus, error)

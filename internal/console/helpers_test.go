@@ -189,7 +189,7 @@ func newBundle(t *testing.T, opts ...option) *bundle {
 		deadLetter("ledger", "refunds", "forged-1", consumer.ClassPermanent, "refund rejected", []byte(`{"refund":1}`), nil, forgeryKey),
 	)
 	// pay-1 was applied with its payload; pay-3 with another one.
-	tbl := pgx.Identifier{schema, processed.DefaultTable}.Sanitize()
+	tbl := pgx.Identifier{schema, "processed_messages"}.Sanitize()
 	for _, r := range []struct {
 		id, body string
 	}{{"pay-1", string(json)}, {"pay-3", `{"amount":333}`}, {"other-9", "x"}} {
@@ -215,7 +215,7 @@ func newBundle(t *testing.T, opts ...option) *bundle {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hm, err := httpidem.New(httpidem.Config{DB: pool, Schema: schema})
+	hm, err := httpidem.New(pool, httpidem.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,13 +223,13 @@ func newBundle(t *testing.T, opts ...option) *bundle {
 		t.Fatal(err)
 	}
 	fp := (&consumer.Message{}).Fingerprint()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, httpidem.DefaultTable}.Sanitize()+` (scope, key, fingerprint, method, path, state, status, completed_at) VALUES ('', 'key-1', $1, 'POST', '/orders', 'completed', 201, now())`, fp[:]); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()+` (scope, key, fingerprint, method, path, state, status, completed_at) VALUES ('', 'key-1', $1, 'POST', '/orders', 'completed', 201, now())`, fp[:]); err != nil {
 		t.Fatal(err)
 	}
 
 	cfg := Config{Store: store, DB: pool, Retention: 24 * time.Hour, DLQs: []DLQ{q.dlq("payments.dlq")},
 		Tokens: []Token{{Name: "alice", Secret: "alice-secret-1"}}, VerifyKeys: [][]byte{signingKey}, Rate: 1000,
-		Outbox: Table{Schema: schema, Name: outbox.DefaultTable}, HTTPKeys: Table{Schema: schema, Name: httpidem.DefaultTable},
+		Outbox: Table{Schema: schema, Name: "outbox"}, HTTPKeys: Table{Schema: schema, Name: "idempotency_keys"},
 		Info:    [][2]string{{"Postgres", "postgres://app:xxxxx@db/prod"}},
 		Secrets: []string{"amqp://guest:hunter2hunter2@rabbit:5672/"}}
 	for _, o := range opts {

@@ -161,7 +161,7 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 				ov.Outbox = &st
 			}
 		}
-		if err != nil && !errors.Is(err, outbox.ErrNotMigrated) {
+		if err != nil && !errors.Is(err, consumer.ErrNotMigrated) {
 			ov.OutboxErr = s.clean(err)
 		}
 	}

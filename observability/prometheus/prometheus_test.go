@@ -216,7 +216,7 @@ func TestWorkloadMetrics(t *testing.T) {
 
 	// Phase 2: three of them come back after their originals were applied
 	// two hours ago.
-	tbl := pgx.Identifier{e.schema, processed.DefaultTable}.Sanitize()
+	tbl := pgx.Identifier{e.schema, "processed_messages"}.Sanitize()
 	if _, err := testdb.Pool(t).Exec(context.Background(),
 		"UPDATE "+tbl+" SET processed_at = now() - interval '2 hours' WHERE message_id IN ('ok-0', 'ok-1', 'ok-2')"); err != nil {
 		t.Fatal(err)
