@@ -93,7 +93,7 @@ type Options struct {
 	// SigningKey, if set, signs every envelope (HeaderSignature), so that
 	// a replay given the key in VerifyKeys replays only envelopes written
 	// here, not ones forged by whoever can publish to the dead-letter
-	// queue. At least MinKeyBytes; use 32 random bytes, kept secret.
+	// queue. At least 16 bytes; use 32 random bytes, kept secret.
 	// Defaults to none: envelopes are not signed.
 	SigningKey []byte
 	// PreviewBytes is how much of the body a truncated dead letter keeps,
@@ -127,7 +127,7 @@ func (o Options) validate() error {
 	case o.PreviewBytes < 0:
 		return &consumer.ConfigError{Field: "PreviewBytes", Reason: "negative"}
 	case o.SigningKey != nil:
-		if err := ValidateKey(o.SigningKey); err != nil {
+		if err := validateKey(o.SigningKey); err != nil {
 			return &consumer.ConfigError{Field: "SigningKey", Reason: err.Error()}
 		}
 	}

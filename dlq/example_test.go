@@ -26,6 +26,6 @@ func ExampleVerify() {
 	fmt.Println("signature removed:", dlq.Verify(env, key))
 	// Output:
 	// as dead-lettered: <nil>
-	// source changed: dlq: envelope signature does not match
-	// signature removed: dlq: envelope is not signed
+	// source changed: dlq: envelope not verified: signature does not match any key
+	// signature removed: dlq: envelope not verified: not signed
 }

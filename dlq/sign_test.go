@@ -49,8 +49,8 @@ func TestSignedEnvelopeVerifies(t *testing.T) {
 	if _, ok := unsigned.Headers[dlq.HeaderSignature]; ok {
 		t.Fatal("an envelope without a key got a signature")
 	}
-	if err := dlq.Verify(unsigned, signKey); !errors.Is(err, dlq.ErrUnsigned) {
-		t.Fatalf("Verify unsigned = %v, want ErrUnsigned", err)
+	if err := dlq.Verify(unsigned, signKey); !errors.Is(err, dlq.ErrBadSignature) || !strings.Contains(err.Error(), "not signed") {
+		t.Fatalf("Verify unsigned = %v, want ErrBadSignature: not signed", err)
 	}
 	for _, bad := range []string{"v1=zz", "v2=" + strings.Repeat("0", 64), "", strings.Repeat("0", 64)} {
 		c := m.Clone()

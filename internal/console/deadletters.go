@@ -146,10 +146,11 @@ func (s *Server) groupPage(ctx context.Context, sel selection, page int) (items 
 			e.Record = rec
 			e.Timeline = timeline(rec)
 			if len(s.cfg.VerifyKeys) > 0 {
+				_, signed := msg.Headers[dlq.HeaderSignature]
 				switch verr := dlq.Verify(msg, s.cfg.VerifyKeys...); {
 				case verr == nil:
 					e.Signature = "verified"
-				case errors.Is(verr, dlq.ErrUnsigned):
+				case !signed:
 					e.Signature = "unsigned"
 				default:
 					e.Signature = "bad signature"
