@@ -34,7 +34,7 @@ type horizon struct {
 	// retention is the dedup retention; 0 turns the guard off.
 	retention time.Duration
 	// lookup, if set, finds the original's dedup row of a mismatch.
-	lookup Lookuper
+	lookup lookuper
 	// scope is the dedup scope to look a record's id up in.
 	scope func(Record) string
 }

@@ -40,8 +40,9 @@ type ReplayConfig struct {
 	// id was applied (HeaderOriginalProcessedAt); a mismatch whose
 	// original's row is gone from Consumer.Store is refused too, and so is
 	// a mismatch envelope without that header when Consumer.Store cannot
-	// look rows up (see Lookuper). Defaults to Consumer.Retention, the live
-	// consumer's janitor window; with neither set there is no guard.
+	// look rows up (has no Lookup method, as *processed.Store has).
+	// Defaults to Consumer.Retention, the live consumer's janitor window;
+	// with neither set there is no guard.
 	Retention time.Duration
 	// Force replays messages beyond the retention horizon too: the only
 	// way to turn the guard off when Consumer.Retention is set.
@@ -121,7 +122,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	}
 	filter := cfg.Filter
 	filter.Consumer = cfg.Consumer.Name
-	lookup, _ := cfg.Consumer.Store.(Lookuper)
+	lookup, _ := cfg.Consumer.Store.(lookuper)
 	name := cfg.Consumer.Name
 	log := cfg.Consumer.Logger
 	if log == nil {

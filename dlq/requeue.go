@@ -8,27 +8,28 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
 )
-
-// PublishToFunc publishes msg to the named queue or topic and returns once
-// the broker durably accepted it.
-type PublishToFunc func(ctx context.Context, destination string, msg *consumer.Message) error
 
 // RequeueConfig configures Requeue.
 type RequeueConfig struct {
 	// Browser reads the dead-letter queue. Required. Requeue closes it.
 	Browser Browser
-	// Publish sends a message back to its original queue or topic.
-	// Required.
-	Publish PublishToFunc
+	// Publish sends msg to destination, a queue or topic (the message's
+	// original source, or Destination), and returns once the broker
+	// durably accepted it: wrap a broker adapter's Publisher. Required.
+	Publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	// Destination overrides where messages go. Defaults to each
 	// message's original source (HeaderSource).
 	Destination string
 	// Store, if set, is checked first: already-applied messages are
 	// removed from the dead-letter queue without being republished, and
 	// fingerprint mismatches stay in it. Without it every selected message
-	// is republished, which is still safe: the consumer dedupes.
-	Store Lookuper
+	// is republished, which is still safe: the consumer dedupes. Use the
+	// live consumer's *processed.Store.
+	Store interface {
+		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+	}
 	// Consumer is the dedup scope for Store. Defaults to each message's
 	// HeaderConsumer.
 	Consumer string

@@ -152,7 +152,7 @@ func TestSigningKeyValidation(t *testing.T) {
 	if _, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: emptyBrowser{}, Store: nopLookuper{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Classify with a short key: %v", err)
 	}
-	if _, err := dlq.Inspect(ctx, emptyBrowser{}, dlq.Filter{}, 0, dlq.VerifyWith(keys...)); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
+	if _, err := dlq.Inspect(ctx, emptyBrowser{}, dlq.Filter{}, 0, keys...); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Inspect with a short key: %v", err)
 	}
 	if _, err := dlq.Replay(ctx, dlq.ReplayConfig{Browser: emptyBrowser{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
@@ -205,7 +205,7 @@ func TestReplayVerifiesSignatures(t *testing.T) {
 	}
 	e.broken.Store(false)
 
-	rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0, dlq.VerifyWith(signKey))
+	rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0, signKey)
 	if err != nil {
 		t.Fatal(err)
 	}

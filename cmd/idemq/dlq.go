@@ -130,7 +130,7 @@ func (b *brokerFlags) register(fs *flag.FlagSet) {
 // dlqConn is an open dead-letter queue: a browser, and a way to republish.
 type dlqConn struct {
 	browser dlq.Browser
-	publish dlq.PublishToFunc
+	publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	close   func()
 	// note, if set, is said on stderr: the DLQ reads as empty because it
 	// does not exist.
@@ -389,7 +389,7 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	}
 	defer conn.close()
 	conn.sayNote(e)
-	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, dlq.VerifyWith(keys...))
+	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, keys...)
 	if err != nil {
 		return err
 	}

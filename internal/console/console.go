@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
@@ -56,7 +57,7 @@ type DLQ struct {
 // Conn is an open dead-letter queue.
 type Conn struct {
 	Browser dlq.Browser
-	Publish dlq.PublishToFunc
+	Publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	Close   func()
 }
 

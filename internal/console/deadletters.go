@@ -95,7 +95,7 @@ func (s *Server) inspect(ctx context.Context, only string, f dlq.Filter) ([]grou
 			continue
 		}
 		err := s.withConn(ctx, q.ID(), false, func(c *Conn) error {
-			rep, err := dlq.Inspect(ctx, c.Browser, f, s.cfg.ScanLimit, dlq.VerifyWith(s.cfg.VerifyKeys...))
+			rep, err := dlq.Inspect(ctx, c.Browser, f, s.cfg.ScanLimit, s.cfg.VerifyKeys...)
 			for _, g := range rep.Groups {
 				out = append(out, groupRow{DLQ: q, Group: g})
 			}
