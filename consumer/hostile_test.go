@@ -253,7 +253,7 @@ func TestHostileInput(t *testing.T) {
 			}
 			// Replaying it restores the dedup id the runtime used.
 			if c.dedupID != "" {
-				if m := dlq.Restore(got, rec); m.ID != c.dedupID || m.Source != queue {
+				if m := rec.Restore(got); m.ID != c.dedupID || m.Source != queue {
 					t.Errorf("Restore: id %q source %q", m.ID, m.Source)
 				}
 			}

@@ -19,6 +19,28 @@
 // VerifyKeys, Replay, Requeue and Classify replay only envelopes signed with
 // one of the keys and leave the others in the queue, counted as Unverified.
 //
+// # Grouping
+//
+// Inspect groups dead letters by their Entry.Fingerprint: the consumer, the
+// original source, the error class and the shape of the error text, which
+// is the text with every part that differs from one message to the next
+// replaced by a placeholder (Group.Pattern):
+//
+//	<id>     the message's own dedup id, as a whole token (quoted, if under 3 bytes)
+//	<q>      a quoted value: "...", '...' or `...`; a name Postgres quotes after
+//	         constraint, relation, table, column and the like is kept
+//	<time>   a timestamp (RFC 3339, Go's time.Time and layouts, HTTP dates), or a date
+//	<uuid>   a UUID
+//	<hex>    a hex id: 0x..., or a word of 8 or more hex digits, one of them decimal
+//	<addr>   an IPv4 address (with its port), or a bracketed IPv6 one
+//	<email>  an e-mail address
+//	<n>      a number, with the rest of its word (1.5s, 42nd, order-0042)
+//
+// A SQLSTATE code, "(SQLSTATE 23505)", is kept, and so are names that hold
+// digits (UTF-8, sha256, int64, HTTP/1.1); runs of white space become one
+// space. A text the envelope truncated keeps only the first 256 bytes of
+// its shape, followed by "…".
+//
 // # Replay
 //
 // Replay reads a dead-letter queue through a Browser and runs the messages

@@ -308,9 +308,10 @@ func Parse(msg *consumer.Message) (Record, error) {
 	return r, nil
 }
 
-// Restore returns the message as its consumer first saw it, for replay: the
-// dedup id, source, partition and offset come back from the envelope. The
-// envelope headers stay, so a second failure grows the history.
+// Restore returns msg, the dead letter r was parsed from, as its consumer
+// first saw it, for replay: the dedup id, source, partition and offset come
+// back from the envelope. The envelope headers stay, so a second failure
+// grows the history.
 //
 // RecordKey, the broker's record key, is kept byte for byte (a null key
 // stays nil): the dead-lettering publisher wrote the original record key,
@@ -318,7 +319,7 @@ func Parse(msg *consumer.Message) (Record, error) {
 // it was produced with, to the partition that key hashes to. Key, the
 // runtime's ordering key, is the dead-letter queue's own (for Kafka
 // "<dlq topic>/<partition>"): no publisher writes it.
-func Restore(msg *consumer.Message, r Record) *consumer.Message {
+func (r Record) Restore(msg *consumer.Message) *consumer.Message {
 	m := msg.Clone() // keeps RecordKey, nil or not
 	if r.MessageID != "" {
 		m.ID = r.MessageID

@@ -90,7 +90,7 @@ func TestRestore(t *testing.T) {
 		consumer.Failure{Consumer: "c", MessageID: "dedup-id", Class: consumer.ClassPermanent, Err: errors.New("x")}, dlq.Options{})
 	env.Source, env.Partition, env.Offset = "orders.dlq", 0, 77
 	r, _ := dlq.Parse(env)
-	m := dlq.Restore(env, r)
+	m := r.Restore(env)
 	if m.ID != "dedup-id" || m.Source != "orders" || m.Partition != 1 || m.Offset != 9 || !m.Redelivered {
 		t.Fatalf("restored %+v", m)
 	}

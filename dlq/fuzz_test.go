@@ -132,7 +132,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		_ = dlq.Restore(msg, rec)
+		_ = rec.Restore(msg)
 		env := dlq.Envelope(msg, consumer.Failure{Consumer: "c", Class: consumer.ClassPermanent, LastFailure: time.Unix(0, 0)}, dlq.Options{Host: "h"})
 		again, err := dlq.Parse(env)
 		if err != nil {

@@ -11,15 +11,15 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Group is the dead-lettered messages sharing a FailureFingerprint: one
+// Group is the dead-lettered messages sharing an Entry.Fingerprint: one
 // consumer, one original source, one error class and one shape of the
-// error text (NormalizeError), however their texts differ in ids, times
-// and values.
+// error text, however their texts differ in ids, times and values.
 type Group struct {
-	// Fingerprint is the group's FailureFingerprint.
+	// Fingerprint is the group's Entry.Fingerprint.
 	Fingerprint string                `json:"fingerprint"`
 	Class       consumer.FailureClass `json:"class"`
-	// Pattern is the shape of the group's error texts (NormalizeError).
+	// Pattern is the shape of the group's error texts: the text with its
+	// variable parts replaced by placeholders (see the package doc).
 	Pattern string `json:"pattern"`
 	// Error is one sample error text of the group: the first one read.
 	Error string `json:"error"`
@@ -56,7 +56,7 @@ type Report struct {
 }
 
 // Inspect reads the dead-letter queue, as it was at the start, and groups its
-// messages by FailureFingerprint (consumer, source, error class and the
+// messages by their Entry.Fingerprint (consumer, source, error class and the
 // shape of the error text), largest group first, groups of one size in the
 // order their first message was read; limit, if positive, bounds the
 // messages it groups. Given verifyKeys, it also checks each envelope's
@@ -92,8 +92,8 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, verifyKey
 			continue
 		}
 		rep.Total++
-		shape := NormalizeError(rec.Error, rec.MessageID)
-		fp := fingerprintOf(rec.Entry, shape)
+		shape := normalizeError(rec.Error, rec.MessageID)
+		fp := rec.fingerprint(shape)
 		i, ok := index[fp]
 		if !ok {
 			i = len(rep.Groups)

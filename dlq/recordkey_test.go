@@ -33,7 +33,7 @@ func TestRestoreKeepsRecordKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := dlq.Restore(env, rec)
+		out := rec.Restore(env)
 		if (out.RecordKey == nil) != (key == nil) || !bytes.Equal(out.RecordKey, key) {
 			t.Errorf("record key %q (nil %v): restored as %q (nil %v)", key, key == nil, out.RecordKey, out.RecordKey == nil)
 		}

@@ -273,7 +273,7 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		if err := s.rate.wait(ctx); err != nil {
 			return nil, err
 		}
-		return &replayDelivery{Delivery: d, msg: Restore(msg, rec)}, nil
+		return &replayDelivery{Delivery: d, msg: rec.Restore(msg)}, nil
 	}
 }
 

@@ -175,7 +175,7 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 		if err := rate.wait(ctx); err != nil {
 			return res, err
 		}
-		out := Restore(msg, rec)
+		out := rec.Restore(msg)
 		if err := cfg.Publish(ctx, dest, out); err != nil {
 			return res, fmt.Errorf("dlq: republish %q to %s: %w", rec.MessageID, dest, err)
 		}

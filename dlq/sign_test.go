@@ -106,7 +106,7 @@ func TestSignatureCoversEnvelopeAndBody(t *testing.T) {
 func TestReEnvelopeSignsAgain(t *testing.T) {
 	t.Parallel()
 	first := signedEnvelope(t, signKey)
-	again := dlq.Envelope(dlq.Restore(first, mustParse(t, first)), failure(consumer.ClassPermanent, "still bad", time.Now()),
+	again := dlq.Envelope(mustParse(t, first).Restore(first), failure(consumer.ClassPermanent, "still bad", time.Now()),
 		dlq.Options{SigningKey: signKey})
 	if again.Header(dlq.HeaderSignature) == first.Header(dlq.HeaderSignature) {
 		t.Fatal("the second envelope kept the first signature")
@@ -117,7 +117,7 @@ func TestReEnvelopeSignsAgain(t *testing.T) {
 	if r := mustParse(t, again); r.DeadLetters != 2 || len(r.History) != 1 {
 		t.Fatalf("second envelope record: %+v", r)
 	}
-	plain := dlq.Envelope(dlq.Restore(first, mustParse(t, first)), failure(consumer.ClassPermanent, "x", time.Now()), dlq.Options{})
+	plain := dlq.Envelope(mustParse(t, first).Restore(first), failure(consumer.ClassPermanent, "x", time.Now()), dlq.Options{})
 	if _, ok := plain.Headers[dlq.HeaderSignature]; ok {
 		t.Fatal("a stale signature survived re-enveloping without a key")
 	}

@@ -36,7 +36,7 @@ func (b *groupBrowser) Next(ctx context.Context) (consumer.Delivery, error) {
 			return nil, err
 		}
 		rec, err := readRecord(d.Message())
-		if err == nil && dlq.FailureFingerprint(rec.Entry) == b.fingerprint {
+		if err == nil && rec.Entry.Fingerprint() == b.fingerprint {
 			return d, nil
 		}
 	}
