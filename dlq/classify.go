@@ -85,7 +85,7 @@ type ClassifyConfig struct {
 		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
 	}
 	// Consumer is the dedup scope to check. Defaults to each message's
-	// HeaderConsumer.
+	// x-idemq-consumer.
 	Consumer string
 	// Filter, Limit and VerifyKeys are as for Replay.
 	Filter Filter

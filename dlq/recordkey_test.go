@@ -221,7 +221,7 @@ func rkReadAll(ctx context.Context, t *testing.T, brokers []string, topic string
 			}
 			id := ""
 			for _, h := range m.Headers {
-				if h.Key == "idempotency-key" || h.Key == dlq.HeaderMessageID {
+				if h.Key == "idempotency-key" || h.Key == "x-idemq-message-id" {
 					id = string(h.Value)
 				}
 			}

@@ -37,7 +37,7 @@ type ReplayConfig struct {
 	// counted as BeyondHorizon, unless Force is set. A message is dated by
 	// the earliest of its first failure (history included), its timestamp
 	// and, for a fingerprint mismatch, the time the original with the same
-	// id was applied (HeaderOriginalProcessedAt); a mismatch whose
+	// id was applied (x-idemq-original-processed-at); a mismatch whose
 	// original's row is gone from Consumer.Store is refused too, and so is
 	// a mismatch envelope without that header when Consumer.Store cannot
 	// look rows up (has no Lookup method, as *processed.Store has).
@@ -145,10 +145,10 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	// The envelope holds the id the live consumer extracted; prefer it,
 	// so a replay dedupes on exactly the same id.
 	cc.MessageID = func(m *consumer.Message) (string, error) {
-		if _, ok := m.Headers[HeaderErrorClass]; ok {
+		if _, ok := m.Headers[headerErrorClass]; ok {
 			// An empty id in an envelope is a missing-id dead letter:
 			// it stays one, rather than taking a broker-made id.
-			return m.Header(HeaderMessageID), nil
+			return m.Header(headerMessageID), nil
 		}
 		return idFunc(m)
 	}

@@ -20,7 +20,7 @@ type RequeueConfig struct {
 	// durably accepted it: wrap a broker adapter's Publisher. Required.
 	Publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	// Destination overrides where messages go. Defaults to each
-	// message's original source (HeaderSource).
+	// message's original source (x-idemq-source).
 	Destination string
 	// Store, if set, is checked first: already-applied messages are
 	// removed from the dead-letter queue without being republished, and
@@ -31,10 +31,10 @@ type RequeueConfig struct {
 		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
 	}
 	// Consumer is the dedup scope for Store. Defaults to each message's
-	// HeaderConsumer.
+	// x-idemq-consumer.
 	Consumer string
 	// Filter, Limit, Rate, Force and VerifyKeys are as for Replay.
-	// Requeue publishes to each message's HeaderSource, so without
+	// Requeue publishes to each message's x-idemq-source, so without
 	// VerifyKeys a forged envelope chooses where it goes.
 	Filter Filter
 	Limit  int
@@ -43,7 +43,7 @@ type RequeueConfig struct {
 	// for Replay: a fingerprint mismatch is dated by when its original was
 	// applied, and with Store set one whose original's row is gone is
 	// refused; without Store, a mismatch envelope that does not say when
-	// its original was applied (HeaderOriginalProcessedAt) is refused.
+	// its original was applied (x-idemq-original-processed-at) is refused.
 	// Requeue has no consumer configuration to take it from: set it to the
 	// live consumer's consumer.Config.Retention. Defaults to 0: no guard.
 	Retention  time.Duration

@@ -16,10 +16,10 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// HeaderSignature carries the envelope's HMAC when Options.SigningKey is
+// headerSignature carries the envelope's HMAC when Options.SigningKey is
 // set: "v1=" and the hex HMAC-SHA256 of every x-idemq-* header (this one
 // excepted) and the body. See Verify.
-const HeaderSignature = "x-idemq-signature"
+const headerSignature = "x-idemq-signature"
 
 // minKeyBytes is the shortest signing or verification key accepted.
 const minKeyBytes = 16
@@ -35,29 +35,29 @@ const (
 // key that is not trusted. The error wrapping it says which.
 var ErrBadSignature = errors.New("dlq: envelope not verified")
 
-// Sign sets msg's HeaderSignature for key, replacing any there. It covers
-// the body and every header named x-idemq-*: the dedup id, consumer, source
-// and the rest of the envelope, so that a replay can trust them. Envelope
-// calls it when Options.SigningKey is set.
+// Sign sets msg's x-idemq-signature header for key, replacing any there.
+// It covers the body and every header named x-idemq-*: the dedup id,
+// consumer, source and the rest of the envelope, so that a replay can
+// trust them. Envelope calls it when Options.SigningKey is set.
 func Sign(msg *consumer.Message, key []byte) {
 	if msg.Headers == nil {
 		msg.Headers = map[string]string{}
 	}
-	delete(msg.Headers, HeaderSignature)
-	msg.Headers[HeaderSignature] = signatureVersion + hex.EncodeToString(mac(msg, key))
+	delete(msg.Headers, headerSignature)
+	msg.Headers[headerSignature] = signatureVersion + hex.EncodeToString(mac(msg, key))
 }
 
-// Verify checks msg's HeaderSignature against keys, any one of which may
-// match (list the current key and those being rotated out). It returns nil,
-// or an error wrapping ErrBadSignature that says whether the envelope is
-// not signed or its signature does not match.
+// Verify checks msg's x-idemq-signature header against keys, any one of
+// which may match (list the current key and those being rotated out). It
+// returns nil, or an error wrapping ErrBadSignature that says whether the
+// envelope is not signed or its signature does not match.
 //
 // A signed envelope proves that a holder of the key dead-lettered this body
 // with these x-idemq-* headers, so a replay can use its consumer, dedup id
 // and source. Without verification, anyone who can publish to the
 // dead-letter queue can choose them.
 func Verify(msg *consumer.Message, keys ...[]byte) error {
-	sig, ok := msg.Headers[HeaderSignature]
+	sig, ok := msg.Headers[headerSignature]
 	if !ok {
 		return fmt.Errorf("%w: not signed", ErrBadSignature)
 	}
@@ -105,7 +105,7 @@ func mac(msg *consumer.Message, key []byte) []byte {
 	writeField(m, signatureDomain)
 	names := make([]string, 0, 16)
 	for k := range msg.Headers {
-		if strings.HasPrefix(strings.ToLower(k), headerPrefix) && k != HeaderSignature {
+		if strings.HasPrefix(strings.ToLower(k), headerPrefix) && k != headerSignature {
 			names = append(names, k)
 		}
 	}

@@ -589,7 +589,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		fmt.Fprintf(e.stderr, "idemq: %d truncated dead letters were left in place: each was cut to fit the broker, so its body is not the original's. "+
 			"Its envelope holds the original's size and sha256 (%s, %s) and, where the broker keeps them, its source and offset (%s, %s): "+
 			"republish the original from there, and delete the dead letter by hand\n",
-			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, dlq.HeaderSource, dlq.HeaderOffset)
+			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, "x-idemq-source", "x-idemq-offset")
 	}
 	if err != nil {
 		return hint(err, store)

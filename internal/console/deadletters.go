@@ -146,7 +146,7 @@ func (s *Server) groupPage(ctx context.Context, sel selection, page int) (items 
 			e.Record = rec
 			e.Timeline = timeline(rec)
 			if len(s.cfg.VerifyKeys) > 0 {
-				_, signed := msg.Headers[dlq.HeaderSignature]
+				_, signed := msg.Headers["x-idemq-signature"]
 				switch verr := dlq.Verify(msg, s.cfg.VerifyKeys...); {
 				case verr == nil:
 					e.Signature = "verified"
