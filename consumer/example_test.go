@@ -79,7 +79,12 @@ func Example() {
 	s := rt.Stats()
 	fmt.Printf("applied=%d duplicates=%d dead-lettered=%d\n", s.Applied, s.Duplicates, s.DeadLettered)
 	dl := broker.Messages("greetings.dlq")[0]
-	fmt.Println(dl.Header(dlq.HeaderErrorClass), dl.Header(dlq.HeaderError))
+	r, err := dlq.Parse(dl) // the failure envelope
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(r.Class, r.Error)
 	// Output:
 	// applied=2 duplicates=1 dead-lettered=1
 	// permanent permanent: empty name

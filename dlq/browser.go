@@ -71,7 +71,7 @@ func (b *sourceBrowser) Close() error { return b.src.Close() }
 // non-empty fields must all match.
 type Filter struct {
 	// Consumer keeps messages dead-lettered by this consumer (the
-	// HeaderConsumer header). Replay sets it to its consumer's name, so
+	// x-idemq-consumer header). Replay sets it to its consumer's name, so
 	// a shared DLQ never replays one consumer's messages through another.
 	Consumer string
 	// Classes keeps messages whose latest failure has one of these

@@ -12,8 +12,9 @@ import (
 	"github.com/idemq/idemq/processed"
 )
 
-// Lookuper finds a message's dedup row; *processed.Store implements it.
-type Lookuper interface {
+// lookuper finds a message's dedup row: the Store of ClassifyConfig and
+// RequeueConfig. *processed.Store implements it.
+type lookuper = interface {
 	Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
 }
 
@@ -78,10 +79,13 @@ type ClassifyConfig struct {
 	// Browser reads the dead-letter queue. Required. Classify closes it,
 	// which gives every message back: a dry run consumes nothing.
 	Browser Browser
-	// Store answers whether an id was applied. Required.
-	Store Lookuper
+	// Store answers whether an id was applied: the live consumer's
+	// *processed.Store. Required.
+	Store interface {
+		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+	}
 	// Consumer is the dedup scope to check. Defaults to each message's
-	// HeaderConsumer.
+	// x-idemq-consumer.
 	Consumer string
 	// Filter, Limit and VerifyKeys are as for Replay.
 	Filter Filter
@@ -193,7 +197,7 @@ func (c *Classification) add(it Item) {
 }
 
 // lookupVerdict checks one id against the dedup table.
-func lookupVerdict(ctx context.Context, store Lookuper, scope, id string, msg *consumer.Message) (Verdict, time.Time, error) {
+func lookupVerdict(ctx context.Context, store lookuper, scope, id string, msg *consumer.Message) (Verdict, time.Time, error) {
 	row, err := store.Lookup(ctx, scope, id)
 	switch {
 	case errors.Is(err, processed.ErrNotFound):

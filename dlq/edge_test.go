@@ -85,7 +85,7 @@ func edgeMismatchAfterPurge(t *testing.T, e *rmqEnv, withProcessedAt bool) strin
 // it, replayed with Retention 72h after the purge removed the original's
 // row, is refused (and the dry run says so) instead of applying a second,
 // different effect. Also for an envelope written before
-// HeaderOriginalProcessedAt existed: the row's absence is what refuses it.
+// x-idemq-original-processed-at existed: the row's absence is what refuses it.
 func TestEdgeReplayMismatchAfterPurge(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -102,8 +102,8 @@ func TestEdgeReplayMismatchAfterPurge(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if m.Header(dlq.HeaderOriginalProcessedAt) == "" || time.Since(r.ProcessedAt) < edgeAppliedBefore {
-					t.Fatalf("envelope without the original's processed_at: %q, %v", m.Header(dlq.HeaderOriginalProcessedAt), r.ProcessedAt)
+				if m.Header("x-idemq-original-processed-at") == "" || time.Since(r.ProcessedAt) < edgeAppliedBefore {
+					t.Fatalf("envelope without the original's processed_at: %q, %v", m.Header("x-idemq-original-processed-at"), r.ProcessedAt)
 				}
 			}
 
@@ -127,7 +127,7 @@ func TestEdgeReplayMismatchAfterPurge(t *testing.T) {
 
 // TestEdgeRequeueMismatchAfterPurge is the same for Requeue, with and
 // without a Store: with one, the original's row is gone; without one, the
-// envelope's HeaderOriginalProcessedAt dates it 73 h back, and a mismatch
+// envelope's x-idemq-original-processed-at dates it 73 h back, and a mismatch
 // envelope without it cannot be dated, so both are refused.
 func TestEdgeRequeueMismatchAfterPurge(t *testing.T) {
 	t.Parallel()
@@ -311,7 +311,7 @@ func TestEnvelopeOriginalProcessedAt(t *testing.T) {
 	f := consumer.Failure{Consumer: "billing", MessageID: "m-1", Class: consumer.ClassFingerprintMismatch,
 		Err: errors.New("mismatch"), FirstFailure: at, LastFailure: at, ProcessedAt: applied}
 	env := dlq.Envelope(msg, f, dlq.Options{Host: "h", SigningKey: signKey})
-	if got := env.Header(dlq.HeaderOriginalProcessedAt); got != applied.Format(time.RFC3339Nano) {
+	if got := env.Header("x-idemq-original-processed-at"); got != applied.Format(time.RFC3339Nano) {
 		t.Fatalf("header %q", got)
 	}
 	r, err := dlq.Parse(env)
@@ -324,9 +324,9 @@ func TestEnvelopeOriginalProcessedAt(t *testing.T) {
 	for _, v := range []string{"", at.Format(time.RFC3339Nano)} {
 		forged := env.Clone()
 		if v == "" {
-			delete(forged.Headers, dlq.HeaderOriginalProcessedAt)
+			delete(forged.Headers, "x-idemq-original-processed-at")
 		} else {
-			forged.Headers[dlq.HeaderOriginalProcessedAt] = v
+			forged.Headers["x-idemq-original-processed-at"] = v
 		}
 		if err := dlq.Verify(forged, signKey); !errors.Is(err, dlq.ErrBadSignature) {
 			t.Fatalf("header changed to %q and the signature still verifies: %v", v, err)
@@ -339,14 +339,14 @@ func TestEnvelopeOriginalProcessedAt(t *testing.T) {
 		t.Fatal("signed envelope without the header does not verify")
 	}
 	bad := env.Clone()
-	bad.Headers[dlq.HeaderOriginalProcessedAt] = "yesterday"
-	if _, err := dlq.Parse(bad); err == nil || !strings.Contains(err.Error(), dlq.HeaderOriginalProcessedAt) {
+	bad.Headers["x-idemq-original-processed-at"] = "yesterday"
+	if _, err := dlq.Parse(bad); err == nil || !strings.Contains(err.Error(), "x-idemq-original-processed-at") {
 		t.Fatalf("malformed header: %v", err)
 	}
 
 	again := dlq.Envelope(env, consumer.Failure{Consumer: "billing", MessageID: "m-1", Class: consumer.ClassPermanent,
 		Err: errors.New("x"), FirstFailure: at.Add(time.Hour), LastFailure: at.Add(time.Hour)}, dlq.Options{Host: "h"})
-	if _, ok := again.Headers[dlq.HeaderOriginalProcessedAt]; ok {
+	if _, ok := again.Headers["x-idemq-original-processed-at"]; ok {
 		t.Fatal("the header outlived the failure it describes")
 	}
 	r, err = dlq.Parse(again)

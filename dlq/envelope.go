@@ -13,50 +13,31 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// The header contract of a dead-lettered message. Every broker adapter
-// carries these as string headers. Times are RFC 3339 with nanoseconds, in
-// UTC.
+// The header contract of a dead-lettered message, listed in the package
+// doc. Every broker adapter carries these as string headers. Times are RFC
+// 3339 with nanoseconds, in UTC.
 const (
-	// HeaderConsumer is the name of the consumer that gave up: the dedup
-	// scope a replay must use.
-	HeaderConsumer = "x-idemq-consumer"
-	// HeaderMessageID is the dedup id extracted from the message; empty
-	// for class missing-id.
-	HeaderMessageID = "x-idemq-message-id"
-	// HeaderErrorClass is the consumer.FailureClass.
-	HeaderErrorClass = "x-idemq-error-class"
-	// HeaderError is the last error's text, truncated to
-	// Options.MaxErrorBytes.
-	HeaderError = "x-idemq-error"
-	// HeaderAttempts is the number of handler attempts, in decimal.
-	HeaderAttempts = "x-idemq-attempts"
-	// HeaderFirstFailure is when the first attempt failed.
-	HeaderFirstFailure = "x-idemq-first-failure"
-	// HeaderLastFailure is when the last attempt failed.
-	HeaderLastFailure = "x-idemq-last-failure"
-	// HeaderSource is the original queue or topic.
-	HeaderSource = "x-idemq-source"
-	// HeaderPartition is the original Kafka partition; absent elsewhere.
-	HeaderPartition = "x-idemq-partition"
-	// HeaderOffset is the original's position where its broker keeps one:
-	// its Kafka offset, or its JetStream stream sequence. Absent
-	// elsewhere.
-	HeaderOffset = "x-idemq-offset"
-	// HeaderHost is the host name of the process that dead-lettered it.
-	HeaderHost = "x-idemq-host"
-	// HeaderDeadLetters counts how many times the message was
-	// dead-lettered, this time included.
-	HeaderDeadLetters = "x-idemq-dead-letters"
+	headerConsumer            = "x-idemq-consumer"
+	headerMessageID           = "x-idemq-message-id"
+	headerErrorClass          = "x-idemq-error-class"
+	headerError               = "x-idemq-error"
+	headerAttempts            = "x-idemq-attempts"
+	headerFirstFailure        = "x-idemq-first-failure"
+	headerLastFailure         = "x-idemq-last-failure"
+	headerSource              = "x-idemq-source"
+	headerPartition           = "x-idemq-partition"
+	headerOffset              = "x-idemq-offset"
+	headerHost                = "x-idemq-host"
+	headerDeadLetters         = "x-idemq-dead-letters"
+	headerOriginalProcessedAt = "x-idemq-original-processed-at"
+)
+
+// The envelope headers that describe a dead letter's history and
+// truncation. Parse reads them into a Record.
+const (
 	// HeaderHistory is a JSON array of the earlier failures (Entry
 	// objects), oldest first.
 	HeaderHistory = "x-idemq-history"
-	// HeaderOriginalProcessedAt is, for class fingerprint-mismatch, when
-	// the original message with the same id was applied
-	// (consumer.Failure.ProcessedAt): its dedup row is the one a replay
-	// depends on, so the replay-horizon guard dates the dead letter by it.
-	// Absent for other classes, and in envelopes written before it
-	// existed.
-	HeaderOriginalProcessedAt = "x-idemq-original-processed-at"
 	// HeaderTruncated marks a dead letter cut to fit the broker (see
 	// DeadLetterer): a comma-separated list of what it lacks of the
 	// original message, among "body" (it holds only the first
@@ -74,26 +55,26 @@ const (
 	HeaderOriginalSHA256 = "x-idemq-original-sha256"
 )
 
-// Defaults for Options.
+// The defaults of Options, as its fields document them.
 const (
-	DefaultMaxErrorBytes = 1024
-	DefaultMaxHistory    = 10
-	DefaultPreviewBytes  = 1024
+	defaultMaxErrorBytes = 1024
+	defaultMaxHistory    = 10
+	defaultPreviewBytes  = 1024
 )
 
 // Options tune the envelope. The zero value is ready to use.
 type Options struct {
-	// Host is written to HeaderHost. Defaults to os.Hostname().
+	// Host is written to x-idemq-host. Defaults to os.Hostname().
 	Host string
 	// MaxErrorBytes truncates error texts. Defaults to 1024.
 	MaxErrorBytes int
 	// MaxHistory bounds HeaderHistory; the oldest entries are dropped
 	// first. Defaults to 10.
 	MaxHistory int
-	// SigningKey, if set, signs every envelope (HeaderSignature), so that
+	// SigningKey, if set, signs every envelope (x-idemq-signature), so that
 	// a replay given the key in VerifyKeys replays only envelopes written
 	// here, not ones forged by whoever can publish to the dead-letter
-	// queue. At least MinKeyBytes; use 32 random bytes, kept secret.
+	// queue. At least 16 bytes; use 32 random bytes, kept secret.
 	// Defaults to none: envelopes are not signed.
 	SigningKey []byte
 	// PreviewBytes is how much of the body a truncated dead letter keeps,
@@ -107,13 +88,13 @@ func (o Options) withDefaults() Options {
 		o.Host, _ = os.Hostname()
 	}
 	if o.MaxErrorBytes == 0 {
-		o.MaxErrorBytes = DefaultMaxErrorBytes
+		o.MaxErrorBytes = defaultMaxErrorBytes
 	}
 	if o.MaxHistory == 0 {
-		o.MaxHistory = DefaultMaxHistory
+		o.MaxHistory = defaultMaxHistory
 	}
 	if o.PreviewBytes == 0 {
-		o.PreviewBytes = DefaultPreviewBytes
+		o.PreviewBytes = defaultPreviewBytes
 	}
 	return o
 }
@@ -127,7 +108,7 @@ func (o Options) validate() error {
 	case o.PreviewBytes < 0:
 		return &consumer.ConfigError{Field: "PreviewBytes", Reason: "negative"}
 	case o.SigningKey != nil:
-		if err := ValidateKey(o.SigningKey); err != nil {
+		if err := validateKey(o.SigningKey); err != nil {
 			return &consumer.ConfigError{Field: "SigningKey", Reason: err.Error()}
 		}
 	}
@@ -148,7 +129,7 @@ type Entry struct {
 	Offset       int64                 `json:"offset"`
 	Host         string                `json:"host,omitempty"`
 	// ProcessedAt is, for class fingerprint-mismatch, when the original
-	// with the same id was applied (HeaderOriginalProcessedAt); zero if
+	// with the same id was applied (x-idemq-original-processed-at); zero if
 	// unknown or for other classes.
 	ProcessedAt time.Time `json:"original_processed_at,omitzero"`
 }
@@ -178,7 +159,7 @@ var ErrNoEnvelope = errors.New("dlq: message has no idemq failure envelope")
 // plus headers describing f. A previous envelope on msg is moved into the
 // history. Source, Partition and Offset come from an earlier envelope if
 // there is one (a replayed message keeps its original source), else from msg.
-// With opts.SigningKey, the envelope is signed (HeaderSignature).
+// With opts.SigningKey, the envelope is signed (x-idemq-signature).
 func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer.Message {
 	opts = opts.withDefaults()
 	m := msg.Clone()
@@ -211,33 +192,33 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 			h[HeaderHistory] = string(b)
 		}
 	}
-	h[HeaderConsumer] = cur.Consumer
-	h[HeaderMessageID] = cur.MessageID
-	h[HeaderErrorClass] = string(cur.Class)
-	h[HeaderError] = cur.Error
-	h[HeaderAttempts] = strconv.Itoa(cur.Attempts)
-	h[HeaderFirstFailure] = formatTime(cur.FirstFailure)
-	h[HeaderLastFailure] = formatTime(cur.LastFailure)
+	h[headerConsumer] = cur.Consumer
+	h[headerMessageID] = cur.MessageID
+	h[headerErrorClass] = string(cur.Class)
+	h[headerError] = cur.Error
+	h[headerAttempts] = strconv.Itoa(cur.Attempts)
+	h[headerFirstFailure] = formatTime(cur.FirstFailure)
+	h[headerLastFailure] = formatTime(cur.LastFailure)
 	// The header describes this failure only: an earlier one's moved into
 	// the history with its entry.
-	delete(h, HeaderOriginalProcessedAt)
+	delete(h, headerOriginalProcessedAt)
 	if !cur.ProcessedAt.IsZero() {
-		h[HeaderOriginalProcessedAt] = formatTime(cur.ProcessedAt)
+		h[headerOriginalProcessedAt] = formatTime(cur.ProcessedAt)
 	}
-	h[HeaderSource] = cur.Source
-	delete(h, HeaderPartition)
-	delete(h, HeaderOffset)
+	h[headerSource] = cur.Source
+	delete(h, headerPartition)
+	delete(h, headerOffset)
 	if cur.Partition >= 0 {
-		h[HeaderPartition] = strconv.Itoa(int(cur.Partition))
+		h[headerPartition] = strconv.Itoa(int(cur.Partition))
 	}
 	if cur.Offset >= 0 {
-		h[HeaderOffset] = strconv.FormatInt(cur.Offset, 10)
+		h[headerOffset] = strconv.FormatInt(cur.Offset, 10)
 	}
-	h[HeaderHost] = cur.Host
-	h[HeaderDeadLetters] = strconv.Itoa(deadLetters)
+	h[headerHost] = cur.Host
+	h[headerDeadLetters] = strconv.Itoa(deadLetters)
 	// An earlier signature covers the earlier envelope: it goes, and a
 	// new one is made if there is a key.
-	delete(h, HeaderSignature)
+	delete(h, headerSignature)
 	m.Headers = h
 	if opts.SigningKey != nil {
 		Sign(m, opts.SigningKey)
@@ -250,45 +231,45 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 // malformed header otherwise.
 func Parse(msg *consumer.Message) (Record, error) {
 	h := msg.Headers
-	class, ok := h[HeaderErrorClass]
+	class, ok := h[headerErrorClass]
 	if !ok {
 		return Record{}, ErrNoEnvelope
 	}
 	r := Record{Entry: Entry{
-		Consumer: h[HeaderConsumer], MessageID: h[HeaderMessageID], Class: consumer.FailureClass(class),
-		Error: h[HeaderError], Source: h[HeaderSource], Host: h[HeaderHost], Partition: -1, Offset: -1,
+		Consumer: h[headerConsumer], MessageID: h[headerMessageID], Class: consumer.FailureClass(class),
+		Error: h[headerError], Source: h[headerSource], Host: h[headerHost], Partition: -1, Offset: -1,
 	}, DeadLetters: 1}
 	var err error
 	bad := func(name string, e error) error { return fmt.Errorf("dlq: header %s: %w", name, e) }
-	if v := h[HeaderAttempts]; v != "" {
+	if v := h[headerAttempts]; v != "" {
 		if r.Attempts, err = strconv.Atoi(v); err != nil {
-			return r, bad(HeaderAttempts, err)
+			return r, bad(headerAttempts, err)
 		}
 	}
-	if r.FirstFailure, err = parseTime(h[HeaderFirstFailure]); err != nil {
-		return r, bad(HeaderFirstFailure, err)
+	if r.FirstFailure, err = parseTime(h[headerFirstFailure]); err != nil {
+		return r, bad(headerFirstFailure, err)
 	}
-	if r.LastFailure, err = parseTime(h[HeaderLastFailure]); err != nil {
-		return r, bad(HeaderLastFailure, err)
+	if r.LastFailure, err = parseTime(h[headerLastFailure]); err != nil {
+		return r, bad(headerLastFailure, err)
 	}
-	if r.ProcessedAt, err = parseTime(h[HeaderOriginalProcessedAt]); err != nil {
-		return r, bad(HeaderOriginalProcessedAt, err)
+	if r.ProcessedAt, err = parseTime(h[headerOriginalProcessedAt]); err != nil {
+		return r, bad(headerOriginalProcessedAt, err)
 	}
-	if v := h[HeaderPartition]; v != "" {
+	if v := h[headerPartition]; v != "" {
 		p, err := strconv.ParseInt(v, 10, 32)
 		if err != nil {
-			return r, bad(HeaderPartition, err)
+			return r, bad(headerPartition, err)
 		}
 		r.Partition = int32(p)
 	}
-	if v := h[HeaderOffset]; v != "" {
+	if v := h[headerOffset]; v != "" {
 		if r.Offset, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return r, bad(HeaderOffset, err)
+			return r, bad(headerOffset, err)
 		}
 	}
-	if v := h[HeaderDeadLetters]; v != "" {
+	if v := h[headerDeadLetters]; v != "" {
 		if r.DeadLetters, err = strconv.Atoi(v); err != nil {
-			return r, bad(HeaderDeadLetters, err)
+			return r, bad(headerDeadLetters, err)
 		}
 	}
 	if v := h[HeaderHistory]; v != "" {
@@ -308,9 +289,10 @@ func Parse(msg *consumer.Message) (Record, error) {
 	return r, nil
 }
 
-// Restore returns the message as its consumer first saw it, for replay: the
-// dedup id, source, partition and offset come back from the envelope. The
-// envelope headers stay, so a second failure grows the history.
+// Restore returns msg, the dead letter r was parsed from, as its consumer
+// first saw it, for replay: the dedup id, source, partition and offset come
+// back from the envelope. The envelope headers stay, so a second failure
+// grows the history.
 //
 // RecordKey, the broker's record key, is kept byte for byte (a null key
 // stays nil): the dead-lettering publisher wrote the original record key,
@@ -318,7 +300,7 @@ func Parse(msg *consumer.Message) (Record, error) {
 // it was produced with, to the partition that key hashes to. Key, the
 // runtime's ordering key, is the dead-letter queue's own (for Kafka
 // "<dlq topic>/<partition>"): no publisher writes it.
-func Restore(msg *consumer.Message, r Record) *consumer.Message {
+func (r Record) Restore(msg *consumer.Message) *consumer.Message {
 	m := msg.Clone() // keeps RecordKey, nil or not
 	if r.MessageID != "" {
 		m.ID = r.MessageID

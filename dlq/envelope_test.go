@@ -58,7 +58,7 @@ func TestEnvelopeHistoryGrowsAndIsBounded(t *testing.T) {
 	if r.Source != "orders" {
 		t.Fatalf("original source lost across re-dead-lettering: %q", r.Source)
 	}
-	if _, ok := msg.Headers[dlq.HeaderPartition]; ok {
+	if _, ok := msg.Headers["x-idemq-partition"]; ok {
 		t.Fatal("partition header written for a broker without partitions")
 	}
 }
@@ -67,7 +67,7 @@ func TestEnvelopeTruncatesError(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("é", 1000)
 	env := dlq.Envelope(&consumer.Message{ID: "m"}, failure(consumer.ClassPanic, long, time.Now()), dlq.Options{MaxErrorBytes: 100})
-	e := env.Header(dlq.HeaderError)
+	e := env.Header("x-idemq-error")
 	if len(e) > 100 || !strings.HasSuffix(e, "[truncated]") || !strings.HasPrefix(e, "éé") {
 		t.Fatalf("truncated error %q (%d bytes)", e, len(e))
 	}
@@ -78,8 +78,8 @@ func TestParseErrors(t *testing.T) {
 	if _, err := dlq.Parse(&consumer.Message{}); !errors.Is(err, dlq.ErrNoEnvelope) {
 		t.Fatalf("no envelope: %v", err)
 	}
-	bad := &consumer.Message{Headers: map[string]string{dlq.HeaderErrorClass: "permanent", dlq.HeaderAttempts: "three"}}
-	if _, err := dlq.Parse(bad); err == nil || !strings.Contains(err.Error(), dlq.HeaderAttempts) {
+	bad := &consumer.Message{Headers: map[string]string{"x-idemq-error-class": "permanent", "x-idemq-attempts": "three"}}
+	if _, err := dlq.Parse(bad); err == nil || !strings.Contains(err.Error(), "x-idemq-attempts") {
 		t.Fatalf("malformed attempts: %v", err)
 	}
 }
@@ -90,7 +90,7 @@ func TestRestore(t *testing.T) {
 		consumer.Failure{Consumer: "c", MessageID: "dedup-id", Class: consumer.ClassPermanent, Err: errors.New("x")}, dlq.Options{})
 	env.Source, env.Partition, env.Offset = "orders.dlq", 0, 77
 	r, _ := dlq.Parse(env)
-	m := dlq.Restore(env, r)
+	m := r.Restore(env)
 	if m.ID != "dedup-id" || m.Source != "orders" || m.Partition != 1 || m.Offset != 9 || !m.Redelivered {
 		t.Fatalf("restored %+v", m)
 	}

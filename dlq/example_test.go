@@ -19,13 +19,13 @@ func ExampleVerify() {
 		Err: errors.New("unknown account"), Attempts: 1, FirstFailure: at, LastFailure: at}, dlq.Options{SigningKey: key})
 	fmt.Println("as dead-lettered:", dlq.Verify(env, key))
 
-	env.Headers[dlq.HeaderSource] = "admin-commands"
+	env.Headers["x-idemq-source"] = "admin-commands"
 	fmt.Println("source changed:", dlq.Verify(env, key))
 
-	delete(env.Headers, dlq.HeaderSignature)
+	delete(env.Headers, "x-idemq-signature")
 	fmt.Println("signature removed:", dlq.Verify(env, key))
 	// Output:
 	// as dead-lettered: <nil>
-	// source changed: dlq: envelope signature does not match
-	// signature removed: dlq: envelope is not signed
+	// source changed: dlq: envelope not verified: signature does not match any key
+	// signature removed: dlq: envelope not verified: not signed
 }

@@ -9,17 +9,17 @@ import (
 	"unicode/utf8"
 )
 
-// Placeholders that NormalizeError puts in place of the parts of an error
+// Placeholders that normalizeError puts in place of the parts of an error
 // text that differ from one message to the next.
 const (
-	PlaceholderID     = "<id>"    // the message's own dedup id
-	PlaceholderQuoted = "<q>"     // a quoted value: "...", '...' or `...`
-	PlaceholderTime   = "<time>"  // a timestamp (RFC 3339, Go's time.Time and layouts, HTTP dates), or a date
-	PlaceholderUUID   = "<uuid>"  // a UUID
-	PlaceholderHex    = "<hex>"   // a hex id: 0x..., or a word of 8 or more hex digits, one of them decimal
-	PlaceholderAddr   = "<addr>"  // an IPv4 address (with its port), or a bracketed IPv6 one
-	PlaceholderEmail  = "<email>" // an e-mail address
-	PlaceholderNumber = "<n>"     // a number, with what follows it in the same word (1.5s, 42nd, 0042x)
+	placeholderID     = "<id>"    // the message's own dedup id
+	placeholderQuoted = "<q>"     // a quoted value: "...", '...' or `...`
+	placeholderTime   = "<time>"  // a timestamp (RFC 3339, Go's time.Time and layouts, HTTP dates), or a date
+	placeholderUUID   = "<uuid>"  // a UUID
+	placeholderHex    = "<hex>"   // a hex id: 0x..., or a word of 8 or more hex digits, one of them decimal
+	placeholderAddr   = "<addr>"  // an IPv4 address (with its port), or a bracketed IPv6 one
+	placeholderEmail  = "<email>" // an e-mail address
+	placeholderNumber = "<n>"     // a number, with what follows it in the same word (1.5s, 42nd, 0042x)
 )
 
 // normalizeTruncatedBytes bounds the normalised text of an error that the
@@ -97,7 +97,7 @@ var objectKeywords = []string{
 	"database", "role", "sequence", "trigger", "view", "extension", "domain", "operator", "collation",
 }
 
-// NormalizeError returns the shape of an error text: the text with every
+// normalizeError returns the shape of an error text: the text with every
 // part that differs from one message to the next replaced by a
 // placeholder, so that the dead letters of one cause share one shape. It
 // replaces, in this order of precedence (at each position of the text, the
@@ -105,13 +105,13 @@ var objectKeywords = []string{
 //
 //   - messageID, the message's own dedup id, wherever it stands as a
 //     whole token (not inside a longer word), quoted or not, with
-//     PlaceholderID; an id shorter than 3 bytes only where %q quoted it,
+//     placeholderID; an id shorter than 3 bytes only where %q quoted it,
 //     and is otherwise left to the rules below, which would otherwise
 //     turn "attempt 1 of 5" into "attempt <id> of 5" for the message with
 //     id "1";
 //   - quoted strings ("...", with %q's escapes; `...`; and '...' that
 //     opens after a non-word character, so no apostrophe opens one) with
-//     PlaceholderQuoted, the quotes kept, except a name Postgres quotes
+//     placeholderQuoted, the quotes kept, except a name Postgres quotes
 //     after a word such as constraint, relation, table or column, which
 //     says what failed and is kept;
 //   - timestamps (RFC 3339 with a T or a space, a fraction and a zone;
@@ -120,7 +120,7 @@ var objectKeywords = []string{
 //     IP addresses with their port, and hex ids (0x..., or 8 or more hex
 //     digits, one of them a decimal digit) with their placeholders;
 //   - numbers, with the rest of their word and their decimals (1.5s,
-//     1h2m3.5s, 42nd, 1,000), with PlaceholderNumber: "order-0042"
+//     1h2m3.5s, 42nd, 1,000), with placeholderNumber: "order-0042"
 //     becomes "order-<n>", "user42" "user<n>".
 //
 // A SQLSTATE code, "(SQLSTATE 23505)", is kept: it names the cause. So are
@@ -133,9 +133,9 @@ var objectKeywords = []string{
 // variable parts differ in length.
 //
 // The rules may be refined in later versions of idemq, which changes the
-// shape (and FailureFingerprint) of some texts: compare shapes made by the
+// shape (and Entry.Fingerprint) of some texts: compare shapes made by the
 // same version.
-func NormalizeError(text, messageID string) string {
+func normalizeError(text, messageID string) string {
 	truncated := strings.HasSuffix(text, truncatedMark)
 	text = strings.TrimSuffix(text, truncatedMark)
 	text = replaceID(text, messageID)
@@ -175,38 +175,38 @@ func NormalizeError(text, messageID string) string {
 	return out
 }
 
-// replace returns what NormalizeError writes for tok, matched by r;
+// replace returns what normalizeError writes for tok, matched by r;
 // before is the text before it.
 func (r rule) replace(tok, before string) string {
 	hasDigit := strings.ContainsAny(tok, "0123456789")
 	switch r {
 	case ruleDQuoted, ruleBQuoted, ruleSQuoted:
 		inner := tok[1 : len(tok)-1]
-		if inner == PlaceholderID || (r == ruleDQuoted && afterObjectKeyword(before)) {
+		if inner == placeholderID || (r == ruleDQuoted && afterObjectKeyword(before)) {
 			return tok
 		}
-		return tok[:1] + PlaceholderQuoted + tok[len(tok)-1:]
+		return tok[:1] + placeholderQuoted + tok[len(tok)-1:]
 	case ruleTime, ruleNamedTime:
-		return PlaceholderTime
+		return placeholderTime
 	case ruleUUID:
 		if hasDigit {
-			return PlaceholderUUID
+			return placeholderUUID
 		}
 	case ruleEmail:
-		return PlaceholderEmail
+		return placeholderEmail
 	case ruleAddr:
-		return PlaceholderAddr
+		return placeholderAddr
 	case ruleHex:
 		switch {
 		case strings.HasPrefix(tok, "0x") || strings.HasPrefix(tok, "0X"):
-			return PlaceholderHex
+			return placeholderHex
 		case strings.Trim(tok, "0123456789") == "":
-			return PlaceholderNumber // a long number is a number
+			return placeholderNumber // a long number is a number
 		case hasDigit:
-			return PlaceholderHex
+			return placeholderHex
 		}
 	case ruleNumber:
-		return PlaceholderNumber
+		return placeholderNumber
 	}
 	return tok // ruleSQLState, ruleName, and a UUID or hex word without a digit
 }
@@ -227,7 +227,7 @@ func afterObjectKeyword(before string) bool {
 }
 
 // replaceID replaces the whole-token occurrences of id in text, and of its
-// %q-escaped form, with PlaceholderID.
+// %q-escaped form, with placeholderID.
 func replaceID(text, id string) string {
 	if id == "" {
 		return text
@@ -235,7 +235,7 @@ func replaceID(text, id string) string {
 	if len(id) < 3 {
 		// Only quoted, as %q writes it: "message id "42" was applied"
 		// reads like "message id "order-0042" was applied".
-		return strings.ReplaceAll(text, strconv.Quote(id), `"`+PlaceholderID+`"`)
+		return strings.ReplaceAll(text, strconv.Quote(id), `"`+placeholderID+`"`)
 	}
 	text = replaceToken(text, id)
 	if q := strconv.Quote(id); q[1:len(q)-1] != id {
@@ -260,7 +260,7 @@ func replaceToken(text, tok string) string {
 			continue
 		}
 		b.WriteString(text[:i])
-		b.WriteString(PlaceholderID)
+		b.WriteString(placeholderID)
 		text = text[j:]
 	}
 	if b.Len() == 0 {
@@ -274,17 +274,24 @@ func isWordByte(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
 }
 
-// FailureFingerprint identifies the kind of a failure: a digest of the
+// Fingerprint identifies the kind of failure e is: a digest of the
 // consumer, the original source, the error class and the shape of the
-// error text (NormalizeError, with the entry's message id). Dead letters of
-// one cause share it although each error text names its own id, times and
-// values; Inspect groups by it, and so should anything else that groups
-// dead letters, so that the groups agree. It is 16 lower-case hex digits.
-func FailureFingerprint(e Entry) string {
-	return fingerprintOf(e, NormalizeError(e.Error, e.MessageID))
+// error text (the text with its variable parts, the entry's message id
+// among them, replaced by placeholders: see the package doc). Dead letters
+// of one cause share it although each error text names its own id, times
+// and values; Inspect groups by it, and so should anything else that
+// groups dead letters, so that the groups agree. It is 16 lower-case hex
+// digits.
+//
+// The shape's rules may be refined in later versions of idemq, which
+// changes the fingerprint of some texts: compare fingerprints made by the
+// same version.
+func (e Entry) Fingerprint() string {
+	return e.fingerprint(normalizeError(e.Error, e.MessageID))
 }
 
-func fingerprintOf(e Entry, shape string) string {
+// fingerprint is Fingerprint given the shape of e's error text.
+func (e Entry) fingerprint(shape string) string {
 	h := sha256.New()
 	for _, s := range []string{e.Consumer, e.Source, string(e.Class), shape} {
 		h.Write([]byte(strconv.Itoa(len(s))))

@@ -154,7 +154,7 @@ func TestNormalizeErrorTruncated(t *testing.T) {
 	if sa != sb || !strings.HasPrefix(sa, "order <id> (placed <time>): line item rejected;") || !strings.HasSuffix(sa, "…") {
 		t.Fatalf("shapes differ:\n%s\n%s", sa, sb)
 	}
-	if dlq.FailureFingerprint(a) != dlq.FailureFingerprint(b) {
+	if a.Fingerprint() != b.Fingerprint() {
 		t.Fatal("fingerprints differ")
 	}
 	// A short truncated text loses its last, possibly cut, word.
@@ -171,11 +171,11 @@ func TestFailureFingerprint(t *testing.T) {
 			Error: fmt.Sprintf("message id %q was applied at %s with a different payload", id, at.Format(time.RFC3339Nano))}
 	}
 	a, b := mismatch("pay-1", at), mismatch("pay-2000", at.Add(time.Hour+time.Millisecond))
-	fp := dlq.FailureFingerprint(a)
+	fp := a.Fingerprint()
 	if !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(fp) {
 		t.Fatalf("fingerprint %q: want 16 hex digits", fp)
 	}
-	if dlq.FailureFingerprint(b) != fp {
+	if b.Fingerprint() != fp {
 		t.Fatal("same cause, different ids and times: fingerprints differ")
 	}
 	for name, change := range map[string]func(*dlq.Entry){
@@ -189,7 +189,7 @@ func TestFailureFingerprint(t *testing.T) {
 	} {
 		e := a
 		change(&e)
-		if dlq.FailureFingerprint(e) == fp {
+		if e.Fingerprint() == fp {
 			t.Errorf("a different %s gives the same fingerprint", name)
 		}
 	}
@@ -256,8 +256,8 @@ func TestInspectGroupsByFingerprint(t *testing.T) {
 			t.Errorf("group %d: %+v\nwant pattern %s, sample error %s", i, g, patterns[i], first[i])
 		case !g.FirstSeen.Equal(wantFirst) || !g.LastSeen.Equal(wantLast):
 			t.Errorf("group %d seen %s to %s, want %s to %s", i, g.FirstSeen, g.LastSeen, wantFirst, wantLast)
-		case g.Fingerprint != dlq.FailureFingerprint(e):
-			t.Errorf("group %d: fingerprint %s, want FailureFingerprint's %s", i, g.Fingerprint, dlq.FailureFingerprint(e))
+		case g.Fingerprint != e.Fingerprint():
+			t.Errorf("group %d: fingerprint %s, want Entry.Fingerprint's %s", i, g.Fingerprint, e.Fingerprint())
 		}
 	}
 	if n := broker.Ready("payments.dlq"); n != 12 {

@@ -17,7 +17,7 @@ import (
 // A dead letter is dated by the earliest time it knows of: its first
 // failure (history included), the message's timestamp, and, for a
 // fingerprint mismatch, when the original with the same id was applied
-// (HeaderOriginalProcessedAt, or the dedup row itself). The mismatch's own
+// (x-idemq-original-processed-at, or the dedup row itself). The mismatch's own
 // failure is recent, but the row a replay depends on is the original's,
 // which the janitor purges by the original's age.
 //
@@ -28,13 +28,13 @@ import (
 //     and is dated by its processed_at; a missing row is beyond the
 //     horizon whatever the envelope says;
 //   - without one, the envelope must say when the original was applied; a
-//     mismatch envelope without HeaderOriginalProcessedAt (written before
+//     mismatch envelope without x-idemq-original-processed-at (written before
 //     it existed) cannot be dated and is beyond the horizon.
 type horizon struct {
 	// retention is the dedup retention; 0 turns the guard off.
 	retention time.Duration
 	// lookup, if set, finds the original's dedup row of a mismatch.
-	lookup Lookuper
+	lookup lookuper
 	// scope is the dedup scope to look a record's id up in.
 	scope func(Record) string
 }
@@ -69,7 +69,7 @@ func (h horizon) check(ctx context.Context, r Record, msg *consumer.Message, now
 				first, what = row.ProcessedAt, "original applied"
 			}
 		case r.originalProcessedAt().IsZero():
-			return "fingerprint mismatch without " + HeaderOriginalProcessedAt +
+			return "fingerprint mismatch without " + headerOriginalProcessedAt +
 				" (an envelope from before it existed) and no dedup store to find the original's row in", nil
 		}
 	}

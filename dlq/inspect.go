@@ -11,15 +11,15 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Group is the dead-lettered messages sharing a FailureFingerprint: one
+// Group is the dead-lettered messages sharing an Entry.Fingerprint: one
 // consumer, one original source, one error class and one shape of the
-// error text (NormalizeError), however their texts differ in ids, times
-// and values.
+// error text, however their texts differ in ids, times and values.
 type Group struct {
-	// Fingerprint is the group's FailureFingerprint.
+	// Fingerprint is the group's Entry.Fingerprint.
 	Fingerprint string                `json:"fingerprint"`
 	Class       consumer.FailureClass `json:"class"`
-	// Pattern is the shape of the group's error texts (NormalizeError).
+	// Pattern is the shape of the group's error texts: the text with its
+	// variable parts replaced by placeholders (see the package doc).
 	Pattern string `json:"pattern"`
 	// Error is one sample error text of the group: the first one read.
 	Error string `json:"error"`
@@ -36,7 +36,7 @@ type Group struct {
 	// Sample holds up to five message ids of the group.
 	Sample []string `json:"sample_ids"`
 	// Unverified counts the group's messages whose envelope is not signed
-	// by any key given with VerifyWith (always 0 without it).
+	// by any key given to Inspect (always 0 without keys).
 	Unverified int `json:"unverified,omitempty"`
 	// Truncated counts the group's dead letters that were cut to fit the
 	// broker (Record.Truncated): a replay leaves them in the queue.
@@ -48,41 +48,28 @@ type Report struct {
 	Total     int `json:"total"`
 	Malformed int `json:"malformed"`
 	// Unverified counts the messages whose envelope is not signed by any
-	// key given with VerifyWith; a replay with those keys leaves them.
+	// key given to Inspect; a replay with those keys leaves them.
 	Unverified int `json:"unverified,omitempty"`
 	// Truncated counts the dead letters cut to fit the broker.
 	Truncated int     `json:"truncated,omitempty"`
 	Groups    []Group `json:"groups"`
 }
 
-// InspectOption tunes Inspect.
-type InspectOption func(*inspectOptions)
-
-type inspectOptions struct{ keys [][]byte }
-
-// VerifyWith makes Inspect check each envelope's signature against keys
-// (see Verify) and count the messages no key verifies as Unverified.
-func VerifyWith(keys ...[]byte) InspectOption {
-	return func(o *inspectOptions) { o.keys = append(o.keys, keys...) }
-}
-
 // Inspect reads the dead-letter queue, as it was at the start, and groups its
-// messages by FailureFingerprint (consumer, source, error class and the
+// messages by their Entry.Fingerprint (consumer, source, error class and the
 // shape of the error text), largest group first, groups of one size in the
-// order their first message was read. With
-// VerifyWith it also counts the messages whose envelope no key verifies. It
-// consumes nothing: it closes the browser, which gives every message back.
-func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...InspectOption) (Report, error) {
+// order their first message was read; limit, if positive, bounds the
+// messages it groups. Given verifyKeys, it also checks each envelope's
+// signature (see Verify) and counts the messages no key verifies as
+// Unverified. It consumes nothing: it closes the browser, which gives every
+// message back.
+func Inspect(ctx context.Context, b Browser, filter Filter, limit int, verifyKeys ...[]byte) (Report, error) {
 	var rep Report
 	if b == nil {
 		return rep, &consumer.ConfigError{Field: "Browser", Reason: "required"}
 	}
 	defer b.Close()
-	var o inspectOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	verify, err := newVerifier(o.keys)
+	verify, err := newVerifier(verifyKeys)
 	if err != nil {
 		return rep, err
 	}
@@ -105,8 +92,8 @@ func Inspect(ctx context.Context, b Browser, filter Filter, limit int, opts ...I
 			continue
 		}
 		rep.Total++
-		shape := NormalizeError(rec.Error, rec.MessageID)
-		fp := fingerprintOf(rec.Entry, shape)
+		shape := normalizeError(rec.Error, rec.MessageID)
+		fp := rec.fingerprint(shape)
 		i, ok := index[fp]
 		if !ok {
 			i = len(rep.Groups)

@@ -33,7 +33,7 @@ func TestRestoreKeepsRecordKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := dlq.Restore(env, rec)
+		out := rec.Restore(env)
 		if (out.RecordKey == nil) != (key == nil) || !bytes.Equal(out.RecordKey, key) {
 			t.Errorf("record key %q (nil %v): restored as %q (nil %v)", key, key == nil, out.RecordKey, out.RecordKey == nil)
 		}
@@ -221,7 +221,7 @@ func rkReadAll(ctx context.Context, t *testing.T, brokers []string, topic string
 			}
 			id := ""
 			for _, h := range m.Headers {
-				if h.Key == "idempotency-key" || h.Key == dlq.HeaderMessageID {
+				if h.Key == "idempotency-key" || h.Key == "x-idemq-message-id" {
 					id = string(h.Value)
 				}
 			}

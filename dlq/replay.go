@@ -37,11 +37,12 @@ type ReplayConfig struct {
 	// counted as BeyondHorizon, unless Force is set. A message is dated by
 	// the earliest of its first failure (history included), its timestamp
 	// and, for a fingerprint mismatch, the time the original with the same
-	// id was applied (HeaderOriginalProcessedAt); a mismatch whose
+	// id was applied (x-idemq-original-processed-at); a mismatch whose
 	// original's row is gone from Consumer.Store is refused too, and so is
 	// a mismatch envelope without that header when Consumer.Store cannot
-	// look rows up (see Lookuper). Defaults to Consumer.Retention, the live
-	// consumer's janitor window; with neither set there is no guard.
+	// look rows up (has no Lookup method, as *processed.Store has).
+	// Defaults to Consumer.Retention, the live consumer's janitor window;
+	// with neither set there is no guard.
 	Retention time.Duration
 	// Force replays messages beyond the retention horizon too: the only
 	// way to turn the guard off when Consumer.Retention is set.
@@ -121,7 +122,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	}
 	filter := cfg.Filter
 	filter.Consumer = cfg.Consumer.Name
-	lookup, _ := cfg.Consumer.Store.(Lookuper)
+	lookup, _ := cfg.Consumer.Store.(lookuper)
 	name := cfg.Consumer.Name
 	log := cfg.Consumer.Logger
 	if log == nil {
@@ -144,10 +145,10 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	// The envelope holds the id the live consumer extracted; prefer it,
 	// so a replay dedupes on exactly the same id.
 	cc.MessageID = func(m *consumer.Message) (string, error) {
-		if _, ok := m.Headers[HeaderErrorClass]; ok {
+		if _, ok := m.Headers[headerErrorClass]; ok {
 			// An empty id in an envelope is a missing-id dead letter:
 			// it stays one, rather than taking a broker-made id.
-			return m.Header(HeaderMessageID), nil
+			return m.Header(headerMessageID), nil
 		}
 		return idFunc(m)
 	}
@@ -272,7 +273,7 @@ func (s *replaySource) Receive(ctx context.Context) (consumer.Delivery, error) {
 		if err := s.rate.wait(ctx); err != nil {
 			return nil, err
 		}
-		return &replayDelivery{Delivery: d, msg: Restore(msg, rec)}, nil
+		return &replayDelivery{Delivery: d, msg: rec.Restore(msg)}, nil
 	}
 }
 

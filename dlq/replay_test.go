@@ -256,7 +256,7 @@ func TestReplayFilterLimitAndScope(t *testing.T) {
 	}
 	// Only the other consumer's message is left.
 	left := e.broker.Messages(memDLQ)
-	if len(left) != 1 || left[0].Header(dlq.HeaderConsumer) != "shipping" {
+	if len(left) != 1 || left[0].Header("x-idemq-consumer") != "shipping" {
 		t.Fatalf("left in DLQ: %d messages", len(left))
 	}
 	if rows, distinct := e.effectCount(); rows != 10 || distinct != 10 {
@@ -518,7 +518,7 @@ func TestMissingIDDeadLetterNeverTakesABrokerID(t *testing.T) {
 		t.Fatalf("%d effects from a message without an id", rows)
 	}
 	back := e.broker.Messages(memDLQ)
-	if len(back) != 1 || back[0].Header(dlq.HeaderErrorClass) != string(consumer.ClassMissingID) {
+	if len(back) != 1 || back[0].Header("x-idemq-error-class") != string(consumer.ClassMissingID) {
 		t.Fatalf("dead letter after replay: %+v", back)
 	}
 }

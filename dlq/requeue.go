@@ -8,32 +8,33 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/processed"
 )
-
-// PublishToFunc publishes msg to the named queue or topic and returns once
-// the broker durably accepted it.
-type PublishToFunc func(ctx context.Context, destination string, msg *consumer.Message) error
 
 // RequeueConfig configures Requeue.
 type RequeueConfig struct {
 	// Browser reads the dead-letter queue. Required. Requeue closes it.
 	Browser Browser
-	// Publish sends a message back to its original queue or topic.
-	// Required.
-	Publish PublishToFunc
+	// Publish sends msg to destination, a queue or topic (the message's
+	// original source, or Destination), and returns once the broker
+	// durably accepted it: wrap a broker adapter's Publisher. Required.
+	Publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	// Destination overrides where messages go. Defaults to each
-	// message's original source (HeaderSource).
+	// message's original source (x-idemq-source).
 	Destination string
 	// Store, if set, is checked first: already-applied messages are
 	// removed from the dead-letter queue without being republished, and
 	// fingerprint mismatches stay in it. Without it every selected message
-	// is republished, which is still safe: the consumer dedupes.
-	Store Lookuper
+	// is republished, which is still safe: the consumer dedupes. Use the
+	// live consumer's *processed.Store.
+	Store interface {
+		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+	}
 	// Consumer is the dedup scope for Store. Defaults to each message's
-	// HeaderConsumer.
+	// x-idemq-consumer.
 	Consumer string
 	// Filter, Limit, Rate, Force and VerifyKeys are as for Replay.
-	// Requeue publishes to each message's HeaderSource, so without
+	// Requeue publishes to each message's x-idemq-source, so without
 	// VerifyKeys a forged envelope chooses where it goes.
 	Filter Filter
 	Limit  int
@@ -42,7 +43,7 @@ type RequeueConfig struct {
 	// for Replay: a fingerprint mismatch is dated by when its original was
 	// applied, and with Store set one whose original's row is gone is
 	// refused; without Store, a mismatch envelope that does not say when
-	// its original was applied (HeaderOriginalProcessedAt) is refused.
+	// its original was applied (x-idemq-original-processed-at) is refused.
 	// Requeue has no consumer configuration to take it from: set it to the
 	// live consumer's consumer.Config.Retention. Defaults to 0: no guard.
 	Retention  time.Duration
@@ -174,7 +175,7 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 		if err := rate.wait(ctx); err != nil {
 			return res, err
 		}
-		out := Restore(msg, rec)
+		out := rec.Restore(msg)
 		if err := cfg.Publish(ctx, dest, out); err != nil {
 			return res, fmt.Errorf("dlq: republish %q to %s: %w", rec.MessageID, dest, err)
 		}

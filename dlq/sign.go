@@ -16,13 +16,13 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// HeaderSignature carries the envelope's HMAC when Options.SigningKey is
+// headerSignature carries the envelope's HMAC when Options.SigningKey is
 // set: "v1=" and the hex HMAC-SHA256 of every x-idemq-* header (this one
 // excepted) and the body. See Verify.
-const HeaderSignature = "x-idemq-signature"
+const headerSignature = "x-idemq-signature"
 
-// MinKeyBytes is the shortest signing or verification key accepted.
-const MinKeyBytes = 16
+// minKeyBytes is the shortest signing or verification key accepted.
+const minKeyBytes = 16
 
 const (
 	signatureVersion = "v1="
@@ -30,57 +30,53 @@ const (
 	signatureDomain  = "idemq dead-letter envelope v1"
 )
 
-// Errors of Verify.
-var (
-	// ErrUnsigned: the message has no HeaderSignature.
-	ErrUnsigned = errors.New("dlq: envelope is not signed")
-	// ErrBadSignature: HeaderSignature does not match the envelope under
-	// any of the keys: the message was altered, forged, or signed with a
-	// key that is not trusted.
-	ErrBadSignature = errors.New("dlq: envelope signature does not match")
-)
+// ErrBadSignature is returned by Verify for an envelope that no key
+// verifies: it is not signed, or it was altered, forged, or signed with a
+// key that is not trusted. The error wrapping it says which.
+var ErrBadSignature = errors.New("dlq: envelope not verified")
 
-// Sign sets msg's HeaderSignature for key, replacing any there. It covers
-// the body and every header named x-idemq-*: the dedup id, consumer, source
-// and the rest of the envelope, so that a replay can trust them. Envelope
-// calls it when Options.SigningKey is set.
+// Sign sets msg's x-idemq-signature header for key, replacing any there.
+// It covers the body and every header named x-idemq-*: the dedup id,
+// consumer, source and the rest of the envelope, so that a replay can
+// trust them. Envelope calls it when Options.SigningKey is set.
 func Sign(msg *consumer.Message, key []byte) {
 	if msg.Headers == nil {
 		msg.Headers = map[string]string{}
 	}
-	delete(msg.Headers, HeaderSignature)
-	msg.Headers[HeaderSignature] = signatureVersion + hex.EncodeToString(mac(msg, key))
+	delete(msg.Headers, headerSignature)
+	msg.Headers[headerSignature] = signatureVersion + hex.EncodeToString(mac(msg, key))
 }
 
-// Verify checks msg's HeaderSignature against keys, any one of which may
-// match (list the current key and those being rotated out). It returns nil,
-// ErrUnsigned, or ErrBadSignature.
+// Verify checks msg's x-idemq-signature header against keys, any one of
+// which may match (list the current key and those being rotated out). It
+// returns nil, or an error wrapping ErrBadSignature that says whether the
+// envelope is not signed or its signature does not match.
 //
 // A signed envelope proves that a holder of the key dead-lettered this body
 // with these x-idemq-* headers, so a replay can use its consumer, dedup id
 // and source. Without verification, anyone who can publish to the
 // dead-letter queue can choose them.
 func Verify(msg *consumer.Message, keys ...[]byte) error {
-	sig, ok := msg.Headers[HeaderSignature]
+	sig, ok := msg.Headers[headerSignature]
 	if !ok {
-		return ErrUnsigned
+		return fmt.Errorf("%w: not signed", ErrBadSignature)
 	}
 	got, err := hex.DecodeString(strings.TrimPrefix(sig, signatureVersion))
 	if !strings.HasPrefix(sig, signatureVersion) || err != nil {
-		return fmt.Errorf("%w: unknown format", ErrBadSignature)
+		return fmt.Errorf("%w: signature in an unknown format", ErrBadSignature)
 	}
 	for _, k := range keys {
 		if hmac.Equal(got, mac(msg, k)) {
 			return nil
 		}
 	}
-	return ErrBadSignature
+	return fmt.Errorf("%w: signature does not match any key", ErrBadSignature)
 }
 
-// ValidateKey reports whether key is long enough to sign or verify with.
-func ValidateKey(key []byte) error {
-	if len(key) < MinKeyBytes {
-		return fmt.Errorf("dlq: signing key of %d bytes, want at least %d (32 random bytes are best)", len(key), MinKeyBytes)
+// validateKey reports whether key is long enough to sign or verify with.
+func validateKey(key []byte) error {
+	if len(key) < minKeyBytes {
+		return fmt.Errorf("dlq: signing key of %d bytes, want at least %d (32 random bytes are best)", len(key), minKeyBytes)
 	}
 	return nil
 }
@@ -88,14 +84,14 @@ func ValidateKey(key []byte) error {
 // ReadKeyFile reads a signing or verification key from a file: its contents
 // with surrounding white space removed, so a key made by
 // `openssl rand -hex 32 > dlq.key` reads as its 64 hex characters. The key
-// must be at least MinKeyBytes long.
+// must be at least 16 bytes long, as every signing and verification key.
 func ReadKeyFile(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: read key file: %w", err)
 	}
 	key := bytes.TrimSpace(b)
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, path)
 	}
 	return key, nil
@@ -109,7 +105,7 @@ func mac(msg *consumer.Message, key []byte) []byte {
 	writeField(m, signatureDomain)
 	names := make([]string, 0, 16)
 	for k := range msg.Headers {
-		if strings.HasPrefix(strings.ToLower(k), headerPrefix) && k != HeaderSignature {
+		if strings.HasPrefix(strings.ToLower(k), headerPrefix) && k != headerSignature {
 			names = append(names, k)
 		}
 	}
@@ -138,7 +134,7 @@ type verifier [][]byte
 
 func newVerifier(keys [][]byte) (verifier, error) {
 	for i, k := range keys {
-		if err := ValidateKey(k); err != nil {
+		if err := validateKey(k); err != nil {
 			return nil, &consumer.ConfigError{Field: fmt.Sprintf("VerifyKeys[%d]", i), Reason: err.Error()}
 		}
 	}

@@ -29,7 +29,7 @@ func signedEnvelope(t *testing.T, key []byte) *consumer.Message {
 func TestSignedEnvelopeVerifies(t *testing.T) {
 	t.Parallel()
 	m := signedEnvelope(t, signKey)
-	if !strings.HasPrefix(m.Header(dlq.HeaderSignature), "v1=") {
+	if !strings.HasPrefix(m.Header("x-idemq-signature"), "v1=") {
 		t.Fatalf("no signature header: %v", m.Headers)
 	}
 	if err := dlq.Verify(m, signKey); err != nil {
@@ -46,15 +46,15 @@ func TestSignedEnvelopeVerifies(t *testing.T) {
 		t.Fatalf("Verify with no keys = %v, want ErrBadSignature", err)
 	}
 	unsigned := dlq.Envelope(&consumer.Message{ID: "x"}, failure(consumer.ClassPermanent, "e", time.Now()), dlq.Options{})
-	if _, ok := unsigned.Headers[dlq.HeaderSignature]; ok {
+	if _, ok := unsigned.Headers["x-idemq-signature"]; ok {
 		t.Fatal("an envelope without a key got a signature")
 	}
-	if err := dlq.Verify(unsigned, signKey); !errors.Is(err, dlq.ErrUnsigned) {
-		t.Fatalf("Verify unsigned = %v, want ErrUnsigned", err)
+	if err := dlq.Verify(unsigned, signKey); !errors.Is(err, dlq.ErrBadSignature) || !strings.Contains(err.Error(), "not signed") {
+		t.Fatalf("Verify unsigned = %v, want ErrBadSignature: not signed", err)
 	}
 	for _, bad := range []string{"v1=zz", "v2=" + strings.Repeat("0", 64), "", strings.Repeat("0", 64)} {
 		c := m.Clone()
-		c.Headers[dlq.HeaderSignature] = bad
+		c.Headers["x-idemq-signature"] = bad
 		if err := dlq.Verify(c, signKey); !errors.Is(err, dlq.ErrBadSignature) {
 			t.Fatalf("signature %q: Verify = %v, want ErrBadSignature", bad, err)
 		}
@@ -66,23 +66,23 @@ func TestSignedEnvelopeVerifies(t *testing.T) {
 func TestSignatureCoversEnvelopeAndBody(t *testing.T) {
 	t.Parallel()
 	tamper := map[string]func(m *consumer.Message){
-		"source (where requeue publishes)": func(m *consumer.Message) { m.Headers[dlq.HeaderSource] = "admin-commands" },
-		"consumer (the dedup scope)":       func(m *consumer.Message) { m.Headers[dlq.HeaderConsumer] = "other" },
-		"message id (the dedup id)":        func(m *consumer.Message) { m.Headers[dlq.HeaderMessageID] = "pay-2" },
-		"error class":                      func(m *consumer.Message) { m.Headers[dlq.HeaderErrorClass] = "timeout" },
+		"source (where requeue publishes)": func(m *consumer.Message) { m.Headers["x-idemq-source"] = "admin-commands" },
+		"consumer (the dedup scope)":       func(m *consumer.Message) { m.Headers["x-idemq-consumer"] = "other" },
+		"message id (the dedup id)":        func(m *consumer.Message) { m.Headers["x-idemq-message-id"] = "pay-2" },
+		"error class":                      func(m *consumer.Message) { m.Headers["x-idemq-error-class"] = "timeout" },
 		"first failure (the horizon)": func(m *consumer.Message) {
-			m.Headers[dlq.HeaderFirstFailure] = time.Now().UTC().Format(time.RFC3339Nano)
+			m.Headers["x-idemq-first-failure"] = time.Now().UTC().Format(time.RFC3339Nano)
 		},
-		"an added x-idemq header": func(m *consumer.Message) { m.Headers[dlq.HeaderPartition] = "3" },
+		"an added x-idemq header": func(m *consumer.Message) { m.Headers["x-idemq-partition"] = "3" },
 		"an added X-IDEMQ header": func(m *consumer.Message) { m.Headers["X-Idemq-Source"] = "admin-commands" },
-		"a removed header":        func(m *consumer.Message) { delete(m.Headers, dlq.HeaderHost) },
+		"a removed header":        func(m *consumer.Message) { delete(m.Headers, "x-idemq-host") },
 		"the body":                func(m *consumer.Message) { m.Body = []byte(`{"amount":100000}`) },
 		"an empty body":           func(m *consumer.Message) { m.Body = nil },
 		// Length prefixes: moving bytes between a name and a value, or
 		// between two values, changes the MAC.
 		"bytes moved between fields": func(m *consumer.Message) {
-			m.Headers[dlq.HeaderHost] = "h"
-			m.Headers[dlq.HeaderAttempts] = "1" + m.Headers[dlq.HeaderAttempts]
+			m.Headers["x-idemq-host"] = "h"
+			m.Headers["x-idemq-attempts"] = "1" + m.Headers["x-idemq-attempts"]
 		},
 	}
 	for name, f := range tamper {
@@ -106,9 +106,9 @@ func TestSignatureCoversEnvelopeAndBody(t *testing.T) {
 func TestReEnvelopeSignsAgain(t *testing.T) {
 	t.Parallel()
 	first := signedEnvelope(t, signKey)
-	again := dlq.Envelope(dlq.Restore(first, mustParse(t, first)), failure(consumer.ClassPermanent, "still bad", time.Now()),
+	again := dlq.Envelope(mustParse(t, first).Restore(first), failure(consumer.ClassPermanent, "still bad", time.Now()),
 		dlq.Options{SigningKey: signKey})
-	if again.Header(dlq.HeaderSignature) == first.Header(dlq.HeaderSignature) {
+	if again.Header("x-idemq-signature") == first.Header("x-idemq-signature") {
 		t.Fatal("the second envelope kept the first signature")
 	}
 	if err := dlq.Verify(again, signKey); err != nil {
@@ -117,8 +117,8 @@ func TestReEnvelopeSignsAgain(t *testing.T) {
 	if r := mustParse(t, again); r.DeadLetters != 2 || len(r.History) != 1 {
 		t.Fatalf("second envelope record: %+v", r)
 	}
-	plain := dlq.Envelope(dlq.Restore(first, mustParse(t, first)), failure(consumer.ClassPermanent, "x", time.Now()), dlq.Options{})
-	if _, ok := plain.Headers[dlq.HeaderSignature]; ok {
+	plain := dlq.Envelope(mustParse(t, first).Restore(first), failure(consumer.ClassPermanent, "x", time.Now()), dlq.Options{})
+	if _, ok := plain.Headers["x-idemq-signature"]; ok {
 		t.Fatal("a stale signature survived re-enveloping without a key")
 	}
 }
@@ -152,7 +152,7 @@ func TestSigningKeyValidation(t *testing.T) {
 	if _, err := dlq.Classify(ctx, dlq.ClassifyConfig{Browser: emptyBrowser{}, Store: nopLookuper{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Classify with a short key: %v", err)
 	}
-	if _, err := dlq.Inspect(ctx, emptyBrowser{}, dlq.Filter{}, 0, dlq.VerifyWith(keys...)); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
+	if _, err := dlq.Inspect(ctx, emptyBrowser{}, dlq.Filter{}, 0, keys...); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
 		t.Fatalf("Inspect with a short key: %v", err)
 	}
 	if _, err := dlq.Replay(ctx, dlq.ReplayConfig{Browser: emptyBrowser{}, VerifyKeys: keys}); !errors.As(err, &cerr) || cerr.Field != "VerifyKeys[1]" {
@@ -205,7 +205,7 @@ func TestReplayVerifiesSignatures(t *testing.T) {
 	}
 	e.broken.Store(false)
 
-	rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0, dlq.VerifyWith(signKey))
+	rep, err := dlq.Inspect(ctx, e.browser(), dlq.Filter{}, 0, signKey)
 	if err != nil {
 		t.Fatal(err)
 	}

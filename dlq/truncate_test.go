@@ -79,8 +79,8 @@ func TestDeadLetterTooLargeForTheBroker(t *testing.T) {
 	if rec.Truncated != "body" || rec.OriginalSize != int64(len(body)) || rec.OriginalSHA256 != hex.EncodeToString(sum[:]) {
 		t.Fatalf("record %+v: want truncated, headers kept, size %d, sha256 %x", rec, len(body), sum)
 	}
-	if !bytes.Equal(dead.Body, body[:dlq.DefaultPreviewBytes]) {
-		t.Fatalf("the truncated body is %d bytes, want the first %d of the original", len(dead.Body), dlq.DefaultPreviewBytes)
+	if !bytes.Equal(dead.Body, body[:1024]) {
+		t.Fatalf("the truncated body is %d bytes, want the first %d of the original", len(dead.Body), 1024)
 	}
 	if rec.MessageID != "big-1" || rec.Class != consumer.ClassPermanent || !strings.Contains(rec.Error, "cannot parse order") {
 		t.Fatalf("the failure is lost: %+v", rec)

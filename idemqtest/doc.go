@@ -17,7 +17,7 @@
 //		})
 //	}
 //
-// Run gives one subtest per case (see Run for the list): duplicates
+// Run gives one subtest per case (see Suite for the list): duplicates
 // delivered one after another and at once, a crash between COMMIT and ack,
 // a COMMIT that fails after the handler ran, a transient error and its
 // retry, the same id with another payload, a dead-letter replay after a fix,
@@ -34,9 +34,10 @@
 // A failure names the case, says what was done and what usually causes the
 // difference, and shows a line diff of the effect as JSON.
 //
-// RunHTTP does the same for an HTTP API behind httpidem: concurrent
-// duplicate requests, a connection lost after the commit, a key reused with
-// another body, a key after its retention, and consistent replays.
+// Given an HTTPSuite, Run does the same for an HTTP API behind httpidem:
+// concurrent duplicate requests, a connection lost after the commit, a key
+// reused with another body, a key after its retention, and consistent
+// replays.
 //
 // # The database
 //
@@ -44,8 +45,9 @@
 // dropped by the kit), a pool whose search_path is that schema, so that
 // unqualified table names in Setup, handlers and Effect resolve to it, and a
 // fresh Recorder. The database is Suite.DatabaseURL, else
-// $IDEMQ_TEST_DATABASE_URL, else $DATABASE_URL, else DefaultDatabaseURL; the
-// kit creates nothing outside its own idemqtest_* schemas.
+// $IDEMQ_TEST_DATABASE_URL, else $DATABASE_URL, else
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable; the kit creates
+// nothing outside its own idemqtest_* schemas.
 //
 // # Volatile values and services
 //
@@ -66,6 +68,6 @@
 // share it), and, given a BatchHandler, batch mode. The concurrent case
 // clears the messages' ordering Key, as redeliveries to another process
 // would not share this process's key lanes.
-// Run and RunHTTP need a *testing.T; Check and CheckHTTP run the same cases
-// anywhere and return the results.
+// Run needs a *testing.T; Check runs the same cases anywhere and returns
+// the results.
 package idemqtest

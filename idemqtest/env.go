@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultDatabaseURL is the server used when Suite.DatabaseURL,
+// defaultDatabaseURL is the server used when Suite.DatabaseURL,
 // IDEMQ_TEST_DATABASE_URL and DATABASE_URL are all empty.
-const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // databaseURL picks the URL: the suite's, else the environment's, else the
 // local default.
@@ -25,7 +25,7 @@ func databaseURL(u string) string {
 			return v
 		}
 	}
-	return DefaultDatabaseURL
+	return defaultDatabaseURL
 }
 
 // Env is one run's world: a fresh schema, a pool whose connections have

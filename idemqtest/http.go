@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/idemq/idemq/httpidem"
@@ -36,6 +35,29 @@ func (r Request) String() string { return r.Method + " " + r.Target }
 // HTTPSuite describes an HTTP API made idempotent by httpidem: the API, a
 // few sample requests, and how to read the effect they leave. The zero
 // value of every optional field selects a documented default.
+//
+// Run tests it with these cases, each checking that the end state equals
+// the state after each sample request was applied once, and the responses
+// the client sees:
+//
+//   - determinism: two clean runs leave the same effect.
+//   - concurrent-duplicates: Duplicates requests with one key at once get
+//     exactly one original response; the others get 409 Conflict or a
+//     replay, and retried after a 409 get the replay.
+//   - crash-before-response: the connection dies when the response is
+//     written, after the transaction committed; the retry gets the stored
+//     response, replayed.
+//   - mutated-body: the key reused with a different body gets 422.
+//   - after-retention: a key is kept by a purge with a long retention and
+//     replayed; once purged, a request reusing it is a new request, as
+//     httpidem documents: the end state is compared with each request
+//     applied twice under two keys, so leave the key itself out of the
+//     effect (skipped when Handler returns no middleware).
+//   - replay-consistent: replays repeat the original status, body and
+//     replayed headers, with Idempotent-Replayed: true.
+//
+// Requests are served in process, through Handler's http.Handler; no
+// server is started.
 type HTTPSuite struct {
 	// Handler builds the API for one run: the handler to serve, wrapped in
 	// its httpidem middleware, and the middleware itself (the kit purges
@@ -128,40 +150,6 @@ func mutateBody(body []byte) []byte {
 		}
 	}
 	return append(append([]byte(nil), body...), "\nidemqtest: mutated"...)
-}
-
-// RunHTTP tests the API s describes, one subtest per case, each in fresh
-// schemas. Every case checks that the end state equals the state after
-// each sample request was applied once, and the responses the client
-// sees:
-//
-//   - determinism: two clean runs leave the same effect.
-//   - concurrent-duplicates: Duplicates requests with one key at once get
-//     exactly one original response; the others get 409 Conflict or a
-//     replay, and retried after a 409 get the replay.
-//   - crash-before-response: the connection dies when the response is
-//     written, after the transaction committed; the retry gets the stored
-//     response, replayed.
-//   - mutated-body: the key reused with a different body gets 422.
-//   - after-retention: a key is kept by a purge with a long retention and
-//     replayed; once purged, a request reusing it is a new request, as
-//     httpidem documents: the end state is compared with each request
-//     applied twice under two keys, so leave the key itself out of the
-//     effect (skipped when Handler returns no middleware).
-//   - replay-consistent: replays repeat the original status, body and
-//     replayed headers, with Idempotent-Replayed: true.
-//
-// Requests are served in process, through Handler's http.Handler; no
-// server is started.
-func RunHTTP(t *testing.T, s HTTPSuite) {
-	t.Helper()
-	runHTTP(t.Context(), stdT{t}, s)
-}
-
-// CheckHTTP runs the same cases as RunHTTP without a *testing.T, like
-// Check.
-func CheckHTTP(ctx context.Context, s HTTPSuite) ([]Result, error) {
-	return check(func(t tb) { runHTTP(ctx, t, s) })
 }
 
 type httpKit struct {

@@ -60,9 +60,9 @@ func httpSuite(cfg httpidem.Config) HTTPSuite {
 
 func checkHTTP(t *testing.T, s HTTPSuite) map[string]Result {
 	t.Helper()
-	res, err := CheckHTTP(context.Background(), s)
+	res, err := Check(context.Background(), s)
 	if err != nil {
-		t.Fatalf("CheckHTTP: %v", err)
+		t.Fatalf("Check: %v", err)
 	}
 	out := map[string]Result{}
 	for _, r := range res {
@@ -79,8 +79,8 @@ func TestHTTPCorrectAPIPasses(t *testing.T) {
 	expectFailures(t, got, nil)
 }
 
-func TestRunHTTP(t *testing.T) {
-	RunHTTP(t, httpSuite(httpidem.Config{}))
+func TestRunHTTPSuite(t *testing.T) {
+	Run(t, httpSuite(httpidem.Config{}))
 }
 
 // A middleware whose fingerprint ignores the body: a reused key with

@@ -17,6 +17,45 @@ import (
 // Suite describes a consumer handler under test: the handler, a few sample
 // messages, and how to read the effect they leave. The zero value of every
 // optional field selects a documented default.
+//
+// Run tests it with these cases:
+//
+//   - determinism: two clean runs in two fresh schemas leave the same
+//     effect (catches now(), random ids, and state kept in memory between
+//     runs). Values that differ are masked in the other cases, so that
+//     they report only their own difference.
+//   - duplicates-sequential: each sample delivered Duplicates times, one
+//     after another.
+//   - duplicates-concurrent: each sample delivered Duplicates times at
+//     once to Concurrency workers (with its ordering Key cleared, as
+//     redeliveries to another process would be).
+//   - crash-after-commit: each message's first ack is lost after its
+//     transaction committed; the redelivery must be skipped.
+//   - commit-fails: each message's first COMMIT fails after the handler
+//     returned nil (the transaction rolls back), then the retry runs
+//     (catches writes outside the transaction, calls to other services,
+//     state kept in memory across attempts).
+//   - handler-error-retried: each message's first attempt returns a
+//     transient error after the handler ran; the retry applies it.
+//   - fingerprint-mismatch: each id re-sent with a different payload is
+//     dead-lettered as fingerprint-mismatch, with no second effect.
+//   - dlq-replay: messages dead-lettered by a bug are replayed with
+//     dlq.Replay after the fix and applied once; replayed again, skipped.
+//   - batch: the BatchHandler leaves the same end state as Handler
+//     (skipped without one).
+//   - rolled-back: the handler runs on each sample in a transaction that
+//     is then rolled back, and no table of the run's schema (but the
+//     dedup store's) and no Recorder call may change (catches writes
+//     outside the transaction that a retry cannot double).
+//
+// Every case but rolled-back also checks that each sample ended applied,
+// with its dedup row, and none was dead-lettered but those the case
+// dead-letters on purpose (catches a handler that fails when run again).
+//
+// Run drives the real consumer runtime over the in-memory broker, with the
+// faults injected around it (a Store whose transaction fails at COMMIT, a
+// Source that loses an ack), so the cases exercise the production path. It
+// needs no broker.
 type Suite struct {
 	// Handler is the handler under test. Set exactly one of Handler and
 	// NewHandler.
@@ -63,7 +102,8 @@ type Suite struct {
 	Concurrency int
 	// DatabaseURL is the test database, where the kit creates and drops
 	// one schema per run. Defaults to $IDEMQ_TEST_DATABASE_URL, then
-	// $DATABASE_URL, then DefaultDatabaseURL.
+	// $DATABASE_URL, then
+	// postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
 	DatabaseURL string
 	// Timeout bounds each run. Defaults to 30s.
 	Timeout time.Duration
@@ -136,58 +176,33 @@ func (s Suite) validate() error {
 	return nil
 }
 
-// Run tests the handler s describes, one subtest per case, each in fresh
-// schemas of the test database that it creates and drops. Every case
-// checks that the end state equals the state after applying each sample
-// exactly once (a clean run in a fresh schema); a failure names the case,
-// says what was done, and shows a diff of the effect. The cases:
-//
-//   - determinism: two clean runs in two fresh schemas leave the same
-//     effect (catches now(), random ids, and state kept in memory between
-//     runs). Values that differ are masked in the other cases, so that
-//     they report only their own difference.
-//   - duplicates-sequential: each sample delivered Duplicates times, one
-//     after another.
-//   - duplicates-concurrent: each sample delivered Duplicates times at
-//     once to Concurrency workers (with its ordering Key cleared, as
-//     redeliveries to another process would be).
-//   - crash-after-commit: each message's first ack is lost after its
-//     transaction committed; the redelivery must be skipped.
-//   - commit-fails: each message's first COMMIT fails after the handler
-//     returned nil (the transaction rolls back), then the retry runs
-//     (catches writes outside the transaction, calls to other services,
-//     state kept in memory across attempts).
-//   - handler-error-retried: each message's first attempt returns a
-//     transient error after the handler ran; the retry applies it.
-//   - fingerprint-mismatch: each id re-sent with a different payload is
-//     dead-lettered as fingerprint-mismatch, with no second effect.
-//   - dlq-replay: messages dead-lettered by a bug are replayed with
-//     dlq.Replay after the fix and applied once; replayed again, skipped.
-//   - batch: the BatchHandler leaves the same end state as Handler
-//     (skipped without one).
-//   - rolled-back: the handler runs on each sample in a transaction that
-//     is then rolled back, and no table of the run's schema (but the
-//     dedup store's) and no Recorder call may change (catches writes
-//     outside the transaction that a retry cannot double).
-//
-// Every case but rolled-back also checks that each sample ended applied,
-// with its dedup row, and none was dead-lettered but those the case
-// dead-letters on purpose (catches a handler that fails when run again).
-//
-// Run drives the real consumer runtime over the in-memory broker, with the
-// faults injected around it (a Store whose transaction fails at COMMIT, a
-// Source that loses an ack), so the cases exercise the production path. It
-// needs no broker.
-func Run(t *testing.T, s Suite) {
+// Run tests what s describes, one subtest per case, each in fresh schemas
+// of the test database that it creates and drops: for a Suite, a consumer
+// handler (the cases are listed under Suite); for an HTTPSuite, an HTTP
+// API behind httpidem (listed under HTTPSuite). Every case checks that the
+// end state equals the state after applying each sample exactly once (a
+// clean run in a fresh schema); a failure names the case, says what was
+// done, and shows a diff of the effect.
+func Run[S Suite | HTTPSuite](t *testing.T, s S) {
 	t.Helper()
-	runSuite(t.Context(), stdT{t}, s)
+	run(t.Context(), stdT{t}, s)
 }
 
 // Check runs the same cases as Run without a *testing.T and returns their
 // results, in order. The error reports a suite that could not run: an
-// invalid Suite, an unreachable database, or a clean run that failed.
-func Check(ctx context.Context, s Suite) ([]Result, error) {
-	return check(func(t tb) { runSuite(ctx, t, s) })
+// invalid suite, an unreachable database, or a clean run that failed.
+func Check[S Suite | HTTPSuite](ctx context.Context, s S) ([]Result, error) {
+	return check(func(t tb) { run(ctx, t, s) })
+}
+
+// run runs a Suite or an HTTPSuite.
+func run(ctx context.Context, t tb, s any) {
+	switch s := s.(type) {
+	case Suite:
+		runSuite(ctx, t, s)
+	case HTTPSuite:
+		runHTTP(ctx, t, s)
+	}
 }
 
 func check(f func(tb)) ([]Result, error) {

@@ -59,7 +59,7 @@ func TestDeadLetterTooLarge(t *testing.T) {
 			}
 			sum := sha256.Sum256(big.Body)
 			if r.Truncated != "body" || r.OriginalSize != int64(tc.body) || r.OriginalSHA256 != hex.EncodeToString(sum[:]) ||
-				len(m.Body) != dlq.DefaultPreviewBytes || r.Source != e.topic || r.Partition != 0 || r.Offset != 0 {
+				len(m.Body) != 1024 || r.Source != e.topic || r.Partition != 0 || r.Offset != 0 { // 1024: the default dlq.Options.PreviewBytes
 				t.Fatalf("dead letter %+v with a %d-byte body: want it truncated, from %s/0/0", r, len(m.Body), e.topic)
 			}
 		})

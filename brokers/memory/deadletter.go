@@ -9,8 +9,8 @@ import (
 
 // DeadLetterer returns a consumer.DeadLetterer that stores a copy of each
 // failed message in dlqQueue on b: body and headers unchanged, wrapped in the
-// failure envelope that package dlq defines for every broker
-// (dlq.HeaderErrorClass, dlq.HeaderError and the rest). DeadLetter returns
+// failure envelope that package dlq defines for every broker (the
+// x-idemq-* headers, which dlq.Parse reads). DeadLetter returns
 // once the copy is stored, which for the memory broker is durable enough.
 func (b *Broker) DeadLetterer(dlqQueue string) consumer.DeadLetterer {
 	// NewDeadLetterer fails only for a nil func or invalid options,

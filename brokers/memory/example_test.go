@@ -61,7 +61,12 @@ func ExampleBroker_DeadLetterer() {
 	})
 
 	m := b.Messages("orders.dlq")[0]
-	fmt.Println(string(m.Body), m.Header(dlq.HeaderErrorClass), m.Header(dlq.HeaderError), m.Header(dlq.HeaderSource))
+	r, err := dlq.Parse(m) // the failure envelope
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(m.Body), r.Class, r.Error, r.Source)
 	// Output:
 	// bad permanent unknown account orders
 }

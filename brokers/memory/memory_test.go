@@ -16,7 +16,6 @@ import (
 	"github.com/idemq/idemq/brokers/brokertest"
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 )
 
 func TestMain(m *testing.M) {
@@ -380,24 +379,24 @@ func TestDeadLettererHeaders(t *testing.T) {
 		t.Errorf("copy Source/Redelivered = %q/%v", m.Source, m.Redelivered)
 	}
 	want := map[string]string{
-		dlq.HeaderConsumer:     "billing",
-		dlq.HeaderMessageID:    "m1",
-		dlq.HeaderErrorClass:   "retryable-exhausted",
-		dlq.HeaderAttempts:     "5",
-		dlq.HeaderFirstFailure: "2024-01-02T03:04:05.000000006Z",
-		dlq.HeaderLastFailure:  "2024-01-02T03:04:06.500000006Z",
-		dlq.HeaderSource:       "orders",
+		"x-idemq-consumer":      "billing",
+		"x-idemq-message-id":    "m1",
+		"x-idemq-error-class":   "retryable-exhausted",
+		"x-idemq-attempts":      "5",
+		"x-idemq-first-failure": "2024-01-02T03:04:05.000000006Z",
+		"x-idemq-last-failure":  "2024-01-02T03:04:06.500000006Z",
+		"x-idemq-source":        "orders",
 	}
 	for k, v := range want {
 		if m.Header(k) != v {
 			t.Errorf("header %s = %q, want %q", k, m.Header(k), v)
 		}
 	}
-	e := m.Header(dlq.HeaderError)
-	if len(e) > dlq.DefaultMaxErrorBytes || len(e) < dlq.DefaultMaxErrorBytes-20 || !utf8.ValidString(e) || !strings.HasSuffix(e, "[truncated]") {
-		t.Errorf("error header: %d bytes, valid UTF-8 %v; want a marked cut of at most %d bytes", len(e), utf8.ValidString(e), dlq.DefaultMaxErrorBytes)
+	e := m.Header("x-idemq-error")
+	if len(e) > 1024 || len(e) < 1024-20 || !utf8.ValidString(e) || !strings.HasSuffix(e, "[truncated]") { // 1024: the default dlq.Options.MaxErrorBytes
+		t.Errorf("error header: %d bytes, valid UTF-8 %v; want a marked cut of at most %d bytes", len(e), utf8.ValidString(e), 1024)
 	}
-	if m.Header(dlq.HeaderHost) == "" || m.Header(dlq.HeaderDeadLetters) != "1" {
+	if m.Header("x-idemq-host") == "" || m.Header("x-idemq-dead-letters") != "1" {
 		t.Errorf("host/dead-letters headers missing: %v", m.Headers)
 	}
 	// The original is untouched.

@@ -569,9 +569,9 @@ func TestE2EDeadLetterTooLargeForTheServer(t *testing.T) {
 	}
 	sum := sha256.Sum256(big.Body)
 	if r.Truncated != "body" || r.OriginalSize != int64(len(big.Body)) || r.OriginalSHA256 != hex.EncodeToString(sum[:]) ||
-		len(d.Message().Body) != dlq.DefaultPreviewBytes {
+		len(d.Message().Body) != 1024 { // the default dlq.Options.PreviewBytes
 		t.Errorf("dead letter %+v with a %d-byte body: want it truncated to %d bytes, with the original's size and hash",
-			r, len(d.Message().Body), dlq.DefaultPreviewBytes)
+			r, len(d.Message().Body), 1024)
 	}
 	if r.MessageID != "big-1" || r.Source != n.subject || r.Offset != 1 || !strings.Contains(r.Error, "cannot parse the order") {
 		t.Errorf("dead letter %+v: want id big-1 from %s at stream sequence 1, with its reason", r, n.subject)

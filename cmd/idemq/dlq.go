@@ -130,7 +130,7 @@ func (b *brokerFlags) register(fs *flag.FlagSet) {
 // dlqConn is an open dead-letter queue: a browser, and a way to republish.
 type dlqConn struct {
 	browser dlq.Browser
-	publish dlq.PublishToFunc
+	publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	close   func()
 	// note, if set, is said on stderr: the DLQ reads as empty because it
 	// does not exist.
@@ -389,7 +389,7 @@ func runDLQInspect(ctx context.Context, e *env, c *command, args []string) error
 	}
 	defer conn.close()
 	conn.sayNote(e)
-	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, dlq.VerifyWith(keys...))
+	rep, err := dlq.Inspect(ctx, conn.browser, filter, ff.limit, keys...)
 	if err != nil {
 		return err
 	}
@@ -589,7 +589,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 		fmt.Fprintf(e.stderr, "idemq: %d truncated dead letters were left in place: each was cut to fit the broker, so its body is not the original's. "+
 			"Its envelope holds the original's size and sha256 (%s, %s) and, where the broker keeps them, its source and offset (%s, %s): "+
 			"republish the original from there, and delete the dead letter by hand\n",
-			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, dlq.HeaderSource, dlq.HeaderOffset)
+			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, "x-idemq-source", "x-idemq-offset")
 	}
 	if err != nil {
 		return hint(err, store)

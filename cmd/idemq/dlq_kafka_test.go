@@ -136,7 +136,7 @@ func TestDLQInspectAndReplayKafka(t *testing.T) {
 	var ids []string
 	for _, m := range got {
 		ids = append(ids, m.ID)
-		if m.Header("idempotency-key") != m.ID || string(m.Body) != bodies[m.ID] || m.Header(dlq.HeaderSource) != work {
+		if m.Header("idempotency-key") != m.ID || string(m.Body) != bodies[m.ID] || m.Header("x-idemq-source") != work {
 			t.Errorf("republished record %q: body %q headers %v", m.ID, m.Body, m.Headers)
 		}
 	}

@@ -243,7 +243,7 @@ func TestDLQInspectAndReplayStreams(t *testing.T) {
 			var ids []string
 			for _, m := range f.read(ctx, t, f.work) {
 				ids = append(ids, m.ID)
-				if string(m.Body) != bodies[m.ID] || m.Header(dlq.HeaderSource) != f.work {
+				if string(m.Body) != bodies[m.ID] || m.Header("x-idemq-source") != f.work {
 					t.Errorf("republished %q: body %q headers %v", m.ID, m.Body, m.Headers)
 				}
 			}

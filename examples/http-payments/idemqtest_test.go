@@ -16,7 +16,7 @@ func TestPaymentsAPIIsIdempotent(t *testing.T) {
 	client := func(id string) http.Header {
 		return http.Header{"X-Client-Id": {id}, "Content-Type": {"application/json"}}
 	}
-	idemqtest.RunHTTP(t, idemqtest.HTTPSuite{
+	idemqtest.Run(t, idemqtest.HTTPSuite{
 		Handler: func(ctx context.Context, env *idemqtest.Env) (http.Handler, *httpidem.Middleware, error) {
 			return newApp(ctx, env.Pool, env.Schema, slog.New(slog.DiscardHandler))
 		},

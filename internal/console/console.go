@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
@@ -45,7 +46,7 @@ type DLQ struct {
 // Conn is an open dead-letter queue.
 type Conn struct {
 	Browser dlq.Browser
-	Publish dlq.PublishToFunc
+	Publish func(ctx context.Context, destination string, msg *consumer.Message) error
 	Close   func()
 }
 

@@ -353,7 +353,7 @@ func TestConsoleRequeueSelection(t *testing.T) {
 	if len(sent) != 2 || sent[0].msg.ID != "pay-1" || sent[1].msg.ID != "pay-2" {
 		t.Fatalf("republished %+v", sent)
 	}
-	if sent[0].msg.Headers[dlq.HeaderErrorClass] == "" {
+	if sent[0].msg.Headers["x-idemq-error-class"] == "" {
 		t.Errorf("the envelope is gone: a second failure would lose the history")
 	}
 }

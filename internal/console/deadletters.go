@@ -36,7 +36,7 @@ func (b *groupBrowser) Next(ctx context.Context) (consumer.Delivery, error) {
 			return nil, err
 		}
 		rec, err := readRecord(d.Message())
-		if err == nil && dlq.FailureFingerprint(rec.Entry) == b.fingerprint {
+		if err == nil && rec.Entry.Fingerprint() == b.fingerprint {
 			return d, nil
 		}
 	}
@@ -95,7 +95,7 @@ func (s *Server) inspect(ctx context.Context, only string, f dlq.Filter) ([]grou
 			continue
 		}
 		err := s.withConn(ctx, q.ID(), false, func(c *Conn) error {
-			rep, err := dlq.Inspect(ctx, c.Browser, f, s.cfg.ScanLimit, dlq.VerifyWith(s.cfg.VerifyKeys...))
+			rep, err := dlq.Inspect(ctx, c.Browser, f, s.cfg.ScanLimit, s.cfg.VerifyKeys...)
 			for _, g := range rep.Groups {
 				out = append(out, groupRow{DLQ: q, Group: g})
 			}
@@ -146,10 +146,11 @@ func (s *Server) groupPage(ctx context.Context, sel selection, page int) (items 
 			e.Record = rec
 			e.Timeline = timeline(rec)
 			if len(s.cfg.VerifyKeys) > 0 {
+				_, signed := msg.Headers["x-idemq-signature"]
 				switch verr := dlq.Verify(msg, s.cfg.VerifyKeys...); {
 				case verr == nil:
 					e.Signature = "verified"
-				case errors.Is(verr, dlq.ErrUnsigned):
+				case !signed:
 					e.Signature = "unsigned"
 				default:
 					e.Signature = "bad signature"

@@ -332,7 +332,7 @@ func (b *bundle) fingerprint(id string) string {
 	for _, m := range b.q.msgs {
 		r, err := dlq.Parse(m)
 		if err == nil && r.MessageID == id {
-			return dlq.FailureFingerprint(r.Entry)
+			return r.Entry.Fingerprint()
 		}
 	}
 	b.t.Fatalf("no dead letter %q", id)

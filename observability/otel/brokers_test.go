@@ -39,15 +39,15 @@ func checkRoundTrip(t *testing.T, tr *tracing, system, source string, s *seen, o
 	if got := s.get("ok"); len(got) != 1 || got[0].TraceID() != okSC.TraceID() || got[0].SpanID() != p.SpanContext().SpanID() {
 		t.Errorf("ok's handler ran with %v, want process span %v in the producer's trace", got, p.SpanContext())
 	}
-	event(t, tr.childrenOf(t, okSC, "duplicate "+source, 1)[0], idemqotel.EventDuplicate)
+	event(t, tr.childrenOf(t, okSC, "duplicate "+source, 1)[0], "idemq.duplicate")
 
 	tr.childrenOf(t, flakySC, name, 2)
-	event(t, tr.childrenOf(t, flakySC, "retry "+source, 1)[0], idemqotel.EventRetry)
+	event(t, tr.childrenOf(t, flakySC, "retry "+source, 1)[0], "idemq.retry")
 
 	if bp := tr.childrenOf(t, badSC, name, 1)[0]; bp.Status().Code != codes.Error {
 		t.Errorf("bad's process span status %v", bp.Status())
 	}
-	event(t, tr.childrenOf(t, badSC, "dead_letter "+source, 1)[0], idemqotel.EventDeadLettered)
+	event(t, tr.childrenOf(t, badSC, "dead_letter "+source, 1)[0], "idemq.dead_lettered")
 }
 
 // checkDLQCopy checks that the dead-letter copy carries the producer's

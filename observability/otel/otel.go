@@ -45,6 +45,23 @@
 // Batch handlers cannot take Middleware; wrap them with
 // [Tracing.WrapBatch], which starts one span per batch linked to every
 // message's producer span.
+//
+// # Attributes
+//
+// Besides the semantic-convention attributes, the spans and events carry
+// these idemq attributes:
+//
+//	idemq.attempt                  int     process span, retry event: the attempt, from 1
+//	idemq.redelivered              bool    every span of a redelivered message (set only if true)
+//	idemq.error.permanent          bool    process span whose handler returned a permanent error
+//	idemq.processed_at             string  duplicate event: when the original was applied (RFC 3339)
+//	idemq.duplicate.age_seconds    float   duplicate event: how long ago that was
+//	idemq.retry.delay_seconds      float   retry event: the delay before the next attempt
+//	idemq.error.class              string  dead_lettered event: the consumer.FailureClass
+//	idemq.attempts                 int     dead_lettered event: the attempts made
+//
+// The tracer's instrumentation scope is the package path,
+// "github.com/idemq/idemq/observability/otel".
 package idemqotel
 
 import (
@@ -64,27 +81,27 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// ScopeName is the instrumentation scope of the tracer.
-const ScopeName = "github.com/idemq/idemq/observability/otel"
+// scopeName is the instrumentation scope of the tracer.
+const scopeName = "github.com/idemq/idemq/observability/otel"
 
-// Span event names.
+// Span event names (see the package doc).
 const (
-	EventDuplicate    = "idemq.duplicate"
-	EventRetry        = "idemq.retry"
-	EventDeadLettered = "idemq.dead_lettered"
-	EventAckFailed    = "idemq.ack_failed"
+	eventDuplicate    = "idemq.duplicate"
+	eventRetry        = "idemq.retry"
+	eventDeadLettered = "idemq.dead_lettered"
+	eventAckFailed    = "idemq.ack_failed"
 )
 
-// idemq-specific attribute keys.
+// idemq-specific attribute keys (see the package doc).
 const (
-	AttrAttempt      = attribute.Key("idemq.attempt")
-	AttrRedelivered  = attribute.Key("idemq.redelivered")
-	AttrProcessedAt  = attribute.Key("idemq.processed_at")
-	AttrDuplicateAge = attribute.Key("idemq.duplicate.age_seconds")
-	AttrRetryDelay   = attribute.Key("idemq.retry.delay_seconds")
-	AttrErrorClass   = attribute.Key("idemq.error.class")
-	AttrAttempts     = attribute.Key("idemq.attempts")
-	AttrPermanent    = attribute.Key("idemq.error.permanent")
+	attrAttempt      = attribute.Key("idemq.attempt")
+	attrRedelivered  = attribute.Key("idemq.redelivered")
+	attrProcessedAt  = attribute.Key("idemq.processed_at")
+	attrDuplicateAge = attribute.Key("idemq.duplicate.age_seconds")
+	attrRetryDelay   = attribute.Key("idemq.retry.delay_seconds")
+	attrErrorClass   = attribute.Key("idemq.error.class")
+	attrAttempts     = attribute.Key("idemq.attempts")
+	attrPermanent    = attribute.Key("idemq.error.permanent")
 )
 
 // w3c is the default propagator: W3C Trace Context.
@@ -171,7 +188,7 @@ func New(opts Options) *Tracing {
 	}
 	return &Tracing{
 		opts:   opts,
-		tracer: opts.TracerProvider.Tracer(ScopeName),
+		tracer: opts.TracerProvider.Tracer(scopeName),
 		prop:   opts.Propagator,
 	}
 }
@@ -232,7 +249,7 @@ func (t *Tracing) attrs(msg *consumer.Message, opType attribute.KeyValue, opName
 		a = append(a, semconv.MessagingRabbitMQDestinationRoutingKey(rk))
 	}
 	if msg.Redelivered {
-		a = append(a, AttrRedelivered.Bool(true))
+		a = append(a, attrRedelivered.Bool(true))
 	}
 	return a
 }
@@ -253,7 +270,7 @@ func (t *Tracing) Middleware() consumer.Middleware {
 			ctx, span := t.tracer.Start(t.extract(ctx, msg), spanName("process", msg),
 				trace.WithSpanKind(trace.SpanKindConsumer),
 				trace.WithAttributes(t.attrs(msg, semconv.MessagingOperationTypeProcess, "process")...),
-				trace.WithAttributes(AttrAttempt.Int(attemptOf(msg))))
+				trace.WithAttributes(attrAttempt.Int(attemptOf(msg))))
 			defer func() {
 				if v := recover(); v != nil {
 					// The runtime recovers handler panics; mark the
@@ -266,7 +283,7 @@ func (t *Tracing) Middleware() consumer.Middleware {
 					span.RecordError(err)
 					span.SetStatus(codes.Error, err.Error())
 					if consumer.IsPermanent(err) {
-						span.SetAttributes(AttrPermanent.Bool(true))
+						span.SetAttributes(attrPermanent.Bool(true))
 					}
 				}
 				span.End()
@@ -356,7 +373,7 @@ func (t *Tracing) outcome(ctx context.Context, msg *consumer.Message, op string,
 		eventAttrs = append(eventAttrs, semconv.ExceptionMessage(err.Error()))
 	}
 	span.AddEvent(event, trace.WithTimestamp(now), trace.WithAttributes(eventAttrs...))
-	if err != nil && event != EventRetry {
+	if err != nil && event != eventRetry {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End(trace.WithTimestamp(now))
@@ -367,17 +384,17 @@ func (t *Tracing) outcome(ctx context.Context, msg *consumer.Message, op string,
 func (t *Tracing) OnDuplicate(ctx context.Context, msg *consumer.Message, processedAt time.Time) {
 	var a []attribute.KeyValue
 	if !processedAt.IsZero() {
-		a = append(a, AttrProcessedAt.String(processedAt.UTC().Format(time.RFC3339Nano)),
-			AttrDuplicateAge.Float64(max(time.Since(processedAt), 0).Seconds()))
+		a = append(a, attrProcessedAt.String(processedAt.UTC().Format(time.RFC3339Nano)),
+			attrDuplicateAge.Float64(max(time.Since(processedAt), 0).Seconds()))
 	}
-	t.outcome(ctx, msg, "duplicate", semconv.MessagingOperationTypeSettle, EventDuplicate, a, nil)
+	t.outcome(ctx, msg, "duplicate", semconv.MessagingOperationTypeSettle, eventDuplicate, a, nil)
 }
 
 // OnRetry records a "retry" span with an idemq.retry event carrying the
 // attempt that failed, its error and the delay before the next one.
 func (t *Tracing) OnRetry(ctx context.Context, msg *consumer.Message, attempt int, err error, delay time.Duration) {
-	t.outcome(ctx, msg, "retry", semconv.MessagingOperationTypeProcess, EventRetry,
-		[]attribute.KeyValue{AttrAttempt.Int(attempt), AttrRetryDelay.Float64(delay.Seconds())}, err)
+	t.outcome(ctx, msg, "retry", semconv.MessagingOperationTypeProcess, eventRetry,
+		[]attribute.KeyValue{attrAttempt.Int(attempt), attrRetryDelay.Float64(delay.Seconds())}, err)
 }
 
 // OnDeadLettered records a "dead_letter" span, with status Error and an
@@ -387,13 +404,13 @@ func (t *Tracing) OnDeadLettered(ctx context.Context, msg *consumer.Message, f c
 	if err == nil {
 		err = fmt.Errorf("dead-lettered: %s", f.Class)
 	}
-	t.outcome(ctx, msg, "dead_letter", semconv.MessagingOperationTypeSettle, EventDeadLettered,
-		[]attribute.KeyValue{AttrErrorClass.String(string(f.Class)), AttrAttempts.Int(f.Attempts)}, err)
+	t.outcome(ctx, msg, "dead_letter", semconv.MessagingOperationTypeSettle, eventDeadLettered,
+		[]attribute.KeyValue{attrErrorClass.String(string(f.Class)), attrAttempts.Int(f.Attempts)}, err)
 }
 
 // OnAckFailed records an "ack" span, with status Error and an
 // idemq.ack_failed event. The effect is committed; the redelivery will be
 // skipped as a duplicate.
 func (t *Tracing) OnAckFailed(ctx context.Context, msg *consumer.Message, err error) {
-	t.outcome(ctx, msg, "ack", semconv.MessagingOperationTypeSettle, EventAckFailed, nil, err)
+	t.outcome(ctx, msg, "ack", semconv.MessagingOperationTypeSettle, eventAckFailed, nil, err)
 }

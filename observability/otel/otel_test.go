@@ -322,7 +322,7 @@ func TestMemoryOutcomes(t *testing.T) {
 	}
 	d := tr.childrenOf(t, okSC, "duplicate payments", 1)[0]
 	wantAttrs(t, d, map[string]any{"messaging.operation.type": "settle", "messaging.message.id": "ok"})
-	e := event(t, d, idemqotel.EventDuplicate)
+	e := event(t, d, "idemq.duplicate")
 	if age, ok := eventAttr(e, "idemq.duplicate.age_seconds"); !ok || age.AsFloat64() < 0 || age.AsFloat64() > 60 {
 		t.Errorf("duplicate age %v", age)
 	}
@@ -346,7 +346,7 @@ func TestMemoryOutcomes(t *testing.T) {
 		t.Errorf("flaky's process spans: %d failed first attempts, %d successful second ones; want 1 and 1", failed, succeeded)
 	}
 	r := tr.childrenOf(t, flakySC, "retry payments", 1)[0]
-	re := event(t, r, idemqotel.EventRetry)
+	re := event(t, r, "idemq.retry")
 	if v, _ := eventAttr(re, "idemq.attempt"); v.AsInt64() != 1 {
 		t.Errorf("retry event attempt %v, want 1", v)
 	}
@@ -364,7 +364,7 @@ func TestMemoryOutcomes(t *testing.T) {
 	if dl.Status().Code != codes.Error {
 		t.Errorf("dead_letter span status %v", dl.Status())
 	}
-	de := event(t, dl, idemqotel.EventDeadLettered)
+	de := event(t, dl, "idemq.dead_lettered")
 	if v, _ := eventAttr(de, "idemq.error.class"); v.AsString() != string(consumer.ClassPermanent) {
 		t.Errorf("dead-letter class %q", v.AsString())
 	}

@@ -12,7 +12,8 @@
 //
 // Every metric has the label "consumer"; the per-message ones also have
 // "source" (the queue or topic, Message.Source), and dead letters have
-// "class" (the consumer.FailureClass). Message ids are never labels. The
+// "class" (the consumer.FailureClass, or "other" for a class this version
+// does not know). Message ids are never labels. The
 // number of distinct source values is capped by Options.MaxSources: further
 // sources are counted under the value "other", and
 // idemq_source_labels_folded_total counts the messages that were folded.
@@ -63,21 +64,22 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// Defaults for Options.
 const (
-	DefaultNamespace  = "idemq"
-	DefaultMaxSources = 64
-	// OtherSource is the source label value of the messages whose source
-	// came after MaxSources distinct ones, and of unknown failure classes.
-	OtherSource = "other"
+	defaultNamespace  = "idemq"
+	defaultMaxSources = 64
+	// otherSource is the source label value of the messages whose source
+	// came after MaxSources distinct ones, and the class label value of
+	// unknown failure classes.
+	otherSource = "other"
 )
 
-// Default histogram buckets, in seconds (or, for batch sizes, messages).
+// The default histogram buckets, in seconds (or, for batch sizes,
+// messages), as the Options fields document them.
 var (
-	DefaultDurationBuckets     = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
-	DefaultLatencyBuckets      = []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600}
-	DefaultDuplicateAgeBuckets = []float64{1, 10, 60, 600, 3600, 6 * 3600, 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 90 * 86400}
-	DefaultBatchSizeBuckets    = []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
+	defaultDurationBuckets     = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	defaultLatencyBuckets      = []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600}
+	defaultDuplicateAgeBuckets = []float64{1, 10, 60, 600, 3600, 6 * 3600, 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 90 * 86400}
+	defaultBatchSizeBuckets    = []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
 )
 
 // Options configures the metrics. The zero value of every optional field
@@ -97,18 +99,20 @@ type Options struct {
 	// gauge is not exported (batch sizes still are).
 	BatchSize int
 	// DurationBuckets are the buckets of the handler and commit duration
-	// histograms (both of them), in seconds. Defaults to
-	// DefaultDurationBuckets.
+	// histograms (both of them), in seconds. Defaults to .0005, .001,
+	// .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10 and 30.
 	DurationBuckets []float64
 	// LatencyBuckets are the buckets of the end-to-end latency histogram,
-	// in seconds. Defaults to DefaultLatencyBuckets.
+	// in seconds. Defaults to .001, .005, .01, .05, .1, .5, 1, 5, 10, 30,
+	// 60, 300, 900, 3600 and 14400 (1ms to 4h).
 	LatencyBuckets []float64
 	// DuplicateAgeBuckets are the buckets of the duplicate age histogram,
 	// in seconds; make them reach past the dedup retention. Defaults to
-	// DefaultDuplicateAgeBuckets (1s to 90 days).
+	// 1s, 10s, 1m, 10m, 1h, 6h, 1, 3, 7, 14, 30 and 90 days.
 	DuplicateAgeBuckets []float64
 	// BatchSizeBuckets are the buckets of the batch size histogram.
-	// Defaults to DefaultBatchSizeBuckets.
+	// Defaults to 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000
+	// and 10000.
 	BatchSizeBuckets []float64
 	// Now returns the current time, for latencies and ages. Defaults to
 	// time.Now.
@@ -117,22 +121,22 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.Namespace == "" {
-		o.Namespace = DefaultNamespace
+		o.Namespace = defaultNamespace
 	}
 	if o.MaxSources == 0 {
-		o.MaxSources = DefaultMaxSources
+		o.MaxSources = defaultMaxSources
 	}
 	if o.DurationBuckets == nil {
-		o.DurationBuckets = DefaultDurationBuckets
+		o.DurationBuckets = defaultDurationBuckets
 	}
 	if o.LatencyBuckets == nil {
-		o.LatencyBuckets = DefaultLatencyBuckets
+		o.LatencyBuckets = defaultLatencyBuckets
 	}
 	if o.DuplicateAgeBuckets == nil {
-		o.DuplicateAgeBuckets = DefaultDuplicateAgeBuckets
+		o.DuplicateAgeBuckets = defaultDuplicateAgeBuckets
 	}
 	if o.BatchSizeBuckets == nil {
-		o.BatchSizeBuckets = DefaultBatchSizeBuckets
+		o.BatchSizeBuckets = defaultBatchSizeBuckets
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -295,7 +299,7 @@ func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C,
 }
 
 // source returns the metrics of source s. Once the consumer has MaxSources
-// distinct sources, further ones share the metrics labelled OtherSource, and
+// distinct sources, further ones share the metrics labelled otherSource, and
 // folded is true.
 func (m *Metrics) source(s string) (sm *sourceMetrics, folded bool) {
 	m.mu.RLock()
@@ -309,11 +313,11 @@ func (m *Metrics) source(s string) (sm *sourceMetrics, folded bool) {
 	if sm, ok := m.sources[s]; ok {
 		return sm, false
 	}
-	if s == OtherSource || len(m.sources) >= m.opts.MaxSources {
+	if s == otherSource || len(m.sources) >= m.opts.MaxSources {
 		if m.other == nil {
-			m.other = m.newSourceMetrics(OtherSource)
+			m.other = m.newSourceMetrics(otherSource)
 		}
-		return m.other, s != OtherSource
+		return m.other, s != otherSource
 	}
 	sm = m.newSourceMetrics(s)
 	m.sources[s] = sm
@@ -412,7 +416,7 @@ var knownClasses = map[consumer.FailureClass]bool{
 func (m *Metrics) OnDeadLettered(_ context.Context, msg *consumer.Message, f consumer.Failure) {
 	class := string(f.Class)
 	if !knownClasses[f.Class] {
-		class = OtherSource
+		class = otherSource
 	}
 	m.vecs.deadLettered.WithLabelValues(m.opts.Consumer, m.of(msg).name, class).Inc()
 }

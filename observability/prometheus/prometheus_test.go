@@ -412,6 +412,8 @@ func TestBatchMetrics(t *testing.T) {
 // that the label values stop growing.
 func TestCardinalityGuard(t *testing.T) {
 	t.Parallel()
+	// The documented default of Options.MaxSources.
+	const defaultMaxSources = 64
 	reg := prometheus.NewRegistry()
 	m, err := idemqprom.New(reg, idemqprom.Options{Consumer: "c"})
 	if err != nil {
@@ -428,8 +430,8 @@ func TestCardinalityGuard(t *testing.T) {
 	m.OnReceived(ctx, &consumer.Message{Source: "q-000"})
 
 	for _, name := range []string{"idemq_messages_received_total", "idemq_messages_applied_total", "idemq_handler_duration_seconds"} {
-		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != idemqprom.DefaultMaxSources+1 {
-			t.Errorf("%s: %d series (%v), want %d sources plus %q", name, n, err, idemqprom.DefaultMaxSources, idemqprom.OtherSource)
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != defaultMaxSources+1 {
+			t.Errorf("%s: %d series (%v), want %d sources plus \"other\"", name, n, err, defaultMaxSources)
 		}
 	}
 	if got := gauge(t, reg, "idemq_messages_received_total", map[string]string{"source": "q-000"}); got != 2 {
@@ -441,17 +443,17 @@ func TestCardinalityGuard(t *testing.T) {
 	if find(t, reg, "idemq_messages_received_total", map[string]string{"source": "q-064"}) != nil {
 		t.Error("the 65th source got its own label")
 	}
-	if got := gauge(t, reg, "idemq_messages_received_total", map[string]string{"source": idemqprom.OtherSource}); got != 36 {
+	if got := gauge(t, reg, "idemq_messages_received_total", map[string]string{"source": "other"}); got != 36 {
 		t.Errorf("other received %g, want 36", got)
 	}
 	if got := gauge(t, reg, "idemq_source_labels_folded_total", map[string]string{"consumer": "c"}); got != 36 {
 		t.Errorf("folded %g, want 36", got)
 	}
 	// Unknown failure classes are bounded too.
-	if n, _ := testutil.GatherAndCount(reg, "idemq_messages_dead_lettered_total"); n != idemqprom.DefaultMaxSources+1 {
-		t.Errorf("%d dead-letter series, want %d", n, idemqprom.DefaultMaxSources+1)
+	if n, _ := testutil.GatherAndCount(reg, "idemq_messages_dead_lettered_total"); n != defaultMaxSources+1 {
+		t.Errorf("%d dead-letter series, want %d", n, defaultMaxSources+1)
 	}
-	if got := gauge(t, reg, "idemq_messages_dead_lettered_total", map[string]string{"source": "q-001", "class": idemqprom.OtherSource}); got != 1 {
+	if got := gauge(t, reg, "idemq_messages_dead_lettered_total", map[string]string{"source": "q-001", "class": "other"}); got != 1 {
 		t.Errorf("dead letters of an unknown class under class=other: %g, want 1", got)
 	}
 	// No label ever carries a message id.
