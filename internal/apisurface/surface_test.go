@@ -19,19 +19,19 @@ var budget = map[string]int{
 	"brokers/rabbitmq":         34,
 	"brokers/redisstream":      32,
 	"consumer":                 83,
-	"dlq":                      75,
-	"httpidem":                 23,
-	"idemqtest":                15,
+	"dlq":                      40,
+	"httpidem":                 11,
+	"idemqtest":                12,
 	"keys":                     6,
-	"observability/otel":       19,
-	"observability/prometheus": 11,
-	"outbox":                   37,
-	"processed":                22,
+	"observability/otel":       6,
+	"observability/prometheus": 4,
+	"outbox":                   18,
+	"processed":                12,
 }
 
 // totalBudget is the most exported top-level names of all public packages
 // together.
-const totalBudget = 459
+const totalBudget = 360
 
 // TestSurfaceBudget counts the exported top-level names (functions, types,
 // variables, constants; not methods or fields) of every public package
@@ -75,7 +75,7 @@ func TestExportedCountsOnlyTopLevelNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"Exported", "Public"}; !slices.Equal(names, want) {
+	if want := []string{"ConfigTables", "Exported", "Public"}; !slices.Equal(names, want) {
 		t.Errorf("names %v, want %v", names, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 // leave what its own need (the quickstart's schema, payments.dlq).
 var tourDocs = []string{
 	"README.md",
+	"docs/configuration.md",
 	"docs/dedup-store.md",
 	"docs/brokers.md",
 	"docs/batch-mode.md",
