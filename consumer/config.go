@@ -7,7 +7,18 @@ import (
 )
 
 // Config configures a Runtime. The zero value of every optional field selects
-// a documented default; New validates the rest.
+// the default its doc states; New validates the rest.
+//
+// Two defaults depend on which handler is set:
+//
+//	             Handler   BatchHandler
+//	BatchSize    32        100
+//	BatchWait    0         5ms
+//
+// With a Handler, a lane groups only the deliveries already waiting when it
+// starts a transaction, so a delivery that arrives alone is applied alone, at
+// once; a BatchHandler is called for whole batches, so it waits a little to
+// fill them.
 type Config struct {
 	// Name is the consumer's name and its dedup scope: two consumers with
 	// different names each apply a message once. Required; at most 200
@@ -57,11 +68,8 @@ type Config struct {
 	// the lanes shrink their groups for a while (see docs/batch-mode.md,
 	// "Hot rows").
 	//
-	// Defaults to DefaultGroupSize (32) with Handler, and BatchWait to 0:
-	// a lane groups only the deliveries already waiting when it starts a
-	// transaction, so under load many messages share one commit, and a
-	// delivery that arrives alone is applied alone, at once. Defaults to
-	// DefaultBatchSize (100) with BatchHandler. At most 10,000.
+	// Defaults to 32 with Handler and 100 with BatchHandler (see the table
+	// above): under load many messages share one commit. At most 10,000.
 	//
 	// 1 gives strict one transaction per message. Choose it for handlers
 	// that hold locks for long or call out of process: in a group, a
@@ -72,8 +80,8 @@ type Config struct {
 	BatchSize int
 	// BatchWait is the longest a partly filled group waits for more
 	// deliveries. Defaults to 0 with Handler (only deliveries already
-	// waiting are grouped) and to DefaultBatchWait (5ms) with
-	// BatchHandler; -1 asks for no wait with a BatchHandler too.
+	// waiting are grouped) and to 5ms with BatchHandler; -1 asks for no
+	// wait with a BatchHandler too.
 	BatchWait time.Duration
 	// MaxBodyBytes is the largest body handled; larger ones are
 	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
@@ -170,23 +178,23 @@ type RetryConfig struct {
 	MaxConnLosses int
 }
 
-// Defaults for Config.
+// Defaults for Config, each stated in its field's doc.
 const (
-	DefaultConcurrency     = 8
-	DefaultMaxBodyBytes    = 1 << 20
-	DefaultMaxIDBytes      = 512
-	DefaultShutdownTimeout = 30 * time.Second
-	DefaultSlowCommit      = time.Second
-	DefaultJanitorInterval = 10 * time.Minute
-	DefaultHorizonMargin   = 5 * time.Minute
-	DefaultMaxAttempts     = 25
-	DefaultInitialInterval = 100 * time.Millisecond
-	DefaultMaxInterval     = 10 * time.Second
-	DefaultMaxElapsed      = time.Minute
-	DefaultMaxConnLosses   = 5
-	DefaultGroupSize       = 32
-	DefaultBatchSize       = 100
-	DefaultBatchWait       = 5 * time.Millisecond
+	defaultConcurrency     = 8
+	defaultMaxBodyBytes    = 1 << 20
+	defaultMaxIDBytes      = 512
+	defaultShutdownTimeout = 30 * time.Second
+	defaultSlowCommit      = time.Second
+	defaultJanitorInterval = 10 * time.Minute
+	defaultHorizonMargin   = 5 * time.Minute
+	defaultMaxAttempts     = 25
+	defaultInitialInterval = 100 * time.Millisecond
+	defaultMaxInterval     = 10 * time.Second
+	defaultMaxElapsed      = time.Minute
+	defaultMaxConnLosses   = 5
+	defaultGroupSize       = 32
+	defaultBatchSize       = 100
+	defaultBatchWait       = 5 * time.Millisecond
 	maxBatchSize           = 10_000
 	maxNameLen             = 200
 )
@@ -197,34 +205,34 @@ func (c Config) withDefaults() Config {
 		c.MessageID = IDFromMessage
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultGroupSize
+		c.BatchSize = defaultGroupSize
 		if c.BatchHandler != nil {
-			c.BatchSize = DefaultBatchSize
+			c.BatchSize = defaultBatchSize
 		}
 	}
 	if c.BatchWait == 0 && c.BatchHandler != nil {
-		c.BatchWait = DefaultBatchWait
+		c.BatchWait = defaultBatchWait
 	}
 	if c.MaxIDBytes == 0 {
-		c.MaxIDBytes = DefaultMaxIDBytes
+		c.MaxIDBytes = defaultMaxIDBytes
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
+		c.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
+		c.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if c.SlowCommit == 0 {
-		c.SlowCommit = DefaultSlowCommit
+		c.SlowCommit = defaultSlowCommit
 	}
 	if c.JanitorInterval == 0 {
-		c.JanitorInterval = DefaultJanitorInterval
+		c.JanitorInterval = defaultJanitorInterval
 	}
 	if c.HorizonMargin == 0 {
-		c.HorizonMargin = DefaultHorizonMargin
+		c.HorizonMargin = defaultHorizonMargin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -235,19 +243,19 @@ func (c Config) withDefaults() Config {
 
 func (r RetryConfig) withDefaults() RetryConfig {
 	if r.MaxAttempts == 0 {
-		r.MaxAttempts = DefaultMaxAttempts
+		r.MaxAttempts = defaultMaxAttempts
 	}
 	if r.InitialInterval == 0 {
-		r.InitialInterval = DefaultInitialInterval
+		r.InitialInterval = defaultInitialInterval
 	}
 	if r.MaxInterval == 0 {
-		r.MaxInterval = DefaultMaxInterval
+		r.MaxInterval = defaultMaxInterval
 	}
 	if r.MaxElapsed == 0 {
-		r.MaxElapsed = DefaultMaxElapsed
+		r.MaxElapsed = defaultMaxElapsed
 	}
 	if r.MaxConnLosses == 0 {
-		r.MaxConnLosses = DefaultMaxConnLosses
+		r.MaxConnLosses = defaultMaxConnLosses
 	}
 	return r
 }

@@ -48,10 +48,10 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := rt.cfg
-	if c.Concurrency != DefaultConcurrency || c.MaxBodyBytes != DefaultMaxBodyBytes ||
-		c.ShutdownTimeout != DefaultShutdownTimeout || c.SlowCommit != DefaultSlowCommit || c.Retry.MaxAttempts != DefaultMaxAttempts ||
-		c.Retry.InitialInterval != DefaultInitialInterval || c.Retry.MaxInterval != DefaultMaxInterval ||
-		c.Retry.MaxElapsed != DefaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
+	if c.Concurrency != defaultConcurrency || c.MaxBodyBytes != defaultMaxBodyBytes ||
+		c.ShutdownTimeout != defaultShutdownTimeout || c.SlowCommit != defaultSlowCommit || c.Retry.MaxAttempts != defaultMaxAttempts ||
+		c.Retry.InitialInterval != defaultInitialInterval || c.Retry.MaxInterval != defaultMaxInterval ||
+		c.Retry.MaxElapsed != defaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
@@ -157,7 +157,7 @@ func TestBatchConfigValidation(t *testing.T) {
 	cfg.Handler = nil
 	cfg.BatchHandler = bh
 	rt, err := New(cfg)
-	if err != nil || rt.cfg.BatchSize != DefaultBatchSize || rt.cfg.BatchWait != DefaultBatchWait {
+	if err != nil || rt.cfg.BatchSize != defaultBatchSize || rt.cfg.BatchWait != defaultBatchWait {
 		t.Fatalf("BatchHandler defaults: %v %+v", err, rt)
 	}
 	for field, mod := range map[string]func(*Config){

@@ -59,16 +59,16 @@ type Config struct {
 
 // Defaults for Config.
 const (
-	DefaultTimeout   = 30 * time.Second
-	DefaultQuietWait = 500 * time.Millisecond
+	defaultTimeout   = 30 * time.Second
+	defaultQuietWait = 500 * time.Millisecond
 )
 
 func (c Config) withDefaults() Config {
 	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
+		c.Timeout = defaultTimeout
 	}
 	if c.QuietWait <= 0 {
-		c.QuietWait = DefaultQuietWait
+		c.QuietWait = defaultQuietWait
 	}
 	return c
 }

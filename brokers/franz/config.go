@@ -13,14 +13,14 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultCommitInterval    = time.Second
-	DefaultMaxInFlight       = 1024
-	DefaultDrainTimeout      = 5 * time.Second
-	DefaultSessionTimeout    = 30 * time.Second
-	DefaultHeartbeatInterval = 3 * time.Second
-	DefaultRebalanceTimeout  = 30 * time.Second
-	DefaultFetchMaxWait      = 500 * time.Millisecond
-	DefaultCommitTimeout     = 10 * time.Second
+	defaultCommitInterval    = time.Second
+	defaultMaxInFlight       = 1024
+	defaultDrainTimeout      = 5 * time.Second
+	defaultSessionTimeout    = 30 * time.Second
+	defaultHeartbeatInterval = 3 * time.Second
+	defaultRebalanceTimeout  = 30 * time.Second
+	defaultFetchMaxWait      = 500 * time.Millisecond
+	defaultCommitTimeout     = 10 * time.Second
 )
 
 // Config configures a Source. The zero value of every optional field selects
@@ -110,28 +110,28 @@ func (c Config) withDefaults() Config {
 		c.IDHeader = kafka.DefaultIDHeader
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
+		c.CommitInterval = defaultCommitInterval
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
+		c.CommitTimeout = defaultCommitTimeout
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
+		c.MaxInFlight = defaultMaxInFlight
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = defaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
+		c.HeartbeatInterval = defaultHeartbeatInterval
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = defaultRebalanceTimeout
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	return c
 }

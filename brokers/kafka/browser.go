@@ -15,8 +15,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// DefaultCommitTimeout is BrowserConfig.CommitTimeout's default.
-const DefaultCommitTimeout = 10 * time.Second
+// defaultBrowseCommitTimeout is BrowserConfig.CommitTimeout's default.
+const defaultBrowseCommitTimeout = 10 * time.Second
 
 // BrowserConfig configures a Browser. The zero value of every optional field
 // selects the documented default. The message mapping fields mean the same as
@@ -74,13 +74,13 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 		c.IDHeader = DefaultIDHeader
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = DefaultFetchMaxBytes
+		c.FetchMaxBytes = defaultFetchMaxBytes
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
+		c.CommitTimeout = defaultBrowseCommitTimeout
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafkago.DefaultDialer

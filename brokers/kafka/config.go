@@ -44,17 +44,17 @@ func (m KeyMode) String() string {
 // Defaults for Config and PublisherConfig.
 const (
 	DefaultIDHeader          = "idempotency-key"
-	DefaultCommitInterval    = time.Second
-	DefaultMaxInFlight       = 256
-	DefaultDrainTimeout      = 5 * time.Second
-	DefaultSessionTimeout    = 30 * time.Second
-	DefaultHeartbeatInterval = 3 * time.Second
-	DefaultRebalanceTimeout  = 30 * time.Second
-	DefaultJoinGroupBackoff  = time.Second
-	DefaultFetchMaxWait      = 500 * time.Millisecond
-	DefaultFetchMaxBytes     = 10 << 20
-	DefaultBatchTimeout      = time.Millisecond
-	DefaultWriteTimeout      = 10 * time.Second
+	defaultCommitInterval    = time.Second
+	defaultMaxInFlight       = 256
+	defaultDrainTimeout      = 5 * time.Second
+	defaultSessionTimeout    = 30 * time.Second
+	defaultHeartbeatInterval = 3 * time.Second
+	defaultRebalanceTimeout  = 30 * time.Second
+	defaultJoinGroupBackoff  = time.Second
+	defaultFetchMaxWait      = 500 * time.Millisecond
+	defaultFetchMaxBytes     = 10 << 20
+	defaultBatchTimeout      = time.Millisecond
+	defaultWriteTimeout      = 10 * time.Second
 )
 
 // Config configures a Source. The zero value of every optional field selects
@@ -154,34 +154,34 @@ func (c Config) withDefaults() Config {
 		c.IDHeader = DefaultIDHeader
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
+		c.CommitInterval = defaultCommitInterval
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
+		c.MaxInFlight = defaultMaxInFlight
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.StartOffset == 0 {
 		c.StartOffset = kafkago.FirstOffset
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = defaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
+		c.HeartbeatInterval = defaultHeartbeatInterval
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = defaultRebalanceTimeout
 	}
 	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = DefaultJoinGroupBackoff
+		c.JoinGroupBackoff = defaultJoinGroupBackoff
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = DefaultFetchMaxBytes
+		c.FetchMaxBytes = defaultFetchMaxBytes
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafkago.DefaultDialer
@@ -293,10 +293,10 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 		c.IDHeader = DefaultIDHeader
 	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
+		c.BatchTimeout = defaultBatchTimeout
 	}
 	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
+		c.WriteTimeout = defaultWriteTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

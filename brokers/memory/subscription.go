@@ -15,14 +15,14 @@ type SubscribeOptions struct {
 	// once; Receive blocks while it holds that many, like a RabbitMQ
 	// consumer with basic.qos. Defaults to the runtime's window
 	// (Concurrency × BatchSize, see consumer.ConfigurableSource) when a
-	// runtime consumes it, and to DefaultPrefetch (64) otherwise. Negative
+	// runtime consumes it, and to 64 otherwise. Negative
 	// values are invalid.
 	Prefetch int
 }
 
 func (o SubscribeOptions) withDefaults() SubscribeOptions {
 	if o.Prefetch == 0 {
-		o.Prefetch = DefaultPrefetch
+		o.Prefetch = defaultPrefetch
 	}
 	return o
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// DefaultBrowseIdle is how long Browser.Next waits for the next message
+// defaultBrowseIdle is how long Browser.Next waits for the next message
 // before it concludes the pass is over.
-const DefaultBrowseIdle = 2 * time.Second
+const defaultBrowseIdle = 2 * time.Second
 
 // BrowserConfig configures a Browser. The zero value of every optional field
 // selects a documented default. The message mapping fields mean the same as
@@ -50,7 +50,7 @@ type BrowserConfig struct {
 	KeyFromSubject bool
 	// Idle is how long Next waits for a message before it reports the end
 	// of the pass (io.EOF): messages deleted meanwhile leave nothing to
-	// wait for. Defaults to DefaultBrowseIdle, 2s.
+	// wait for. Defaults to 2s.
 	Idle time.Duration
 }
 
@@ -62,7 +62,7 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 		c.MessageIDHeader = HeaderMsgID
 	}
 	if c.Idle == 0 {
-		c.Idle = DefaultBrowseIdle
+		c.Idle = defaultBrowseIdle
 	}
 	return c
 }

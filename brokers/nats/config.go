@@ -23,19 +23,19 @@ import (
 const (
 	// DefaultURL is the local server: nats://127.0.0.1:4222.
 	DefaultURL = nats.DefaultURL
-	// DefaultAckWait is how long JetStream waits for an ack before it
+	// defaultAckWait is how long JetStream waits for an ack before it
 	// redelivers; the Source's keep-alive (InProgress every AckWait/3)
 	// holds it off while a handler runs.
-	DefaultAckWait = 30 * time.Second
-	// DefaultNakDelay is how long JetStream waits before it redelivers a
+	defaultAckWait = 30 * time.Second
+	// defaultNakDelay is how long JetStream waits before it redelivers a
 	// message the runtime gave back (Nack with requeue).
-	DefaultNakDelay = time.Second
-	// DefaultWindow is the window of a Source no runtime configured
-	// (Configure never called): the runtime's default Concurrency.
-	DefaultWindow = consumer.DefaultConcurrency
-	// DefaultConnectTimeout bounds NewSource's, NewPublisher's and
+	defaultNakDelay = time.Second
+	// defaultWindow is the window of a Source no runtime configured
+	// (Configure never called): the runtime's default Concurrency, 8.
+	defaultWindow = 8
+	// defaultConnectTimeout bounds NewSource's, NewPublisher's and
 	// NewBrowser's first connection.
-	DefaultConnectTimeout = 10 * time.Second
+	defaultConnectTimeout = 10 * time.Second
 	// HeaderMsgID is JetStream's deduplication header, Nats-Msg-Id: the
 	// Publisher sets it from Message.ID and the Source reads Message.ID
 	// from it by default.
@@ -80,7 +80,7 @@ type Config struct {
 	URL string
 	// Options are extra connection options (credentials files, TLS, a
 	// connection name...), applied after the Source's own: reconnecting
-	// forever (nats.MaxReconnects(-1)), a DefaultConnectTimeout, a ping
+	// forever (nats.MaxReconnects(-1)), a 10s connect timeout, a ping
 	// every 5 s with 2 outstanding at most, and writes that give up after
 	// 5 s, so that a server cut off by a partition is left within 15 s. An
 	// option that makes the client give up reconnecting makes Receive
@@ -117,12 +117,12 @@ type Config struct {
 	// InProgress every AckWait/3, so a slow handler is not redelivered
 	// under itself; a process that dies stops the keep-alive and its
 	// messages come back after AckWait. At least 1s. Defaults to
-	// DefaultAckWait, 30s.
+	// 30s.
 	AckWait time.Duration
 	// MaxAckPending is the most deliveries JetStream hands out without an
 	// ack, across every Source sharing Durable. 0, the default, sizes it
 	// from the runtime: twice the window consumer.New passes to Configure
-	// (Concurrency × BatchSize), or 2×DefaultWindow without a runtime. A
+	// (Concurrency × BatchSize), or 16 without a runtime. A
 	// positive value is used as is. Negative values (JetStream's
 	// "unlimited") are rejected.
 	MaxAckPending int
@@ -137,7 +137,7 @@ type Config struct {
 	MaxDeliver int
 	// NakDelay is how long JetStream waits before it redelivers a message
 	// the runtime gave back (Nack with requeue, at shutdown say).
-	// Defaults to DefaultNakDelay, 1s. Negative values are rejected.
+	// Defaults to 1s. Negative values are rejected.
 	NakDelay time.Duration
 
 	// MessageIDHeader takes Message.ID from this header. Defaults to
@@ -233,13 +233,13 @@ func (c Config) withDefaults() Config {
 		c.Topology = &t
 	}
 	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
+		c.AckWait = defaultAckWait
 	}
 	if c.MaxDeliver == 0 {
 		c.MaxDeliver = -1
 	}
 	if c.NakDelay == 0 {
-		c.NakDelay = DefaultNakDelay
+		c.NakDelay = defaultNakDelay
 	}
 	if c.MessageIDHeader == "" && c.MessageIDFunc == nil {
 		c.MessageIDHeader = HeaderMsgID
@@ -385,7 +385,7 @@ func connect(ctx context.Context, rawURL, name string, log func() *slog.Logger, 
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.Timeout(DefaultConnectTimeout),
+		nats.Timeout(defaultConnectTimeout),
 		// A server cut off by a partition answers nothing, not even a
 		// reset: the client finds the connection dead only by its pings.
 		// nats.go pings every 2 minutes; a consumer cannot wait that long.

@@ -20,7 +20,7 @@ type PublisherConfig struct {
 	// Defaults to DefaultURL, nats://127.0.0.1:4222.
 	URL string
 	// Options are extra connection options, applied after the
-	// Publisher's own (reconnecting forever, DefaultConnectTimeout).
+	// Publisher's own (reconnecting forever, a 10s connect timeout).
 	// Defaults to none.
 	Options []nats.Option
 	// KeyHeader, if set, carries Message.Key in this header (read it back

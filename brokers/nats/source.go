@@ -103,7 +103,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:    cfg,
-		window: DefaultWindow,
+		window: defaultWindow,
 		held:   map[*delivery]struct{}{},
 		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc,
 			keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
@@ -164,7 +164,7 @@ func (s *Source) maxAckPending(window int) int {
 // MaxAckPending becomes 2×set.Window, so that a message or batch is waiting
 // whenever a worker frees up; the client buffers at most set.Window
 // deliveries besides the ones the runtime holds. A Window of 0 or less
-// keeps DefaultWindow. Unless Config.Logger was set, the Source logs to
+// keeps the window of a Source without a runtime, 8. Unless Config.Logger was set, the Source logs to
 // set.Logger. It returns MaxAckPending, the window the runtime can count
 // on.
 //

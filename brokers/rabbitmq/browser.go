@@ -51,7 +51,7 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 		c.URL = DefaultURL
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

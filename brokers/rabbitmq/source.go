@@ -37,15 +37,13 @@ const (
 
 // Defaults for Config.
 const (
-	// DefaultConcurrency is the runtime's default Concurrency
-	// (consumer.DefaultConcurrency).
-	DefaultConcurrency = consumer.DefaultConcurrency
-	// DefaultPrefetch is the prefetch of a Source whose Config.Prefetch
+	// defaultPrefetch is the prefetch of a Source whose Config.Prefetch
 	// is 0 and that no runtime configured (Configure was never called):
-	// 2×DefaultConcurrency, what the runtime's defaults would ask for.
-	DefaultPrefetch           = 2 * DefaultConcurrency
-	DefaultReconnectInitial   = 100 * time.Millisecond
-	DefaultReconnectMax       = 30 * time.Second
+	// twice the runtime's default Concurrency (8), what the runtime's
+	// defaults would ask for.
+	defaultPrefetch           = 16
+	defaultReconnectInitial   = 100 * time.Millisecond
+	defaultReconnectMax       = 30 * time.Second
 	maxPrefetch               = 65535 // basic.qos prefetch-count is a short
 	consumerCancelCloseWindow = 5 * time.Second
 )
@@ -92,7 +90,7 @@ type Config struct {
 	// runtime: twice the window consumer.New passes to Configure
 	// (Concurrency × BatchSize), at most 65535, so that a message (or a
 	// batch) is waiting whenever a worker frees up. A Source no runtime
-	// configures uses DefaultPrefetch, 2×DefaultConcurrency. A non-zero
+	// configures uses 16. A non-zero
 	// Prefetch is used as is, whatever the runtime's window (the runtime
 	// then caps its batches to what it lets in). AMQP reads a prefetch of
 	// 0 as unbounded, which idemq never asks for: there is no way to ask
@@ -160,13 +158,13 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if c.Reconnect.InitialInterval == 0 {
-		c.Reconnect.InitialInterval = DefaultReconnectInitial
+		c.Reconnect.InitialInterval = defaultReconnectInitial
 	}
 	if c.Reconnect.MaxInterval == 0 {
-		c.Reconnect.MaxInterval = max(DefaultReconnectMax, c.Reconnect.InitialInterval)
+		c.Reconnect.MaxInterval = max(defaultReconnectMax, c.Reconnect.InitialInterval)
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }
@@ -339,7 +337,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	prefetch := cfg.Prefetch
 	if prefetch == 0 {
-		prefetch = DefaultPrefetch
+		prefetch = defaultPrefetch
 	}
 	s.prefetch.Store(int32(prefetch))
 	s.backlogUntil.Store(-1)

@@ -166,7 +166,7 @@ func TestPrefetchBound(t *testing.T) {
 		configure *consumer.SourceSettings // nil: not called
 		k         int
 	}{
-		{"default without a runtime", rabbitmq.Config{}, nil, 2 * consumer.DefaultConcurrency},
+		{"default without a runtime", rabbitmq.Config{}, nil, rabbitmq.DefaultPrefetch},
 		{"from the window", rabbitmq.Config{}, &consumer.SourceSettings{Window: 5}, 10},
 		{"window of 0 keeps the default", rabbitmq.Config{}, &consumer.SourceSettings{}, rabbitmq.DefaultPrefetch},
 		{"explicit", rabbitmq.Config{Prefetch: 3}, nil, 3},

@@ -49,7 +49,7 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 		c.BodyField = DefaultBodyField
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }

@@ -28,22 +28,22 @@ const (
 	DefaultIDField = "idempotency-key"
 	// DefaultBodyField is the entry field holding the body.
 	DefaultBodyField = "body"
-	// DefaultStartID is where a consumer group that does not exist yet
+	// defaultStartID is where a consumer group that does not exist yet
 	// starts: "0", the beginning of the stream.
-	DefaultStartID = "0"
-	// DefaultMinIdle is how long an entry must have been pending, without
+	defaultStartID = "0"
+	// defaultMinIdle is how long an entry must have been pending, without
 	// a keep-alive, before another consumer may claim it.
-	DefaultMinIdle = 30 * time.Second
-	// DefaultClaimInterval is how often a Source looks for entries to
+	defaultMinIdle = 30 * time.Second
+	// defaultClaimInterval is how often a Source looks for entries to
 	// claim (XAUTOCLAIM) and for entries of its own it lost track of.
-	DefaultClaimInterval = 5 * time.Second
-	// DefaultBlock is how long one XREADGROUP waits for new entries.
-	DefaultBlock = 2 * time.Second
-	// DefaultDialTimeout bounds each connection attempt.
-	DefaultDialTimeout = 5 * time.Second
-	// DefaultWindow is the window of a Source no runtime configured:
-	// consumer.DefaultConcurrency.
-	DefaultWindow = consumer.DefaultConcurrency
+	defaultClaimInterval = 5 * time.Second
+	// defaultBlock is how long one XREADGROUP waits for new entries.
+	defaultBlock = 2 * time.Second
+	// defaultDialTimeout bounds each connection attempt.
+	defaultDialTimeout = 5 * time.Second
+	// defaultWindow is the window of a Source no runtime configured: the
+	// runtime's default Concurrency.
+	defaultWindow = 8
 	// ReleasedConsumer is the consumer name Close hands a Source's
 	// unacked entries to, marked idle for so long that any consumer's next
 	// XAUTOCLAIM takes them.
@@ -184,26 +184,26 @@ func (c Config) withDefaults() Config {
 		c.Consumer = generatedConsumer()
 	}
 	if c.StartID == "" {
-		c.StartID = DefaultStartID
+		c.StartID = defaultStartID
 	}
 	if c.MinIdle == 0 {
-		c.MinIdle = DefaultMinIdle
+		c.MinIdle = defaultMinIdle
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = c.MinIdle / 3
 	}
 	if c.ClaimInterval == 0 {
-		c.ClaimInterval = DefaultClaimInterval
+		c.ClaimInterval = defaultClaimInterval
 	}
 	if c.Block == 0 {
-		c.Block = DefaultBlock
+		c.Block = defaultBlock
 	}
 	c.mappingDefaults()
 	if c.DeadLetter.Stream == "" {
 		c.DeadLetter.Stream = DLQName(c.Stream)
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }

@@ -45,7 +45,7 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 		c.BodyField = DefaultBodyField
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }

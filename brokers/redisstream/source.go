@@ -123,8 +123,8 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		mp:     mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: cfg.DisableFallbackID},
 		ready:  make(chan struct{}, 1),
 		held:   map[string]*delivery{},
-		window: DefaultWindow,
-		limit:  2 * DefaultWindow,
+		window: defaultWindow,
+		limit:  2 * defaultWindow,
 	}
 	s.life, s.stop = context.WithCancel(context.Background())
 	s.sweepDue.Store(true)
@@ -195,7 +195,7 @@ func (s *Source) Consumer() string { return s.cfg.Consumer }
 // the window read and not settled (at most 10,000), so that a message or
 // batch is waiting whenever a worker frees up; it logs to the runtime's
 // logger unless Config.Logger was set. It returns the bound on held
-// entries. A Source no runtime configures uses a window of DefaultWindow.
+// entries. A Source no runtime configures uses a window of 8.
 // Once the first Receive ran, Configure changes nothing.
 func (s *Source) Configure(set consumer.SourceSettings) int {
 	s.mu.Lock()

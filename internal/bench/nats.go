@@ -23,8 +23,9 @@ import (
 // the id from this header (Config.MessageIDHeader).
 const natsIDHeader = "bench-msg-id"
 
-// natsAckWait is the AckWait of the raw consumers (the Source's default).
-const natsAckWait = natsjs.DefaultAckWait
+// natsAckWait is the AckWait of the raw consumers (the Source's default,
+// 30s).
+const natsAckWait = 30 * time.Second
 
 // --- NATS JetStream ---
 
