@@ -36,13 +36,6 @@ type BrowserConfig struct {
 	// server says captures it.
 	Stream string
 
-	// MessageIDHeader takes Message.ID from this header. Defaults to
-	// HeaderMsgID. (The dlq package reads a dead letter's id from its
-	// envelope, whatever this says.)
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw message.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(jetstream.Msg) string
 	// KeyHeader, if set, takes Message.Key from this header. Defaults to
 	// none.
 	KeyHeader string
@@ -57,9 +50,6 @@ type BrowserConfig struct {
 func (c BrowserConfig) withDefaults() BrowserConfig {
 	if c.URL == "" {
 		c.URL = DefaultURL
-	}
-	if c.MessageIDHeader == "" && c.MessageIDFunc == nil {
-		c.MessageIDHeader = HeaderMsgID
 	}
 	if c.Idle == 0 {
 		c.Idle = defaultBrowseIdle
@@ -77,8 +67,6 @@ func (c BrowserConfig) validate() error {
 		}
 	}
 	switch {
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.KeyHeader != "" && c.KeyFromSubject:
 		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	case c.Idle < 0:
@@ -145,7 +133,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 		return fail(fmt.Errorf("natsjs: browse %q: stream %q: %w", cfg.Subject, cfg.Stream, err))
 	}
 	b := &Browser{cfg: cfg, nc: nc, stream: stream,
-		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc, keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
+		m: mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
 	b.life, b.stop = context.WithCancel(context.Background())
 	last, err := stream.GetLastMsgForSubject(ctx, cfg.Subject)
 	switch {

@@ -36,10 +36,10 @@ const (
 	// defaultConnectTimeout bounds NewSource's, NewPublisher's and
 	// NewBrowser's first connection.
 	defaultConnectTimeout = 10 * time.Second
-	// HeaderMsgID is JetStream's deduplication header, Nats-Msg-Id: the
+	// headerMsgID is JetStream's deduplication header, Nats-Msg-Id: the
 	// Publisher sets it from Message.ID and the Source reads Message.ID
-	// from it by default.
-	HeaderMsgID = jetstream.MsgIDHeader
+	// from it.
+	headerMsgID = jetstream.MsgIDHeader
 	// DLQSuffix is appended to Config.Subject to name the default
 	// dead-letter subject.
 	DLQSuffix = ".dlq"
@@ -57,10 +57,6 @@ const (
 	MetaConsumerSeq  = "consumer_seq"
 	MetaNumDelivered = "num_delivered"
 	MetaNumPending   = "num_pending"
-	// MetaIDError is set when Config.MessageIDFunc panicked on the
-	// message: it then has no id, and the runtime dead-letters it as
-	// missing-id instead of the process crashing.
-	MetaIDError = "id_error"
 )
 
 // DLQSubject returns the default dead-letter subject of subject:
@@ -140,12 +136,6 @@ type Config struct {
 	// Defaults to 1s. Negative values are rejected.
 	NakDelay time.Duration
 
-	// MessageIDHeader takes Message.ID from this header. Defaults to
-	// HeaderMsgID, Nats-Msg-Id, which the Publisher sets.
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw message.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(jetstream.Msg) string
 	// KeyHeader, if set, takes Message.Key (the ordering key) from this
 	// header. Defaults to none.
 	KeyHeader string
@@ -241,9 +231,6 @@ func (c Config) withDefaults() Config {
 	if c.NakDelay == 0 {
 		c.NakDelay = defaultNakDelay
 	}
-	if c.MessageIDHeader == "" && c.MessageIDFunc == nil {
-		c.MessageIDHeader = HeaderMsgID
-	}
 	return c
 }
 
@@ -316,8 +303,6 @@ func (c Config) validate() error {
 		return configError("MaxDeliver", "1 never redelivers: a crash would strand the message undelivered; use -1 (the default)")
 	case c.NakDelay < 0:
 		return configError("NakDelay", "negative")
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.KeyHeader != "" && c.KeyFromSubject:
 		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	}

@@ -113,13 +113,13 @@ func natsMsg(subject string, m *consumer.Message, keyHeader string, setID bool) 
 	nm := nats.NewMsg(subject)
 	nm.Data = m.Body
 	for k, v := range m.Headers {
-		if strings.EqualFold(k, HeaderMsgID) || (!setID && isJetStreamHeader(k)) {
+		if strings.EqualFold(k, headerMsgID) || (!setID && isJetStreamHeader(k)) {
 			continue
 		}
 		nm.Header[k] = []string{v}
 	}
 	if setID && m.ID != "" {
-		nm.Header[HeaderMsgID] = []string{m.ID}
+		nm.Header[headerMsgID] = []string{m.ID}
 	}
 	if keyHeader != "" && m.Key != "" {
 		nm.Header[keyHeader] = []string{m.Key}

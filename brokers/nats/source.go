@@ -105,8 +105,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cfg:    cfg,
 		window: defaultWindow,
 		held:   map[*delivery]struct{}{},
-		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc,
-			keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
+		m:      mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
 	}
 	s.pending = s.maxAckPending(s.window)
 	var err error

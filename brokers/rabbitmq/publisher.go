@@ -390,8 +390,8 @@ func publishing(m *consumer.Message, keyHeader string) amqp.Publishing {
 	id := m.ID
 	if len(id) > maxShortstr {
 		// It does not fit the message-id property. A dead-letter copy
-		// keeps it in its envelope; other long ids belong in a header
-		// (Config.MessageIDHeader).
+		// keeps it in its envelope; other long ids belong in a header,
+		// which the consumer reads with consumer.Config.MessageID.
 		id = ""
 	}
 	return amqp.Publishing{

@@ -29,10 +29,6 @@ const (
 	MetaExchange    = "exchange"
 	MetaDeliveryTag = "delivery_tag"
 	MetaConsumerTag = "consumer_tag"
-	// MetaIDError is set when Config.MessageIDFunc panicked on the
-	// delivery: the message then has no id, and the runtime dead-letters
-	// it as missing-id instead of the process crashing.
-	MetaIDError = "id_error"
 )
 
 // Defaults for Config.
@@ -103,12 +99,6 @@ type Config struct {
 	// to none.
 	ConnectionName string
 
-	// MessageIDHeader, if set, takes Message.ID from this header instead
-	// of the AMQP MessageId property, which is the default.
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw delivery.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(amqp.Delivery) string
 	// KeyHeader, if set, takes Message.Key (the ordering key) from this
 	// header. Defaults to none: messages are not ordered by key.
 	KeyHeader string
@@ -208,8 +198,6 @@ func (c Config) validate() error {
 		return configError("Prefetch", "%d is negative; 0 sizes it from the runtime's window", c.Prefetch)
 	case c.Prefetch > maxPrefetch:
 		return configError("Prefetch", "%d, at most %d", c.Prefetch, maxPrefetch)
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.Reconnect.InitialInterval < 0 || c.Reconnect.MaxInterval < 0:
 		return configError("Reconnect", "negative interval")
 	case c.Reconnect.MaxInterval < c.Reconnect.InitialInterval:
@@ -871,16 +859,16 @@ func (s *Source) forget(sess *session, tag uint64) {
 }
 
 func (s *Source) mapper() mapper {
-	return mapper{queue: s.cfg.Queue, idHeader: s.cfg.MessageIDHeader, idFunc: s.cfg.MessageIDFunc, keyHeader: s.cfg.KeyHeader}
+	return mapper{queue: s.cfg.Queue, keyHeader: s.cfg.KeyHeader}
 }
 
 // mapper turns AMQP deliveries from one queue into consumer.Messages. The
 // Source and the Browser share it, so a browsed message looks exactly like
-// a consumed one.
+// a consumed one. Message.ID is the AMQP message-id property, which
+// Publisher writes; a consumer that keeps its id elsewhere (a header, say)
+// sets consumer.Config.MessageID.
 type mapper struct {
 	queue     string
-	idHeader  string
-	idFunc    func(amqp.Delivery) string
 	keyHeader string
 }
 
@@ -889,20 +877,12 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 	for k, v := range d.Headers {
 		headers[k] = headerString(v)
 	}
-	id := d.MessageId
-	var idErr string
-	switch {
-	case m.idFunc != nil:
-		id, idErr = callIDFunc(m.idFunc, d)
-	case m.idHeader != "":
-		id = headers[m.idHeader]
-	}
 	var key string
 	if m.keyHeader != "" {
 		key = headers[m.keyHeader]
 	}
 	msg := &consumer.Message{
-		ID:          id,
+		ID:          d.MessageId,
 		Key:         key,
 		Body:        d.Body,
 		Headers:     headers,
@@ -918,22 +898,7 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 			MetaConsumerTag: d.ConsumerTag,
 		},
 	}
-	if idErr != "" {
-		msg.Metadata[MetaIDError] = idErr
-	}
 	return msg
-}
-
-// callIDFunc runs a user's MessageIDFunc, turning a panic (a body-dependent
-// one would crash the process on every redelivery) into an empty id and a
-// reason.
-func callIDFunc(f func(amqp.Delivery) string, d amqp.Delivery) (id, idErr string) {
-	defer func() {
-		if v := recover(); v != nil {
-			id, idErr = "", fmt.Sprintf("MessageIDFunc panicked: %v", v)
-		}
-	}()
-	return f(d), ""
 }
 
 // Message returns the delivered message.

@@ -190,6 +190,7 @@ func (l *dlog) line(kind string, fields ...string) {
 
 // workerHooks implements the consumer hooks the worker needs.
 type workerHooks struct {
+	id consumer.MessageIDFunc
 	consumer.HookDefaults
 	log       *dlog
 	applied   atomic.Int64
@@ -203,7 +204,8 @@ func (h *workerHooks) OnReceived(_ context.Context, msg *consumer.Message) {
 	if msg.Redelivered {
 		red = "1"
 	}
-	h.log.line(logReceived, nonEmpty(msg.Header(HeaderCopy)), nonEmpty(msg.ID), red)
+	id, _ := h.id(msg)
+	h.log.line(logReceived, nonEmpty(msg.Header(HeaderCopy)), nonEmpty(id), red)
 }
 
 // OnApplied runs after the message's transaction committed and before its
@@ -320,7 +322,8 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return err
 	}
 
-	hooks := &workerHooks{log: log, killAfter: int64(cfg.KillAfterCommits), dropEvery: int64(cfg.AMQPDropEvery)}
+	msgID := messageID(cfg.Broker)
+	hooks := &workerHooks{id: msgID, log: log, killAfter: int64(cfg.KillAfterCommits), dropEvery: int64(cfg.AMQPDropEvery)}
 	var src consumer.Source
 	switch cfg.Broker {
 	case BrokerRabbitMQ:
@@ -437,11 +440,15 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 				return ctx.Err()
 			}
 		}
-		if cfg.Sabotage == SabotageEffectOutsideTx {
-			_, err := pool.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+		id, err := msgID(msg)
+		if err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+		if cfg.Sabotage == SabotageEffectOutsideTx {
+			_, err := pool.Exec(ctx, insertEffect, id, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+			return err
+		}
+		_, err = tx.Exec(ctx, insertEffect, id, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
 		return err
 	}
 	rcfg := consumer.Config{
@@ -449,6 +456,7 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		Source:          src,
 		Store:           store,
 		Handler:         handler,
+		MessageID:       msgID,
 		DeadLetterer:    &tableDeadLetterer{pool: pool, schema: cfg.Schema},
 		Concurrency:     cfg.Concurrency,
 		ShutdownTimeout: 10 * time.Second,
@@ -501,8 +509,18 @@ type tableDeadLetterer struct {
 
 func (d *tableDeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
 	_, err := d.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.dead_letters (msg_id, class, reason) VALUES ($1, $2, $3)`,
-		pgx.Identifier{d.schema}.Sanitize()), msg.ID, string(f.Class), fmt.Sprint(f.Err))
+		pgx.Identifier{d.schema}.Sanitize()), f.MessageID, string(f.Class), fmt.Sprint(f.Err))
 	return err
+}
+
+// messageID is a worker's dedup id, for the runtime's Config.MessageID and
+// for what the handler and hooks record: on NATS the id travels in
+// HeaderID, elsewhere it is the broker's message id.
+func messageID(broker string) consumer.MessageIDFunc {
+	if broker == BrokerNATS {
+		return consumer.IDFromHeader(HeaderID)
+	}
+	return consumer.IDFromMessage
 }
 
 // debugLogger logs at debug level to stderr (the scenario's workers.stderr)
