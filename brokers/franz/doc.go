@@ -1,6 +1,7 @@
-// Package franz connects idemq to Kafka with franz-go (twmb/franz-go's kgo):
-// a Source that consumes a topic as a member of a consumer group and reads
-// only committed transactional data.
+// Package franz connects idemq to Kafka with franz-go/kgo, for read_committed
+// at speed: a Source that consumes a topic as a member of a consumer group
+// and reads only committed transactional data. It does not import
+// brokers/kafka, so it does not pull in kafka-go.
 //
 // # When to use it
 //
@@ -16,10 +17,10 @@
 // # Delivery and commits
 //
 // Messages look exactly like those of brokers/kafka's Source: the id comes
-// from the same header with the same fallback (kafka.FallbackID), Key is the
-// ordering key ("topic/partition", or "topic/partition/<record key>" with
-// kafka.KeyRecord), RecordKey the record key, and Metadata carries the same
-// "kafka.*" entries. The two Sources can take turns on one group.
+// from the same idempotency-key header with the same "topic/partition/offset"
+// fallback, Key is the ordering key ("topic/partition", or
+// "topic/partition/<record key>" with Config.KeyFromRecordKey), RecordKey
+// the record key, and Metadata carries the same "kafka.*" entries. The two Sources can take turns on one group.
 //
 // Offsets are committed manually and never before the record's effect is
 // durable: per partition, only up to the highest offset below which every
@@ -39,7 +40,7 @@
 // Source.DeadLetterer is the runtime's dead-letterer: it produces each
 // failed message in package dlq's envelope, acknowledged by every in-sync
 // replica and with its record key, to a dead-letter topic
-// (kafka.DLQName of the Source's topic, or Config.DeadLetter.Topic), on
+// ("<topic>.dlq", or Config.DeadLetter.Topic), on
 // the Source's own franz-go client. NewSource builds and validates it from
 // Config.DeadLetter, so the accessor cannot fail. It is owned by the Source
 // and closed by Source.Close; there is nothing else to close.

@@ -11,14 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 )
 
@@ -48,7 +47,7 @@ type Source struct {
 	// Config.MaxInFlight was: Configure then leaves them alone.
 	ownLogger           bool
 	explicitMaxInFlight bool
-	mp                  kafka.Mapping
+	mp                  kafkamsg.Mapping
 	cl                  *kgo.Client
 	dl                  *dlq.DeadLetterer // DeadLetterer's, on cl
 
@@ -123,7 +122,7 @@ func NewSource(cfg Config) (*Source, error) {
 		cfg:                 cfg,
 		ownLogger:           ownLogger,
 		explicitMaxInFlight: explicitMaxInFlight,
-		mp:                  kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		mp:                  kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey},
 		out:                 make(chan *entry),
 		redo:                make(chan struct{}, 1),
 		room:                make(chan struct{}, 1),
@@ -286,9 +285,10 @@ func (s *Source) waitRoom(ctx context.Context) int {
 }
 
 // message converts a franz-go record the way brokers/kafka converts a
-// kafka-go one (kafka.Mapping), so that ids, keys and metadata agree.
+// kafka-go one (both through kafkamsg), so that ids, keys and metadata
+// agree.
 func (s *Source) message(r *kgo.Record) *consumer.Message {
-	m := kafkago.Message{
+	m := kafkamsg.Record{
 		Topic:     r.Topic,
 		Partition: int(r.Partition),
 		Offset:    r.Offset,
@@ -297,9 +297,9 @@ func (s *Source) message(r *kgo.Record) *consumer.Message {
 		Time:      r.Timestamp,
 	}
 	if len(r.Headers) > 0 {
-		m.Headers = make([]kafkago.Header, len(r.Headers))
+		m.Headers = make([]kafkamsg.Header, len(r.Headers))
 		for i, h := range r.Headers {
-			m.Headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
+			m.Headers[i] = kafkamsg.Header{Key: h.Key, Value: h.Value}
 		}
 	}
 	msg := s.mp.Message(m)

@@ -98,7 +98,7 @@ func txnRecords(prefix string, from, n int, withID bool) []*kgo.Record {
 		body := fmt.Sprintf("%s-%03d", prefix, i)
 		r := &kgo.Record{Key: fmt.Appendf(nil, "key-%d", i), Value: []byte(body)}
 		if withID {
-			r.Headers = []kgo.RecordHeader{{Key: kafka.DefaultIDHeader, Value: []byte(body)}}
+			r.Headers = []kgo.RecordHeader{{Key: "idempotency-key", Value: []byte(body)}}
 		}
 		recs = append(recs, r)
 	}

@@ -1,49 +1,17 @@
 package kafka
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// KeyMode chooses the consumer.Message.Key a Source gives its messages, and
-// so which messages the runtime handles one at a time, in order.
-type KeyMode int
-
-const (
-	// KeyPartition, the default, keys every message "topic/partition":
-	// the runtime handles one message of a partition at a time, in offset
-	// order, and different partitions concurrently. This is Kafka's own
-	// ordering guarantee.
-	KeyPartition KeyMode = iota
-	// KeyRecord keys a message "topic/partition/<record key>": records
-	// with different keys in one partition are handled concurrently, and
-	// records with the same key stay in order. Records without a key
-	// share one key per partition. Offsets are still committed only up to
-	// the highest contiguous handled offset, so a slow key holds back the
-	// commit point of its partition (never past an unhandled record).
-	KeyRecord
-)
-
-// String returns "partition" or "record".
-func (m KeyMode) String() string {
-	switch m {
-	case KeyPartition:
-		return "partition"
-	case KeyRecord:
-		return "record"
-	default:
-		return fmt.Sprintf("KeyMode(%d)", int(m))
-	}
-}
-
 // Defaults for Config and PublisherConfig.
 const (
-	DefaultIDHeader          = "idempotency-key"
 	defaultCommitInterval    = time.Second
 	defaultMaxInFlight       = 256
 	defaultDrainTimeout      = 5 * time.Second
@@ -68,22 +36,16 @@ type Config struct {
 	// topic's partitions and share committed offsets. Required.
 	GroupID string
 
-	// IDHeader is the record header holding the message id. A producer
-	// that sets it (Publisher does, from Message.ID) gets its own retries
-	// and duplicates deduplicated. Defaults to "idempotency-key".
-	IDHeader string
-	// DisableFallbackID turns off the fallback id. By default a record
-	// without the IDHeader header gets the id "topic/partition/offset"
-	// (see FallbackID). That id deduplicates redeliveries of the same
-	// record, after a rebalance or a crash, but NOT duplicates made by a
-	// producer: a producer retry is a new record at a new offset, so it
-	// gets a new id and is applied again. With the fallback disabled such
-	// a record's Message.ID is empty, and the runtime dead-letters it as
-	// consumer.ClassMissingID.
-	DisableFallbackID bool
-	// KeyMode chooses what the runtime handles in order. Defaults to
-	// KeyPartition.
-	KeyMode KeyMode
+	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
+	// "topic/partition/<record key>": records with different keys in one
+	// partition are handled concurrently, and records with the same key
+	// stay in order (records without a key share one key per partition).
+	// Offsets are still committed only up to the highest contiguous
+	// handled offset, so a slow key holds back its partition's commit
+	// point, never past an unhandled record. Defaults to false: the key is
+	// "topic/partition", one message of a partition at a time, in offset
+	// order, which is Kafka's own ordering guarantee.
+	KeyFromRecordKey bool
 
 	// CommitInterval is how often the highest contiguous acked offset of
 	// each partition is committed. Offsets are also committed when a
@@ -150,9 +112,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = defaultCommitInterval
 	}
@@ -204,8 +163,6 @@ func (c Config) validate() error {
 	switch {
 	case c.GroupID == "":
 		return bad("GroupID", "required")
-	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
-		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
 	case c.CommitInterval < 0:
 		return bad("CommitInterval", "negative")
 	case c.MaxInFlight < 0:
@@ -228,28 +185,8 @@ func (c Config) validate() error {
 	return nil
 }
 
-// maxTopicLen is the longest topic name Kafka accepts.
-const maxTopicLen = 249
-
-// validTopic checks name against Kafka's rules for topic names: 1 to 249
-// of the characters a-z, A-Z, 0-9, '.', '_' and '-', and not "." or "..".
-func validTopic(name string) error {
-	switch {
-	case name == "":
-		return errors.New("required")
-	case len(name) > maxTopicLen:
-		return fmt.Errorf("%d bytes, more than Kafka's %d", len(name), maxTopicLen)
-	case name == "." || name == "..":
-		return fmt.Errorf("%q is not a legal topic name", name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%q holds %q: Kafka topic names use only a-z, A-Z, 0-9, '.', '_' and '-'", name, c)
-		}
-	}
-	return nil
-}
+// validTopic checks name against Kafka's rules for topic names.
+func validTopic(name string) error { return kafkamsg.ValidTopic(name) }
 
 func validBrokers(brokers []string) error {
 	if len(brokers) == 0 {
@@ -267,10 +204,6 @@ func validBrokers(brokers []string) error {
 type PublisherConfig struct {
 	// Brokers are the bootstrap brokers' host:port addresses. Required.
 	Brokers []string
-	// IDHeader is the record header Message.ID is written to. Use the same
-	// name as the consuming Source's Config.IDHeader. Defaults to
-	// "idempotency-key".
-	IDHeader string
 	// BatchTimeout is how long a write waits for more messages to fill a
 	// batch. Publish is synchronous, so this adds to its latency.
 	// Defaults to 1ms.
@@ -289,9 +222,6 @@ type PublisherConfig struct {
 }
 
 func (c PublisherConfig) withDefaults() PublisherConfig {
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
 	if c.BatchTimeout == 0 {
 		c.BatchTimeout = defaultBatchTimeout
 	}

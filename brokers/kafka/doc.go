@@ -1,5 +1,7 @@
-// Package kafka connects idemq to Kafka with segmentio/kafka-go: a Source
-// that consumes a topic as a member of a consumer group, and a Publisher.
+// Package kafka connects idemq to Kafka with segmentio/kafka-go, the seed's
+// client: a Source that consumes a topic as a member of a consumer group, a
+// Publisher and a Browser. (brokers/franz is the other Kafka adapter, on
+// franz-go; the two map records to messages the same way.)
 //
 // # Delivery and commits
 //
@@ -14,7 +16,7 @@
 //
 // By default messages are keyed "topic/partition", so the runtime handles
 // each partition in order and different partitions concurrently;
-// KeyRecord keys them "topic/partition/<record key>" so that different
+// Config.KeyFromRecordKey keys them "topic/partition/<record key>" so that different
 // record keys of one partition run concurrently too.
 //
 // # Transactional producers
@@ -47,17 +49,20 @@
 //
 // # Message ids
 //
-// The dedup id comes from a record header, "idempotency-key" by default
-// (Config.IDHeader); Publisher writes Message.ID there. A producer that sets
-// it gets its retries and duplicates deduplicated too.
+// Message.ID comes from the "idempotency-key" record header; Publisher
+// writes Message.ID there. A producer that sets it gets its retries and
+// duplicates deduplicated too.
 //
-// Without the header the id falls back to "topic/partition/offset"
-// (FallbackID). That id deduplicates redeliveries of the same record, after
-// a crash or a rebalance, but NOT duplicates made by producers: a producer
-// retry is a new record at a new offset, with a new id, and its effect is
-// applied again. Set the header in producers whenever duplicates matter, or
-// set Config.DisableFallbackID so that records without it are dead-lettered
-// as consumer.ClassMissingID instead.
+// Without the header the id falls back to "topic/partition/offset". That id
+// deduplicates redeliveries of the same record, after a crash or a
+// rebalance, but NOT duplicates made by producers: a producer retry is a new
+// record at a new offset, with a new id, and its effect is applied again.
+// Set the header in producers whenever duplicates matter, or refuse the
+// fallback in the runtime, consumer.Config.MessageID =
+// consumer.IDFromHeader("idempotency-key"), so that records without it are
+// dead-lettered as consumer.ClassMissingID instead. Every record header
+// reaches Message.Headers, so the runtime's MessageID can read another one
+// just as well. The Browser gives no fallback id.
 //
 // # Dead letters
 //

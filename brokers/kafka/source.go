@@ -13,17 +13,10 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 	kafkago "github.com/segmentio/kafka-go"
 )
-
-// FallbackID is the id a record without the id header gets (unless
-// Config.DisableFallbackID is set): "topic/partition/offset". It identifies
-// the record, so it deduplicates redeliveries of that record; a producer
-// duplicate is a different record with a different id.
-func FallbackID(topic string, partition int, offset int64) string {
-	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
-}
 
 // Source consumes a Kafka topic as a member of a consumer group and
 // implements consumer.ConfigurableSource and consumer.BatchAcker.
@@ -432,7 +425,7 @@ func (p *partition) signalRoom() {
 
 // message converts a kafka-go message, noting the generation that read it.
 func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
-	msg := Mapping{IDHeader: s.cfg.IDHeader, DisableFallbackID: s.cfg.DisableFallbackID, KeyMode: s.cfg.KeyMode}.Message(m)
+	msg := kafkamsg.Mapping{KeyFromRecordKey: s.cfg.KeyFromRecordKey}.Message(record(m))
 	msg.Metadata["kafka.group"] = gen.GroupID
 	msg.Metadata["kafka.generation"] = strconv.Itoa(int(gen.ID))
 	msg.Metadata["kafka.member"] = gen.MemberID

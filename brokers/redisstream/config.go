@@ -24,10 +24,11 @@ const DefaultURL = "redis://127.0.0.1:6379/0"
 
 // Defaults for Config, PublisherConfig and BrowserConfig.
 const (
-	// DefaultIDField is the entry field holding the message id.
-	DefaultIDField = "idempotency-key"
-	// DefaultBodyField is the entry field holding the body.
-	DefaultBodyField = "body"
+	// idField is the entry field holding the message id: Publisher writes
+	// Message.ID there, and the Source reads it back.
+	idField = "idempotency-key"
+	// defaultBodyField is the entry field holding the body.
+	defaultBodyField = "body"
 	// defaultStartID is where a consumer group that does not exist yet
 	// starts: "0", the beginning of the stream.
 	defaultStartID = "0"
@@ -62,11 +63,11 @@ const (
 // "<stream>.dlq".
 func DLQName(stream string) string { return stream + DLQSuffix }
 
-// FallbackID is the message id of an entry without the id field:
+// fallbackID is the message id of an entry without the id field:
 // "<stream>/<entry id>". It deduplicates redeliveries of that entry (a
 // claim after a crash, a nack), NOT duplicates made by producers: a
 // producer's retry is a new entry with a new entry id, and is applied again.
-func FallbackID(stream, entryID string) string { return stream + "/" + entryID }
+func fallbackID(stream, entryID string) string { return stream + "/" + entryID }
 
 // Config configures a Source. The zero value of every optional field selects
 // the documented default.
@@ -124,16 +125,6 @@ type Config struct {
 	// only paces claims on an idle stream. Defaults to 2s.
 	Block time.Duration
 
-	// IDField is the entry field holding the message id; Publisher
-	// writes Message.ID there. Defaults to "idempotency-key".
-	IDField string
-	// DisableFallbackID turns off the fallback id. By default an entry
-	// without the IDField field gets the id "<stream>/<entry id>" (see
-	// FallbackID), which deduplicates redeliveries of the entry but NOT
-	// duplicates made by producers. With the fallback disabled such an
-	// entry's Message.ID is empty, and the runtime dead-letters it as
-	// consumer.ClassMissingID.
-	DisableFallbackID bool
 	// BodyField is the entry field holding the body. Defaults to "body".
 	BodyField string
 	// KeyField, if set, is the entry field holding Message.Key, the
@@ -209,11 +200,8 @@ func (c Config) withDefaults() Config {
 }
 
 func (c *Config) mappingDefaults() {
-	if c.IDField == "" {
-		c.IDField = DefaultIDField
-	}
 	if c.BodyField == "" {
-		c.BodyField = DefaultBodyField
+		c.BodyField = defaultBodyField
 	}
 }
 
@@ -259,19 +247,19 @@ func (c Config) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.IDField, c.BodyField, c.KeyField); err != nil {
+	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
 	return err
 }
 
-func validateMapping(idField, bodyField, keyField string) error {
+func validateMapping(bodyField, keyField string) error {
 	switch {
-	case idField == bodyField:
-		return configError("BodyField", "%q is also IDField", bodyField)
+	case bodyField == idField:
+		return configError("BodyField", "%q is the id field", bodyField)
 	case keyField != "" && (keyField == idField || keyField == bodyField):
-		return configError("KeyField", "%q is also IDField or BodyField", keyField)
+		return configError("KeyField", "%q is the id field or BodyField", keyField)
 	}
 	return nil
 }

@@ -120,7 +120,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:    cfg,
-		mp:     mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: cfg.DisableFallbackID},
+		mp:     mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField},
 		ready:  make(chan struct{}, 1),
 		held:   map[string]*delivery{},
 		window: defaultWindow,

@@ -242,7 +242,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	// What is in the dead-letter topic, read without a group: nothing is
 	// committed.
-	browser, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: dlqTopic, DisableFallbackID: true})
+	browser, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: dlqTopic})
 	if err != nil {
 		return err
 	}
