@@ -51,9 +51,9 @@ type Config struct {
 	// acked.
 	DeadLetterer DeadLetterer
 
-	// MessageID extracts the dedup id. Defaults to IDFromMessage (the
+	// MessageID extracts the dedup id. Defaults to Message.ID (the
 	// broker's message id).
-	MessageID MessageIDFunc
+	MessageID func(*Message) (string, error)
 	// Concurrency is the number of messages handled at once, or in batch
 	// mode the number of batches. Defaults to 8. Messages with the same Key
 	// are still handled one at a time, in order.
@@ -118,7 +118,8 @@ type Config struct {
 	// Retention, if positive, runs a janitor that calls Store.Purge with
 	// it every JanitorInterval. Defaults to 0: no janitor.
 	//
-	// If the Source is a HorizonSource, the janitor never purges a row the
+	// If the Source has a RedeliveryHorizon method (see Source), the
+	// janitor never purges a row the
 	// source could still redeliver the message of: it purges only rows
 	// older than both Retention and the source's RedeliveryHorizon minus
 	// HorizonMargin, skips the purge while the source cannot tell, and
@@ -135,7 +136,8 @@ type Config struct {
 	// a row must be to be purged: room for the skew between the broker's
 	// timestamps and the database's clock, and for the time between
 	// reading the horizon and the purge's cutoff. Only with a
-	// HorizonSource. Defaults to 5m; -1 for none (for tests).
+	// Source with a RedeliveryHorizon. Defaults to 5m; -1 for none (for
+	// tests).
 	HorizonMargin time.Duration
 
 	// Logger receives the runtime's logs. Defaults to a logger that
@@ -202,7 +204,7 @@ const (
 // withDefaults returns a copy of c with defaults filled in.
 func (c Config) withDefaults() Config {
 	if c.MessageID == nil {
-		c.MessageID = IDFromMessage
+		c.MessageID = idFromMessage
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = defaultConcurrency

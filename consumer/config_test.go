@@ -104,7 +104,7 @@ func TestPermanent(t *testing.T) {
 	t.Parallel()
 	base := errors.New("unknown account")
 	err := Permanent(base)
-	if !IsPermanent(err) || !errors.Is(err, base) || !errors.Is(err, &PermanentError{}) {
+	if !IsPermanent(err) || !errors.Is(err, base) || !errors.Is(err, &permanentError{}) {
 		t.Fatalf("Permanent(%v) = %v: not recognised", base, err)
 	}
 	wrapped := errors.Join(errors.New("ctx"), err)
@@ -127,7 +127,7 @@ func TestChainOrder(t *testing.T) {
 			}
 		}
 	}
-	h := Chain(func(context.Context, pgx.Tx, *Message) error { trace = append(trace, "h"); return nil }, mw("a"), mw("b"))
+	h := chain(func(context.Context, pgx.Tx, *Message) error { trace = append(trace, "h"); return nil }, mw("a"), mw("b"))
 	_ = h(context.Background(), nil, &Message{})
 	if strings.Join(trace, ",") != "a,b,h" {
 		t.Fatalf("order %v", trace)
@@ -140,7 +140,7 @@ func TestIDFromHeader(t *testing.T) {
 	if id, _ := IDFromHeader("Idempotency-Key")(m); id != "k1" {
 		t.Fatalf("got %q", id)
 	}
-	if id, _ := IDFromMessage(m); id != "broker" {
+	if id, _ := idFromMessage(m); id != "broker" {
 		t.Fatalf("got %q", id)
 	}
 	c := m.Clone()
@@ -220,7 +220,7 @@ func TestPoolSizeWarning(t *testing.T) {
 	}
 }
 
-// windowSource is a ConfigurableSource with a fixed window (0: it takes the
+// windowSource is a Source with a Configure method with a fixed window (0: it takes the
 // runtime's); it records the settings it was given.
 type windowSource struct {
 	nopSource

@@ -85,17 +85,14 @@ func cloneMap(in map[string]string) map[string]string {
 	return out
 }
 
-// MessageIDFunc extracts the deduplication id from a message. An empty
-// string or an error means the message has no usable id: it is dead-lettered
-// with [ClassMissingID] and the handler never runs.
-type MessageIDFunc func(*Message) (string, error)
+// idFromMessage uses Message.ID, the id the broker carried: the default
+// Config.MessageID.
+func idFromMessage(m *Message) (string, error) { return m.ID, nil }
 
-// IDFromMessage uses Message.ID, the id the broker carried. It is the
-// default MessageIDFunc.
-func IDFromMessage(m *Message) (string, error) { return m.ID, nil }
-
-// IDFromHeader returns a MessageIDFunc that reads the id from the named
-// header, for example "Idempotency-Key".
-func IDFromHeader(name string) MessageIDFunc {
+// IDFromHeader returns a Config.MessageID that reads the id from the named
+// header, for example "Idempotency-Key". An empty header means the message
+// has no usable id: it is dead-lettered with [ClassMissingID] and the
+// handler never runs.
+func IDFromHeader(name string) func(*Message) (string, error) {
 	return func(m *Message) (string, error) { return m.Header(name), nil }
 }

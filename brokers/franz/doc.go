@@ -45,7 +45,7 @@
 // Config.DeadLetter, so the accessor cannot fail. It is owned by the Source
 // and closed by Source.Close; there is nothing else to close.
 //
-// The Source is a consumer.ConfigurableSource: consumer.New tells it the
+// The Source is a consumer.Source's Configure: consumer.New tells it the
 // runtime's logger and window. Without Config.Logger the Source and
 // franz-go log to the runtime's logger, with "topic" and "group"
 // attributes; without Config.MaxInFlight, a window (Concurrency×BatchSize)

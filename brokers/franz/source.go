@@ -25,8 +25,8 @@ import (
 const maxPoll = 256
 
 // Source consumes a Kafka topic as a member of a consumer group, with
-// franz-go, and implements consumer.ConfigurableSource and
-// consumer.BatchAcker.
+// franz-go, and implements consumer.Source's Configure and
+// consumer.Source's AckBatch.
 //
 // It reads with the read_committed isolation level: records of aborted
 // transactions, records past the last stable offset and transaction
@@ -178,8 +178,6 @@ func NewSource(cfg Config) (*Source, error) {
 	}()
 	return s, nil
 }
-
-var _ consumer.ConfigurableSource = (*Source)(nil)
 
 // Configure takes the runtime's settings; consumer.New calls it once,
 // before the first Receive. Without Config.Logger, the Source and franz-go
@@ -563,7 +561,7 @@ func (s *Source) handOutLocked(e *entry) *delivery {
 }
 
 // AckBatch acks every delivery in ds, which this Source delivered; it
-// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// implements consumer.Source's AckBatch. Acks are local bookkeeping, and offsets
 // are committed in batches anyway, so this is only a convenience. The
 // returned error joins each delivery's Ack error.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
@@ -582,8 +580,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 }
 
 var (
-	_ consumer.Source     = (*Source)(nil)
-	_ consumer.BatchAcker = (*Source)(nil)
+	_ consumer.Source = (*Source)(nil)
 )
 
 // Close commits the highest contiguous acked offset of every partition this

@@ -76,7 +76,7 @@
 //
 // # Settings from the runtime
 //
-// The Source is a consumer.ConfigurableSource: consumer.New tells it the
+// The Source is a consumer.Source's Configure: consumer.New tells it the
 // runtime's logger and window, so neither is said twice. Without
 // Config.Logger the Source, kafka-go and the dead-letterer log to the
 // runtime's logger, with "topic" and "group" attributes; without

@@ -19,7 +19,7 @@ import (
 )
 
 // Source consumes a Kafka topic as a member of a consumer group and
-// implements consumer.ConfigurableSource and consumer.BatchAcker.
+// implements consumer.Source's Configure and consumer.Source's AckBatch.
 //
 // It uses kafka-go's ConsumerGroup directly rather than its group Reader, so
 // that it knows each generation's partition assignment: it reads each
@@ -170,8 +170,6 @@ func NewSource(cfg Config) (*Source, error) {
 	}()
 	return s, nil
 }
-
-var _ consumer.ConfigurableSource = (*Source)(nil)
 
 // Configure takes the runtime's settings; consumer.New calls it once,
 // before the first Receive. Without Config.Logger, the Source, kafka-go and
@@ -512,7 +510,7 @@ func (e *entry) handOut() *delivery {
 }
 
 // AckBatch acks every delivery in ds, which this Source delivered; it
-// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// implements consumer.Source's AckBatch. Acks are local bookkeeping, and offsets
 // are committed in batches anyway, so this is only a convenience. The
 // returned error joins each delivery's Ack error.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
@@ -529,8 +527,6 @@ func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 	}
 	return errors.Join(errs...)
 }
-
-var _ consumer.BatchAcker = (*Source)(nil)
 
 // requeue puts e back in the Source's queue, as a redelivery.
 func (s *Source) requeue(e *entry) {

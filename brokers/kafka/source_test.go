@@ -94,7 +94,7 @@ func TestFallbackID(t *testing.T) {
 	}
 	cases := []struct {
 		name    string
-		id      consumer.MessageIDFunc
+		id      func(*consumer.Message) (string, error)
 		wantIDs []string
 	}{
 		{"default", func(m *consumer.Message) (string, error) { return m.ID, nil }, []string{e.topic + "/0/0", e.topic + "/0/1"}},

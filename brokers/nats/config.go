@@ -40,9 +40,9 @@ const (
 	// Publisher sets it from Message.ID and the Source reads Message.ID
 	// from it.
 	headerMsgID = jetstream.MsgIDHeader
-	// DLQSuffix is appended to Config.Subject to name the default
+	// dlqSuffix is appended to Config.Subject to name the default
 	// dead-letter subject.
-	DLQSuffix = ".dlq"
+	dlqSuffix = ".dlq"
 	// DLQStreamSuffix is appended to Config.Stream to name the stream
 	// Config.Topology declares for the dead letters.
 	DLQStreamSuffix = "_DLQ"
@@ -61,7 +61,7 @@ const (
 
 // DLQSubject returns the default dead-letter subject of subject:
 // subject + ".dlq".
-func DLQSubject(subject string) string { return subject + DLQSuffix }
+func DLQSubject(subject string) string { return subject + dlqSuffix }
 
 // Config configures a Source. The zero value of every optional field selects
 // a documented default.

@@ -65,7 +65,7 @@ func newNames(t *testing.T) names {
 		stream:     "IDEMQ_TEST_" + r,
 		subject:    "idemq-test." + r,
 		dlqStream:  "IDEMQ_TEST_" + r + natsjs.DLQStreamSuffix,
-		dlqSubject: "idemq-test." + r + natsjs.DLQSuffix,
+		dlqSubject: "idemq-test." + r + ".dlq",
 		durable:    "idemq-test-" + r,
 	}
 	j := js(t)

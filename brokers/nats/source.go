@@ -62,8 +62,8 @@ type Stats struct {
 }
 
 // Source consumes a JetStream stream through a durable pull consumer with
-// explicit acks. It implements consumer.Source, consumer.ConfigurableSource,
-// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for
+// explicit acks. It implements consumer.Source, consumer.Source's Configure,
+// consumer.Source's AckBatch and consumer.Source's RedeliveryHorizon; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
 	cfg Config
@@ -158,7 +158,7 @@ func (s *Source) maxAckPending(window int) int {
 	return 2 * window
 }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Unless Config.MaxAckPending was set,
 // MaxAckPending becomes 2×set.Window, so that a message or batch is waiting
 // whenever a worker frees up; the client buffers at most set.Window
@@ -553,7 +553,7 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 	return nil
 }
 
-// AckBatch implements consumer.BatchAcker: it double-acks every delivery of
+// AckBatch implements consumer.Source's AckBatch: it double-acks every delivery of
 // ds at once and waits for all the confirmations, so a batch costs one
 // round trip rather than one per message. Deliveries of another Source are
 // acked through their own Ack.

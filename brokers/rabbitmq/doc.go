@@ -1,6 +1,6 @@
 // Package rabbitmq connects idemq to RabbitMQ through amqp091-go.
 //
-// [Source] implements [consumer.Source] and [consumer.ConfigurableSource]:
+// [Source] implements [consumer.Source] and [consumer.Source's Configure]:
 // it consumes one queue with manual acks and a bounded prefetch, sized
 // from the runtime's window (Concurrency × BatchSize) unless
 // [Config].Prefetch fixes it, and logs to the runtime's logger unless

@@ -226,7 +226,7 @@ type Stats struct {
 }
 
 // Source consumes one RabbitMQ queue. It implements consumer.Source and
-// consumer.ConfigurableSource; create it with NewSource. It is safe for
+// consumer.Source's Configure; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
 	cfg   Config
@@ -478,7 +478,7 @@ func (s *Source) Close() error {
 // sends this Source unacked.
 func (s *Source) Window() int { return int(s.prefetch.Load()) }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Unless Config.Prefetch was set, the
 // prefetch becomes 2×set.Window (at most 65535), so that a message or
 // batch is waiting whenever a worker frees up; a Window of 0 or less keeps

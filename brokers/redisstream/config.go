@@ -45,13 +45,13 @@ const (
 	// defaultWindow is the window of a Source no runtime configured: the
 	// runtime's default Concurrency.
 	defaultWindow = 8
-	// ReleasedConsumer is the consumer name Close hands a Source's
+	// releasedConsumer is the consumer name Close hands a Source's
 	// unacked entries to, marked idle for so long that any consumer's next
 	// XAUTOCLAIM takes them.
-	ReleasedConsumer = "idemq.released"
-	// DLQSuffix is appended to a stream's name to name its dead-letter
+	releasedConsumer = "idemq.released"
+	// dlqSuffix is appended to a stream's name to name its dead-letter
 	// stream.
-	DLQSuffix = ".dlq"
+	dlqSuffix = ".dlq"
 
 	maxWindow = 10_000
 	// releasedIdle is the idle time Close gives released entries: ten
@@ -61,7 +61,7 @@ const (
 
 // DLQName returns the default dead-letter stream of stream:
 // "<stream>.dlq".
-func DLQName(stream string) string { return stream + DLQSuffix }
+func DLQName(stream string) string { return stream + dlqSuffix }
 
 // fallbackID is the message id of an entry without the id field:
 // "<stream>/<entry id>". It deduplicates redeliveries of that entry (a
@@ -226,8 +226,8 @@ func (c Config) validate() error {
 		return configError("Stream", "required")
 	case c.Group == "":
 		return configError("Group", "required")
-	case c.Consumer == ReleasedConsumer:
-		return configError("Consumer", "%q is reserved for the entries Close releases", ReleasedConsumer)
+	case c.Consumer == releasedConsumer:
+		return configError("Consumer", "%q is reserved for the entries Close releases", releasedConsumer)
 	case c.StartID != "0" && c.StartID != "$" && !entryIDRE.MatchString(c.StartID):
 		return configError("StartID", "%q: use \"0\", \"$\" or an entry id such as 1700000000000-0", c.StartID)
 	case c.MinIdle < time.Second:

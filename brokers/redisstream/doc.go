@@ -33,14 +33,14 @@
 // (claims, nacks and recovered own entries all have a delivery count above
 // one); Metadata[MetaDelivery] says which path it took.
 //
-// [Source.RedeliveryHorizon] implements [consumer.HorizonSource]: it tells
+// [Source.RedeliveryHorizon] implements [consumer.Source's RedeliveryHorizon]: it tells
 // the runtime's janitor when the oldest entry the group could still
 // deliver was added (the older of its oldest pending entry and the first
 // entry past its last-delivered id, read from their ids), so that no dedup
 // row is purged while its entry can come back.
 //
 // Close stops reading and hands every unacked entry to the consumer
-// [ReleasedConsumer], marked idle for years, so that the next XAUTOCLAIM of
+// "idemq.released", marked idle for years, so that the next XAUTOCLAIM of
 // any consumer in the group takes it at once (the equivalent of RabbitMQ's
 // requeue on close), then removes its own consumer name from the group. A
 // Source with a fixed [Config].Consumer takes back its own pending entries

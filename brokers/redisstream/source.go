@@ -16,11 +16,6 @@ import (
 	"github.com/idemq/idemq/dlq"
 )
 
-var (
-	_ consumer.ConfigurableSource = (*Source)(nil)
-	_ consumer.BatchAcker         = (*Source)(nil)
-)
-
 // Bounds of the Source's own waits.
 const (
 	closeTimeout    = 5 * time.Second
@@ -64,8 +59,8 @@ type Stats struct {
 }
 
 // Source consumes one Redis stream as a member of a consumer group. It
-// implements consumer.Source, consumer.ConfigurableSource,
-// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for concurrent
+// implements consumer.Source, consumer.Source's Configure,
+// consumer.Source's AckBatch and consumer.Source's RedeliveryHorizon; create it with NewSource. It is safe for concurrent
 // use.
 type Source struct {
 	cfg  Config
@@ -189,7 +184,7 @@ func (s *Source) ensureGroup(ctx context.Context) (created bool, err error) {
 // Consumer returns the Source's consumer name within its group.
 func (s *Source) Consumer() string { return s.cfg.Consumer }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Each XREADGROUP then asks for at most the
 // runtime's window of entries (COUNT), and the Source holds at most twice
 // the window read and not settled (at most 10,000), so that a message or
@@ -580,7 +575,7 @@ return n
 `)
 
 // Close stops reading and gives every entry the Source read and did not ack
-// back to the group: it hands them to the consumer ReleasedConsumer, marked
+// back to the group: it hands them to the consumer releasedConsumer, marked
 // idle for so long that the next XAUTOCLAIM of any consumer in the group
 // takes them (Redis has no requeue), and removes its own consumer name from
 // the group once it owns nothing. Acks and nacks after Close return errors
@@ -600,7 +595,7 @@ func (s *Source) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
 		n, err := releaseScript.Run(ctx, s.rdb, []string{s.cfg.Stream},
-			s.cfg.Group, s.cfg.Consumer, ReleasedConsumer, releasedIdle.Milliseconds(), maxReleasePages).Int64()
+			s.cfg.Group, s.cfg.Consumer, releasedConsumer, releasedIdle.Milliseconds(), maxReleasePages).Int64()
 		s.released.Add(n)
 		if err != nil && !isNoGroup(err) {
 			s.closeErr = fmt.Errorf("redisstream: close: release pending entries (they will be claimed after MinIdle): %w", err)
@@ -733,7 +728,7 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 }
 
 // AckBatch acknowledges deliveries of this Source with one XACK for all of
-// them. It implements consumer.BatchAcker for the runtime's batch mode,
+// them. It implements consumer.Source's AckBatch for the runtime's batch mode,
 // which calls it after the batch's transaction committed.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 	var errs []error

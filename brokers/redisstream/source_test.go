@@ -26,7 +26,7 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{"no stream", func(c *redisstream.Config) { c.Stream = "" }, "Stream"},
 		{"no group", func(c *redisstream.Config) { c.Group = "" }, "Group"},
-		{"reserved consumer", func(c *redisstream.Config) { c.Consumer = redisstream.ReleasedConsumer }, "Consumer"},
+		{"reserved consumer", func(c *redisstream.Config) { c.Consumer = redisstream.ReleasedConsumerForTest }, "Consumer"},
 		{"bad start id", func(c *redisstream.Config) { c.StartID = "latest" }, "StartID"},
 		{"min idle too short", func(c *redisstream.Config) { c.MinIdle = 10 * time.Millisecond }, "MinIdle"},
 		{"keep-alive too slow", func(c *redisstream.Config) { c.MinIdle = 10 * time.Second; c.KeepAlive = 5 * time.Second }, "KeepAlive"},
@@ -357,7 +357,7 @@ func TestCloseReleases(t *testing.T) {
 		switch c.Name {
 		case src.Consumer():
 			t.Errorf("closed consumer %s still in the group", c.Name)
-		case redisstream.ReleasedConsumer:
+		case redisstream.ReleasedConsumerForTest:
 			if c.Pending != 3 {
 				t.Errorf("%s holds %d entries, want 3", c.Name, c.Pending)
 			}

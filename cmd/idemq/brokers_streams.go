@@ -21,10 +21,10 @@ const (
 // registerStreams registers the NATS and Redis flags of `idemq dlq`.
 func (b *brokerFlags) registerStreams(fs *flag.FlagSet) {
 	fs.StringVar(&b.natsURL, "nats-url", "", natsURLHelp)
-	fs.StringVar(&b.subject, "subject", "", "NATS JetStream dead-letter `subject` (a Source's default is \"<subject>"+natsjs.DLQSuffix+"\")")
+	fs.StringVar(&b.subject, "subject", "", "NATS JetStream dead-letter `subject` (a Source's default is \"<subject>.dlq\")")
 	fs.StringVar(&b.natsStream, "stream", "", "NATS JetStream `stream` that stores --subject (default: the one the server says captures it)")
 	fs.StringVar(&b.redisURL, "redis-url", "", redisURLHelp)
-	fs.StringVar(&b.streamKey, "stream-key", "", "Redis Streams dead-letter stream's `key` (a Source's default is \"<stream>"+redisstream.DLQSuffix+"\")")
+	fs.StringVar(&b.streamKey, "stream-key", "", "Redis Streams dead-letter stream's `key` (a Source's default is \"<stream>.dlq\")")
 	registerRedisFields(fs, &b.redisBodyField)
 }
 

@@ -190,7 +190,7 @@ func (l *dlog) line(kind string, fields ...string) {
 
 // workerHooks implements the consumer hooks the worker needs.
 type workerHooks struct {
-	id consumer.MessageIDFunc
+	id func(*consumer.Message) (string, error)
 	consumer.HookDefaults
 	log       *dlog
 	applied   atomic.Int64
@@ -516,11 +516,11 @@ func (d *tableDeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Messag
 // messageID is a worker's dedup id, for the runtime's Config.MessageID and
 // for what the handler and hooks record: on NATS the id travels in
 // HeaderID, elsewhere it is the broker's message id.
-func messageID(broker string) consumer.MessageIDFunc {
+func messageID(broker string) func(*consumer.Message) (string, error) {
 	if broker == BrokerNATS {
 		return consumer.IDFromHeader(HeaderID)
 	}
-	return consumer.IDFromMessage
+	return func(m *consumer.Message) (string, error) { return m.ID, nil }
 }
 
 // debugLogger logs at debug level to stderr (the scenario's workers.stderr)
