@@ -46,9 +46,12 @@ type Config struct {
 	// Middleware wraps Handler, first outermost. It cannot be used with
 	// BatchHandler.
 	Middleware []Middleware
-	// DeadLetterer receives messages that cannot be applied. Required:
-	// failed messages must be stored somewhere durable before they are
-	// acked.
+	// DeadLetterer receives messages that cannot be applied: failed
+	// messages must be stored somewhere durable before they are acked.
+	// Defaults to the Source's own dead-letterer (see Source), which every
+	// adapter in brokers/ but memory has, writing where its
+	// Config.DeadLetter says; required with any other Source. Set it only
+	// to send dead letters somewhere else (a table, say).
 	DeadLetterer DeadLetterer
 
 	// MessageID extracts the dedup id. Defaults to Message.ID (the
@@ -206,6 +209,9 @@ func (c Config) withDefaults() Config {
 	if c.MessageID == nil {
 		c.MessageID = idFromMessage
 	}
+	if d, ok := c.Source.(deadLetterSource); ok && c.DeadLetterer == nil {
+		c.DeadLetterer = d.DeadLetterer()
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = defaultConcurrency
 	}
@@ -293,7 +299,7 @@ func (c Config) validate() error {
 	case c.BatchWait < 0 && c.BatchWait != -1:
 		return bad("BatchWait", "%s: must be positive, 0 for the default, or -1 for no wait", c.BatchWait)
 	case c.DeadLetterer == nil:
-		return bad("DeadLetterer", "required: failed messages must be stored durably before they are acked")
+		return bad("DeadLetterer", "required, as the Source has no dead-letterer of its own: failed messages must be stored durably before they are acked")
 	case c.Concurrency < 1:
 		return bad("Concurrency", "%d, must be at least 1", c.Concurrency)
 	case c.MaxBodyBytes < -1:

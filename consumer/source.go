@@ -14,7 +14,8 @@ import (
 //
 // Receive and Close are required. A Source may also have any of these
 // methods, which the runtime finds by type assertion; every adapter in
-// brokers/ has all three, and brokertest.Run checks each one a Source has:
+// brokers/ has the first three, every one but memory the fourth, and
+// brokertest.Run checks the first three when a Source has them:
 //
 //   - Configure(s SourceSettings) (window int): takes the runtime's window
 //     and logger, so that neither is said twice. New calls it once, before
@@ -41,6 +42,11 @@ import (
 //     yet (not joined, backlog not yet drained, broker unreachable): the
 //     janitor then does not purge. A zero horizon with ok true means
 //     nothing could be redelivered: the retention alone decides.
+//   - DeadLetterer() DeadLetterer: the Source's own dead-letterer, which
+//     writes to the dead-letter queue its configuration names (the
+//     adapters' Config.DeadLetter), on the Source's own connection. The
+//     runtime uses it when Config.DeadLetterer is nil, so that a broker's
+//     dead-letter destination is said in one place.
 type Source interface {
 	// Receive blocks until a delivery is available, ctx is done, or the
 	// source is closed. After Close it returns an error wrapping
@@ -84,8 +90,8 @@ type SourceSettings struct {
 	Logger *slog.Logger
 }
 
-// configurable, batchAcker and horizonSource are the optional methods of a
-// Source (see Source).
+// configurable, batchAcker, horizonSource and deadLetterSource are the
+// optional methods of a Source (see Source).
 type (
 	configurable interface {
 		Configure(s SourceSettings) (window int)
@@ -95,5 +101,8 @@ type (
 	}
 	horizonSource interface {
 		RedeliveryHorizon(ctx context.Context) (horizon time.Time, ok bool, err error)
+	}
+	deadLetterSource interface {
+		DeadLetterer() DeadLetterer
 	}
 )

@@ -50,7 +50,7 @@ type kafEnv struct {
 	store    *processed.Store
 	effects  string
 	pub      *kafka.Publisher
-	dl       *dlq.DeadLetterer
+	dl       consumer.DeadLetterer
 	host     string
 
 	broken  atomic.Bool // the handler bug: every message fails
@@ -109,7 +109,7 @@ func (e *kafEnv) publisher(cfg kafka.PublisherConfig) *kafka.Publisher {
 	return pub
 }
 
-func (e *kafEnv) deadLetterer(publish dlq.PublishFunc) *dlq.DeadLetterer {
+func (e *kafEnv) deadLetterer(publish dlq.PublishFunc) consumer.DeadLetterer {
 	e.t.Helper()
 	dl, err := dlq.NewDeadLetterer(publish, dlq.Options{})
 	if err != nil {

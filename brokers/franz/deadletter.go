@@ -34,7 +34,7 @@ import (
 // Close returns an error wrapping consumer.ErrSourceClosed. The runtime
 // closes its Source only after the in-flight messages, dead letters
 // included, have drained, so nothing needs closing besides the Source.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 // newDeadLetterer validates cfg.DeadLetter and builds the Source's
 // dead-letterer, which produces on s.cl. NewSource calls it before making

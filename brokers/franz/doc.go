@@ -54,5 +54,5 @@
 //
 //	store, err := processed.New(pool, processed.Config{})
 //	src, err := franz.NewSource(franz.Config{Brokers: brokers, Topic: "payments", Group: "ledger"})
-//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
+//	rt, err := consumer.New(consumer.Config{Source: src, Logger: logger, ...})
 package franz

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 )
@@ -49,7 +48,7 @@ type Source struct {
 	explicitMaxInFlight bool
 	mp                  kafkamsg.Mapping
 	cl                  *kgo.Client
-	dl                  *dlq.DeadLetterer // DeadLetterer's, on cl
+	dl                  consumer.DeadLetterer // DeadLetterer's, on cl
 
 	out    chan *entry   // polled records, from the poll loop to Receive
 	redo   chan struct{} // signalled when requeued is appended to

@@ -58,7 +58,7 @@ func (c DeadLetterConfig) DeadLetterTopic(topic string) (string, error) {
 // The runtime closes its Source only after the in-flight messages, dead
 // letters included, have drained, so nothing needs closing besides the
 // Source.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 // newDeadLetterer validates cfg.DeadLetter and builds the Source's
 // dead-letterer and its Publisher, which logs where the Source does. It

@@ -86,7 +86,7 @@
 //
 //	store, err := processed.New(pool, processed.Config{})
 //	src, err := kafka.NewSource(kafka.Config{Brokers: brokers, Topic: "orders", GroupID: "order-service"})
-//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
+//	rt, err := consumer.New(consumer.Config{Source: src, Logger: logger, ...})
 //
 // # Browsing a dead-letter topic
 //

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 	kafkago "github.com/segmentio/kafka-go"
@@ -58,8 +57,8 @@ type Source struct {
 	requeued []*entry    // nacked records to hand out again, oldest first
 	current  *generation // the generation in progress, or nil
 
-	dl    *dlq.DeadLetterer // DeadLetterer's, made by NewSource
-	dlPub *Publisher        // dl's, on transport; closed by Close
+	dl    consumer.DeadLetterer // DeadLetterer's, made by NewSource
+	dlPub *Publisher            // dl's, on transport; closed by Close
 
 	closeOnce sync.Once
 	closeErr  error

@@ -69,7 +69,7 @@ type Source struct {
 	cfg Config
 	nc  *nats.Conn
 	js  jetstream.JetStream
-	dl  *dlq.DeadLetterer
+	dl  consumer.DeadLetterer
 	log atomic.Pointer[slog.Logger]
 	m   mapper
 

@@ -42,8 +42,8 @@
 // connection, following it across reconnections. It is owned by the Source
 // and closed by [Source.Close]; there is nothing else to close. A consumer
 // with its dead-letter queue thus takes three constructors: the dedup
-// store, NewSource, and consumer.New with Source: src and DeadLetterer:
-// src.DeadLetterer().
+// store, NewSource, and consumer.New with Source: src, which takes the
+// Source's dead-letterer when consumer.Config.DeadLetterer is nil.
 //
 // [DeclareTopology], or [Config].Topology, declares a durable work queue
 // (classic or quorum) with a dead-letter exchange and a dead-letter queue.

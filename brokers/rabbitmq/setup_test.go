@@ -260,7 +260,6 @@ func TestRuntimeConfiguresSource(t *testing.T) {
 			applied <- msg.ID
 			return nil
 		},
-		DeadLetterer: src.DeadLetterer(),
 	})
 	if err != nil {
 		t.Fatal(err)

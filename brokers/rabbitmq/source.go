@@ -232,7 +232,7 @@ type Source struct {
 	cfg   Config
 	nodes *nodes
 	log   atomic.Pointer[slog.Logger] // set by NewSource, or by Configure before the first Receive
-	dl    *dlq.DeadLetterer
+	dl    consumer.DeadLetterer
 
 	life     context.Context // done once Close starts
 	stop     context.CancelFunc

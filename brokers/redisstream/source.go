@@ -67,7 +67,7 @@ type Source struct {
 	mp   mapping
 	rdb  *redis.Client // acks, claims, dead letters
 	read *redis.Client // blocking XREADGROUP only: Close closes it to end a wait
-	dl   *dlq.DeadLetterer
+	dl   consumer.DeadLetterer
 	log  atomic.Pointer[slog.Logger]
 
 	aofOK     bool

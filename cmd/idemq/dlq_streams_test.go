@@ -31,7 +31,7 @@ type streamFixture struct {
 	// work and dead are the work and dead-letter subjects (NATS) or
 	// stream keys (Redis); deadStream is the NATS dead-letter stream.
 	work, dead, deadStream string
-	dl                     *dlq.DeadLetterer
+	dl                     consumer.DeadLetterer
 	// args select dead for `idemq dlq`.
 	args []string
 	// bodyField is the Redis Source's body field.

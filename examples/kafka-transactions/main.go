@@ -167,7 +167,6 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		Name: "ledger", Source: src, Store: store, Concurrency: 4,
 		// Failed payments go to the dead-letter topic, topic+".dlq", on
 		// the Source's own client, before their offsets may be committed.
-		DeadLetterer: src.DeadLetterer(),
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if !strings.HasPrefix(string(m.Body), "payment-") {
 				markers.Add(1) // a transaction marker or an aborted record: never happens

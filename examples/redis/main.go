@@ -155,10 +155,9 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return err
 	}
 	rt, err := consumer.New(consumer.Config{
-		Name:         consumerName,
-		Store:        store,
-		Source:       src,
-		DeadLetterer: src.DeadLetterer(),
+		Name:   consumerName,
+		Store:  store,
+		Source: src,
 		// An entry without an idempotency-key is dead-lettered, rather
 		// than deduplicated by its entry id only.
 		MessageID:   consumer.IDFromHeader("idempotency-key"),
