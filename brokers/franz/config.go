@@ -2,7 +2,6 @@ package franz
 
 import (
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -91,11 +90,6 @@ type Config struct {
 	// A Topic longer than 245 bytes needs DeadLetter.Topic set: the
 	// default name would be too long for Kafka, and NewSource rejects it.
 	DeadLetter DeadLetterConfig
-	// Logger receives the Source's logs and, at debug level, franz-go's.
-	// Defaults to the runtime's logger, which consumer.New passes to
-	// Configure, with "topic" and "group" attributes; until then, and for
-	// a Source used without a runtime, logs are discarded.
-	Logger *slog.Logger
 }
 
 // DeadLetterConfig configures the Source's dead-letterer, as

@@ -45,9 +45,9 @@
 // Config.DeadLetter, so the accessor cannot fail. It is owned by the Source
 // and closed by Source.Close; there is nothing else to close.
 //
-// The Source is a consumer.Source's Configure: consumer.New tells it the
-// runtime's logger and window. Without Config.Logger the Source and
-// franz-go log to the runtime's logger, with "topic" and "group"
+// The Source has consumer.Source's optional Configure method: consumer.New
+// tells it the runtime's logger and window. The Source and franz-go log to
+// the runtime's logger, with "topic" and "group"
 // attributes; without Config.MaxInFlight, a window (Concurrency×BatchSize)
 // larger than the default raises it. A consumer with its dead-letter topic
 // takes three constructor calls:

@@ -38,13 +38,12 @@ const maxPoll = 256
 type Source struct {
 	cfg Config
 	// log is the current logger, with topic and group attributes: from
-	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// Configure's SourceSettings.Logger, discarding until then. It is
 	// read at each log call, so a logger given by Configure reaches the
 	// goroutines NewSource started, franz-go's included.
 	log atomic.Pointer[slog.Logger]
-	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
-	// Config.MaxInFlight was: Configure then leaves them alone.
-	ownLogger           bool
+	// explicitMaxInFlight is set if Config.MaxInFlight was: Configure
+	// then leaves it alone.
 	explicitMaxInFlight bool
 	mp                  kafkamsg.Mapping
 	cl                  *kgo.Client
@@ -112,14 +111,13 @@ type partition struct {
 // are logged and retried. An invalid cfg, cfg.DeadLetter included, fails
 // with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
-	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
+	explicitMaxInFlight := cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Source{
 		cfg:                 cfg,
-		ownLogger:           ownLogger,
 		explicitMaxInFlight: explicitMaxInFlight,
 		mp:                  kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey},
 		out:                 make(chan *entry),
@@ -129,11 +127,9 @@ func NewSource(cfg Config) (*Source, error) {
 		parts:               map[topicPartition]*partition{},
 		maxInFlight:         cfg.MaxInFlight,
 	}
-	base := cfg.Logger
-	if base == nil {
-		base = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(base)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	if err := s.newDeadLetterer(); err != nil {
 		return nil, err
 	}
@@ -179,13 +175,13 @@ func NewSource(cfg Config) (*Source, error) {
 }
 
 // Configure takes the runtime's settings; consumer.New calls it once,
-// before the first Receive. Without Config.Logger, the Source and franz-go
+// before the first Receive. The Source and franz-go
 // log to s.Logger from then on, with "topic" and "group" attributes.
 // Without Config.MaxInFlight, a window larger than the default raises
 // MaxInFlight to it; an explicit MaxInFlight is kept. Configure returns
 // MaxInFlight: the records the Source holds at once.
 func (s *Source) Configure(st consumer.SourceSettings) (window int) {
-	if !s.ownLogger && st.Logger != nil {
+	if st.Logger != nil {
 		s.setLogger(st.Logger)
 	}
 	s.mu.Lock()

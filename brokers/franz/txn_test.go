@@ -42,7 +42,7 @@ var txnSources = []txnSource{
 			Brokers: e.c.Addrs(), Topic: e.topic, GroupID: e.group,
 			CommitInterval: 50 * time.Millisecond, SessionTimeout: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 			RebalanceTimeout: 5 * time.Second, DrainTimeout: time.Second, JoinGroupBackoff: 100 * time.Millisecond,
-			FetchMaxWait: 100 * time.Millisecond, Logger: testLogger(),
+			FetchMaxWait: 100 * time.Millisecond,
 		})
 		if err != nil {
 			t.Fatal(err)

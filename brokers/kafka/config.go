@@ -103,12 +103,6 @@ type Config struct {
 	// Dialer opens broker connections, for TLS or SASL. Defaults to
 	// kafka-go's DefaultDialer.
 	Dialer *kafkago.Dialer
-	// Logger receives the Source's logs and, at debug level, kafka-go's
-	// (those of the dead-letterer's writer included). Defaults to the
-	// runtime's logger, which consumer.New passes to Configure, with
-	// "topic" and "group" attributes; until then, and for a Source used
-	// without a runtime, logs are discarded.
-	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {

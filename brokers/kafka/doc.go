@@ -76,10 +76,9 @@
 //
 // # Settings from the runtime
 //
-// The Source is a consumer.Source's Configure: consumer.New tells it the
-// runtime's logger and window, so neither is said twice. Without
-// Config.Logger the Source, kafka-go and the dead-letterer log to the
-// runtime's logger, with "topic" and "group" attributes; without
+// The Source has consumer.Source's optional Configure method: consumer.New
+// tells it the runtime's logger and window, so neither is said twice. The
+// Source, kafka-go and the dead-letterer log to the runtime's logger, with "topic" and "group" attributes; without
 // Config.MaxInFlight, a window (Concurrency×BatchSize) larger than the
 // default raises it. A consumer with its dead-letter topic takes three
 // constructor calls:

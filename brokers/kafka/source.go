@@ -18,7 +18,7 @@ import (
 )
 
 // Source consumes a Kafka topic as a member of a consumer group and
-// implements consumer.Source's Configure and consumer.Source's AckBatch.
+// has consumer.Source's optional Configure and AckBatch methods.
 //
 // It uses kafka-go's ConsumerGroup directly rather than its group Reader, so
 // that it knows each generation's partition assignment: it reads each
@@ -33,13 +33,12 @@ import (
 type Source struct {
 	cfg Config
 	// log is the current logger, with topic and group attributes: from
-	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// Configure's SourceSettings.Logger, discarding until then. It is
 	// read at each log call, so a logger given by Configure reaches the
 	// goroutines NewSource started.
 	log atomic.Pointer[slog.Logger]
-	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
-	// Config.MaxInFlight was: Configure then leaves them alone.
-	ownLogger           bool
+	// explicitMaxInFlight is set if Config.MaxInFlight was: Configure
+	// then leaves it alone.
 	explicitMaxInFlight bool
 	// maxInFlight is Config.MaxInFlight, or Configure's window if that is
 	// larger; read at each fetch.
@@ -118,7 +117,7 @@ type generation struct {
 // the brokers: connection and group errors are logged and retried. An
 // invalid cfg, cfg.DeadLetter included, fails with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
-	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
+	explicitMaxInFlight := cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -126,7 +125,6 @@ func NewSource(cfg Config) (*Source, error) {
 	transport := dialerTransport(cfg.Dialer)
 	s := &Source{
 		cfg:                 cfg,
-		ownLogger:           ownLogger,
 		explicitMaxInFlight: explicitMaxInFlight,
 		transport:           transport,
 		client:              &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
@@ -134,11 +132,9 @@ func NewSource(cfg Config) (*Source, error) {
 		redo:                make(chan struct{}, 1),
 		closed:              make(chan struct{}),
 	}
-	base := cfg.Logger
-	if base == nil {
-		base = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(base)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	s.maxInFlight.Store(int64(cfg.MaxInFlight))
 	if err := s.newDeadLetterer(); err != nil {
 		return nil, err
@@ -171,7 +167,7 @@ func NewSource(cfg Config) (*Source, error) {
 }
 
 // Configure takes the runtime's settings; consumer.New calls it once,
-// before the first Receive. Without Config.Logger, the Source, kafka-go and
+// before the first Receive. The Source, kafka-go and
 // the dead-letterer log to s.Logger from then on, with "topic" and "group"
 // attributes. Without Config.MaxInFlight, a window larger than the default
 // raises MaxInFlight to it, for the partitions already being read too; an
@@ -179,7 +175,7 @@ func NewSource(cfg Config) (*Source, error) {
 // the Source holds unsettled, per partition, so at least that many even
 // with a single partition assigned.
 func (s *Source) Configure(st consumer.SourceSettings) (window int) {
-	if !s.ownLogger && st.Logger != nil {
+	if st.Logger != nil {
 		s.setLogger(st.Logger)
 	}
 	for w := int64(st.Window); !s.explicitMaxInFlight; {

@@ -142,12 +142,6 @@ type Config struct {
 	// KeyFromSubject, if set, makes the message's subject its ordering
 	// key. Set at most one of KeyHeader and KeyFromSubject.
 	KeyFromSubject bool
-
-	// Logger receives keep-alive, reconnection and error logs, with
-	// "stream" and "durable" attributes. Defaults to the runtime's logger,
-	// which consumer.New passes to Configure; a Source no runtime
-	// configures discards its logs.
-	Logger *slog.Logger
 }
 
 // DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter,

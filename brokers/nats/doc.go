@@ -5,8 +5,8 @@
 //
 //	import natsjs "github.com/idemq/idemq/brokers/nats"
 //
-// [Source] implements [consumer.Source], [consumer.Source's Configure],
-// [consumer.Source's AckBatch] and [consumer.Source's RedeliveryHorizon]: it consumes a stream
+// [Source] implements [consumer.Source] with its optional Configure,
+// AckBatch, RedeliveryHorizon and DeadLetterer methods: it consumes a stream
 // through a durable pull consumer with explicit acks. [NewSource] connects,
 // declares [Config].Topology if set, and checks the stream and the
 // dead-letter subject, but pulls nothing: the first Receive creates (or

@@ -116,11 +116,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		}
 		return nil, err
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.log.Store(s.withAttrs(logger))
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.log.Store(slog.New(slog.DiscardHandler))
 	nc, err := connect(ctx, cfg.URL, "idemq-"+cfg.Durable, s.logger, cfg.Options)
 	if err != nil {
 		return nil, err
@@ -163,8 +161,7 @@ func (s *Source) maxAckPending(window int) int {
 // MaxAckPending becomes 2×set.Window, so that a message or batch is waiting
 // whenever a worker frees up; the client buffers at most set.Window
 // deliveries besides the ones the runtime holds. A Window of 0 or less
-// keeps the window of a Source without a runtime, 8. Unless Config.Logger was set, the Source logs to
-// set.Logger. It returns MaxAckPending, the window the runtime can count
+// keeps the window of a Source without a runtime, 8. The Source logs to set.Logger. It returns MaxAckPending, the window the runtime can count
 // on.
 //
 // Once the first Receive has started the consumer, Configure changes
@@ -179,7 +176,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		s.window = set.Window
 	}
 	s.pending = s.maxAckPending(s.window)
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.log.Store(s.withAttrs(set.Logger))
 	}
 	return s.pending

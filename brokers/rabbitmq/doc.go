@@ -1,10 +1,10 @@
 // Package rabbitmq connects idemq to RabbitMQ through amqp091-go.
 //
-// [Source] implements [consumer.Source] and [consumer.Source's Configure]:
+// [Source] implements [consumer.Source] with its optional methods:
 // it consumes one queue with manual acks and a bounded prefetch, sized
 // from the runtime's window (Concurrency × BatchSize) unless
-// [Config].Prefetch fixes it, and logs to the runtime's logger unless
-// [Config].Logger names another. [NewSource] connects and checks the
+// [Config].Prefetch fixes it, and logs to the runtime's logger (both come
+// through Configure). [NewSource] connects and checks the
 // queue and its dead-letter queue (declaring [Config].Topology first, if
 // set), but consumes nothing until the first Receive, so the prefetch the
 // runtime asks for is the one the broker applies. It maps each AMQP

@@ -109,11 +109,6 @@ type Config struct {
 	// DialTimeout bounds each connection attempt, handshake included.
 	// Defaults to 30s.
 	DialTimeout time.Duration
-	// Logger receives reconnection and error logs, with a "queue"
-	// attribute. Defaults to the runtime's logger, which consumer.New
-	// passes to Configure (consumer.SourceSettings.Logger); a Source no
-	// runtime configures discards its logs.
-	Logger *slog.Logger
 }
 
 // ReconnectConfig is an exponential backoff between reconnection attempts.
@@ -329,11 +324,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.prefetch.Store(int32(prefetch))
 	s.backlogUntil.Store(-1)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.log.Store(logger.With(slog.String("queue", cfg.Queue)))
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.log.Store(slog.New(slog.DiscardHandler))
 	dl, err := dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
 	if err != nil {
 		stop()
@@ -482,8 +475,8 @@ func (s *Source) Window() int { return int(s.prefetch.Load()) }
 // once, before the first Receive. Unless Config.Prefetch was set, the
 // prefetch becomes 2×set.Window (at most 65535), so that a message or
 // batch is waiting whenever a worker frees up; a Window of 0 or less keeps
-// the prefetch as it was. Unless Config.Logger was set, the Source logs to
-// set.Logger, with its queue attribute. It returns the prefetch in force,
+// the prefetch as it was. The Source logs to set.Logger, with its queue
+// attribute. It returns the prefetch in force,
 // which is the window the runtime can count on.
 //
 // Configure is safe to call concurrently with Receive, but once the first
@@ -502,7 +495,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		}
 		s.prefetch.Store(int32(p))
 	}
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.log.Store(set.Logger.With(slog.String("queue", s.cfg.Queue)))
 	}
 	return int(s.prefetch.Load())

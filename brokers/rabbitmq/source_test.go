@@ -275,8 +275,8 @@ func TestChannelClosedByBroker(t *testing.T) {
 	src := newSource(t, rabbitmq.Config{
 		Queue:     q,
 		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond},
-		Logger:    log,
 	})
+	src.Configure(consumer.SourceSettings{Logger: log}) // the runtime's logger
 	first := brokertest.Receive(ctx, t, src)
 	if err := rabbitmq.BreakChannel(src); err != nil {
 		t.Fatal(err)

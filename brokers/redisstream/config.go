@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"regexp"
@@ -145,11 +144,6 @@ type Config struct {
 	RequireAOF bool
 	// DialTimeout bounds each connection attempt. Defaults to 5s.
 	DialTimeout time.Duration
-	// Logger receives the Source's logs, with "stream", "group" and
-	// "consumer" attributes. Defaults to the runtime's logger, which
-	// consumer.New passes to Configure; a Source used without a runtime
-	// discards its logs.
-	Logger *slog.Logger
 }
 
 // DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter).

@@ -33,7 +33,7 @@
 // (claims, nacks and recovered own entries all have a delivery count above
 // one); Metadata[MetaDelivery] says which path it took.
 //
-// [Source.RedeliveryHorizon] implements [consumer.Source's RedeliveryHorizon]: it tells
+// [Source.RedeliveryHorizon] is the optional method of [consumer.Source]: it tells
 // the runtime's janitor when the oldest entry the group could still
 // deliver was added (the older of its oldest pending entry and the first
 // entry past its last-delivered id, read from their ids), so that no dedup

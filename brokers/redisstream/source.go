@@ -123,11 +123,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.life, s.stop = context.WithCancel(context.Background())
 	s.sweepDue.Store(true)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(logger)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	dl, err := dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
 	if err != nil {
 		s.stop()
@@ -189,7 +187,7 @@ func (s *Source) Consumer() string { return s.cfg.Consumer }
 // runtime's window of entries (COUNT), and the Source holds at most twice
 // the window read and not settled (at most 10,000), so that a message or
 // batch is waiting whenever a worker frees up; it logs to the runtime's
-// logger unless Config.Logger was set. It returns the bound on held
+// logger. It returns the bound on held
 // entries. A Source no runtime configures uses a window of 8.
 // Once the first Receive ran, Configure changes nothing.
 func (s *Source) Configure(set consumer.SourceSettings) int {
@@ -202,7 +200,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		s.window = min(set.Window, maxWindow/2)
 		s.limit = 2 * s.window
 	}
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.setLogger(set.Logger)
 	}
 	return s.limit

@@ -367,7 +367,6 @@ func streamSource(ctx context.Context, cfg WorkerConfig) (consumer.Source, error
 				// Fixed, so that it is the bound on what one
 				// process holds (the durable's, shared by all).
 				MaxAckPending: cfg.Prefetch,
-				Logger:        debugLogger(),
 			})
 		}
 		return redisstream.NewSource(ctx, redisstream.Config{
@@ -382,7 +381,6 @@ func streamSource(ctx context.Context, cfg WorkerConfig) (consumer.Source, error
 			Block:         redisBlock,
 			RequireAOF:    true,
 			DialTimeout:   2 * time.Second,
-			Logger:        debugLogger(),
 		})
 	}
 	for {

@@ -392,7 +392,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 				RebalanceTimeout:  4 * time.Second,
 				FetchMaxWait:      100 * time.Millisecond,
 				Options:           []kgo.Opt{kgo.ClientID(fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation))},
-				Logger:            debugLogger(),
 			})
 			if err != nil {
 				return fmt.Errorf("franz source: %w", err)
@@ -416,7 +415,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 			// tell a group member whose process has exited.
 			Dialer: &kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true,
 				ClientID: fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation)},
-			Logger: debugLogger(),
 		})
 		if err != nil {
 			return fmt.Errorf("kafka source: %w", err)
@@ -462,7 +460,7 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		ShutdownTimeout: 10 * time.Second,
 		Retry:           consumer.RetryConfig{MaxAttempts: 10, InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxElapsed: 30 * time.Second},
 		Hooks:           []consumer.Hook{hooks},
-		Logger:          slog.New(slog.DiscardHandler),
+		Logger:          debugLogger(), // the Sources' logger too, through Configure
 	}
 	if cfg.Partitioned {
 		// The janitor rotates the generations every half retention;
