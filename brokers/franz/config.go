@@ -56,7 +56,9 @@ type Config struct {
 	// partition: no more are polled until some are. Defaults to 1024, or
 	// to the runtime's window (Concurrency×BatchSize, which consumer.New
 	// passes to Configure) if that is larger. An explicit value is kept
-	// whatever the window.
+	// whatever the window. It is not the runtime's window said again: it
+	// also counts records queued and acked ones stuck behind an unacked
+	// one (the commit point), which the window does not.
 	MaxInFlight int
 	// DrainTimeout is how long a rebalance that revokes partitions waits
 	// for their handed-out messages to be settled before committing and

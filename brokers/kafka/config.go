@@ -59,7 +59,9 @@ type Config struct {
 	// Defaults to 256, or to the runtime's window (Concurrency×BatchSize,
 	// which consumer.New passes to Configure) if that is larger, so that
 	// one partition can keep every worker busy. An explicit value is kept
-	// whatever the window.
+	// whatever the window. It is not the runtime's window said again: it
+	// bounds one partition's records, including acked ones stuck behind an
+	// unacked one (the commit point), which the window does not count.
 	MaxInFlight int
 	// DrainTimeout is how long, when a rebalance ends this member's
 	// generation, the Source waits for messages already handed out to be

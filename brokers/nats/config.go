@@ -120,7 +120,9 @@ type Config struct {
 	// from the runtime: twice the window consumer.New passes to Configure
 	// (Concurrency × BatchSize), or 16 without a runtime. A
 	// positive value is used as is. Negative values (JetStream's
-	// "unlimited") are rejected.
+	// "unlimited") are rejected. It is not the runtime's window said
+	// again: it is the durable consumer's, shared by every process
+	// consuming it, so a fleet can fix one bound for all.
 	MaxAckPending int
 	// MaxDeliver caps JetStream's deliveries of one message. Defaults to
 	// -1, unlimited, which is what idemq wants: the runtime retries and

@@ -86,9 +86,11 @@ type Config struct {
 	// runtime: twice the window consumer.New passes to Configure
 	// (Concurrency × BatchSize), at most 65535, so that a message (or a
 	// batch) is waiting whenever a worker frees up. A Source no runtime
-	// configures uses 16. A non-zero
-	// Prefetch is used as is, whatever the runtime's window (the runtime
-	// then caps its batches to what it lets in). AMQP reads a prefetch of
+	// configures uses 16. A non-zero Prefetch is used as is, whatever the
+	// runtime's window (the runtime then caps its batches to what it lets
+	// in): leave it 0 unless the broker's unacked deliveries per consumer
+	// must be bounded apart from the runtime's settings (the chaos suite
+	// pins it so, to bound a killed worker's redeliveries). AMQP reads a prefetch of
 	// 0 as unbounded, which idemq never asks for: there is no way to ask
 	// for unbounded. At most 65535; negative values are rejected.
 	Prefetch int
