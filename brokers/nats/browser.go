@@ -24,7 +24,7 @@ const defaultBrowseIdle = 2 * time.Second
 // in Config, so a browsed message looks exactly like a consumed one.
 type BrowserConfig struct {
 	// URL is the server's URL, or a comma-separated list of them.
-	// Defaults to DefaultURL, nats://127.0.0.1:4222.
+	// Defaults to nats://127.0.0.1:4222 (nats.DefaultURL).
 	URL string
 	// Options are extra connection options. Defaults to none.
 	Options []nats.Option
@@ -49,7 +49,7 @@ type BrowserConfig struct {
 
 func (c BrowserConfig) withDefaults() BrowserConfig {
 	if c.URL == "" {
-		c.URL = DefaultURL
+		c.URL = nats.DefaultURL
 	}
 	if c.Idle == 0 {
 		c.Idle = defaultBrowseIdle

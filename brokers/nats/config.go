@@ -21,8 +21,6 @@ import (
 
 // Defaults for Config, PublisherConfig and BrowserConfig.
 const (
-	// DefaultURL is the local server: nats://127.0.0.1:4222.
-	DefaultURL = nats.DefaultURL
 	// defaultAckWait is how long JetStream waits for an ack before it
 	// redelivers; the Source's keep-alive (InProgress every AckWait/3)
 	// holds it off while a handler runs.
@@ -72,7 +70,7 @@ type Config struct {
 	// URL is the server's URL, or a comma-separated list of them.
 	// Credentials may be given in it (nats://user:password@host:4222) or
 	// through Options; they never appear in errors or logs. Defaults to
-	// DefaultURL, nats://127.0.0.1:4222.
+	// nats.DefaultURL, nats://127.0.0.1:4222.
 	URL string
 	// Options are extra connection options (credentials files, TLS, a
 	// connection name...), applied after the Source's own: reconnecting
@@ -200,7 +198,7 @@ type Topology struct {
 // they are: 0 and nil mean "from Configure".
 func (c Config) withDefaults() Config {
 	if c.URL == "" {
-		c.URL = DefaultURL
+		c.URL = nats.DefaultURL
 	}
 	if c.DeadLetter.Subject == "" && c.Subject != "" && !hasWildcard(c.Subject) {
 		c.DeadLetter.Subject = DLQSubject(c.Subject)

@@ -20,7 +20,7 @@ func serverURL() string {
 	if u := os.Getenv("IDEMQ_TEST_NATS_URL"); u != "" {
 		return u
 	}
-	return natsjs.DefaultURL
+	return nats.DefaultURL
 }
 
 func testCtx(t *testing.T, d time.Duration) context.Context {

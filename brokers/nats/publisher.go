@@ -17,7 +17,7 @@ import (
 // selects a documented default.
 type PublisherConfig struct {
 	// URL is the server's URL, or a comma-separated list of them.
-	// Defaults to DefaultURL, nats://127.0.0.1:4222.
+	// Defaults to nats://127.0.0.1:4222 (nats.DefaultURL).
 	URL string
 	// Options are extra connection options, applied after the
 	// Publisher's own (reconnecting forever, a 10s connect timeout).
@@ -50,7 +50,7 @@ type Publisher struct {
 // NewPublisher connects to the server.
 func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
-		cfg.URL = DefaultURL
+		cfg.URL = nats.DefaultURL
 	}
 	if err := checkURL(cfg.URL); err != nil {
 		return nil, err

@@ -4,7 +4,8 @@ import (
 	"context"
 	"flag"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/nats-io/nats.go"
+
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -14,7 +15,7 @@ import (
 // `idemq console` (streamDLQFlags).
 
 const (
-	natsURLHelp  = "NATS server URL, or a comma-separated list (default $NATS_URL, then " + natsjs.DefaultURL + ")"
+	natsURLHelp  = "NATS server URL, or a comma-separated list (default $NATS_URL, then " + nats.DefaultURL + ")"
 	redisURLHelp = "Redis URL, redis://[user:password@]host:port/db or rediss:// (default $REDIS_URL, then " + redisstream.DefaultURL + ")"
 )
 

@@ -47,9 +47,9 @@ func randHex(n int) string {
 // natsJS connects a plain JetStream client for the test's own checks.
 func natsJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(natsjs.DefaultURL)
+	nc, err := nats.Connect(nats.DefaultURL)
 	if err != nil {
-		t.Fatalf("NATS at %s: %v", natsjs.DefaultURL, err)
+		t.Fatalf("NATS at %s: %v", nats.DefaultURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -71,7 +71,7 @@ func main() {
 func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	natsURL := os.Getenv("NATS_URL")
 	if natsURL == "" {
-		natsURL = natsjs.DefaultURL
+		natsURL = nats.DefaultURL
 	}
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {

@@ -21,8 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 )
@@ -180,7 +180,7 @@ type Config struct {
 	// Defaults to Concurrency.
 	KafkaPartitions int
 	// NATSURL is the NATS server's URL (JetStream enabled). Defaults to
-	// natsjs.DefaultURL, nats://127.0.0.1:4222.
+	// nats.DefaultURL, nats://127.0.0.1:4222.
 	NATSURL string
 	// RedisURL is the Redis server's URL. Defaults to
 	// redisstream.DefaultURL, redis://127.0.0.1:6379/0.
@@ -246,7 +246,7 @@ func (c Config) withDefaults() Config {
 		c.KafkaPartitions = c.Concurrency
 	}
 	if c.NATSURL == "" {
-		c.NATSURL = natsjs.DefaultURL
+		c.NATSURL = nats.DefaultURL
 	}
 	if c.RedisURL == "" {
 		c.RedisURL = redisstream.DefaultURL
