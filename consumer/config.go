@@ -7,7 +7,18 @@ import (
 )
 
 // Config configures a Runtime. The zero value of every optional field selects
-// a documented default; New validates the rest.
+// the default its doc states; New validates the rest.
+//
+// Two defaults depend on which handler is set:
+//
+//	             Handler   BatchHandler
+//	BatchSize    32        100
+//	BatchWait    0         5ms
+//
+// With a Handler, a lane groups only the deliveries already waiting when it
+// starts a transaction, so a delivery that arrives alone is applied alone, at
+// once; a BatchHandler is called for whole batches, so it waits a little to
+// fill them.
 type Config struct {
 	// Name is the consumer's name and its dedup scope: two consumers with
 	// different names each apply a message once. Required; at most 200
@@ -35,14 +46,17 @@ type Config struct {
 	// Middleware wraps Handler, first outermost. It cannot be used with
 	// BatchHandler.
 	Middleware []Middleware
-	// DeadLetterer receives messages that cannot be applied. Required:
-	// failed messages must be stored somewhere durable before they are
-	// acked.
+	// DeadLetterer receives messages that cannot be applied: failed
+	// messages must be stored somewhere durable before they are acked.
+	// Defaults to the Source's own dead-letterer (see Source), which every
+	// adapter in brokers/ but memory has, writing where its
+	// Config.DeadLetter says; required with any other Source. Set it only
+	// to send dead letters somewhere else (a table, say).
 	DeadLetterer DeadLetterer
 
-	// MessageID extracts the dedup id. Defaults to IDFromMessage (the
+	// MessageID extracts the dedup id. Defaults to Message.ID (the
 	// broker's message id).
-	MessageID MessageIDFunc
+	MessageID func(*Message) (string, error)
 	// Concurrency is the number of messages handled at once, or in batch
 	// mode the number of batches. Defaults to 8. Messages with the same Key
 	// are still handled one at a time, in order.
@@ -57,11 +71,8 @@ type Config struct {
 	// the lanes shrink their groups for a while (see docs/batch-mode.md,
 	// "Hot rows").
 	//
-	// Defaults to DefaultGroupSize (32) with Handler, and BatchWait to 0:
-	// a lane groups only the deliveries already waiting when it starts a
-	// transaction, so under load many messages share one commit, and a
-	// delivery that arrives alone is applied alone, at once. Defaults to
-	// DefaultBatchSize (100) with BatchHandler. At most 10,000.
+	// Defaults to 32 with Handler and 100 with BatchHandler (see the table
+	// above): under load many messages share one commit. At most 10,000.
 	//
 	// 1 gives strict one transaction per message. Choose it for handlers
 	// that hold locks for long or call out of process: in a group, a
@@ -72,8 +83,8 @@ type Config struct {
 	BatchSize int
 	// BatchWait is the longest a partly filled group waits for more
 	// deliveries. Defaults to 0 with Handler (only deliveries already
-	// waiting are grouped) and to DefaultBatchWait (5ms) with
-	// BatchHandler; -1 asks for no wait with a BatchHandler too.
+	// waiting are grouped) and to 5ms with BatchHandler; -1 asks for no
+	// wait with a BatchHandler too.
 	BatchWait time.Duration
 	// MaxBodyBytes is the largest body handled; larger ones are
 	// dead-lettered as ClassTooLarge. Defaults to 1 MiB; -1 disables the
@@ -110,7 +121,8 @@ type Config struct {
 	// Retention, if positive, runs a janitor that calls Store.Purge with
 	// it every JanitorInterval. Defaults to 0: no janitor.
 	//
-	// If the Source is a HorizonSource, the janitor never purges a row the
+	// If the Source has a RedeliveryHorizon method (see Source), the
+	// janitor never purges a row the
 	// source could still redeliver the message of: it purges only rows
 	// older than both Retention and the source's RedeliveryHorizon minus
 	// HorizonMargin, skips the purge while the source cannot tell, and
@@ -127,7 +139,8 @@ type Config struct {
 	// a row must be to be purged: room for the skew between the broker's
 	// timestamps and the database's clock, and for the time between
 	// reading the horizon and the purge's cutoff. Only with a
-	// HorizonSource. Defaults to 5m; -1 for none (for tests).
+	// Source with a RedeliveryHorizon. Defaults to 5m; -1 for none (for
+	// tests).
 	HorizonMargin time.Duration
 
 	// Logger receives the runtime's logs. Defaults to a logger that
@@ -170,23 +183,23 @@ type RetryConfig struct {
 	MaxConnLosses int
 }
 
-// Defaults for Config.
+// Defaults for Config, each stated in its field's doc.
 const (
-	DefaultConcurrency     = 8
-	DefaultMaxBodyBytes    = 1 << 20
-	DefaultMaxIDBytes      = 512
-	DefaultShutdownTimeout = 30 * time.Second
-	DefaultSlowCommit      = time.Second
-	DefaultJanitorInterval = 10 * time.Minute
-	DefaultHorizonMargin   = 5 * time.Minute
-	DefaultMaxAttempts     = 25
-	DefaultInitialInterval = 100 * time.Millisecond
-	DefaultMaxInterval     = 10 * time.Second
-	DefaultMaxElapsed      = time.Minute
-	DefaultMaxConnLosses   = 5
-	DefaultGroupSize       = 32
-	DefaultBatchSize       = 100
-	DefaultBatchWait       = 5 * time.Millisecond
+	defaultConcurrency     = 8
+	defaultMaxBodyBytes    = 1 << 20
+	defaultMaxIDBytes      = 512
+	defaultShutdownTimeout = 30 * time.Second
+	defaultSlowCommit      = time.Second
+	defaultJanitorInterval = 10 * time.Minute
+	defaultHorizonMargin   = 5 * time.Minute
+	defaultMaxAttempts     = 25
+	defaultInitialInterval = 100 * time.Millisecond
+	defaultMaxInterval     = 10 * time.Second
+	defaultMaxElapsed      = time.Minute
+	defaultMaxConnLosses   = 5
+	defaultGroupSize       = 32
+	defaultBatchSize       = 100
+	defaultBatchWait       = 5 * time.Millisecond
 	maxBatchSize           = 10_000
 	maxNameLen             = 200
 )
@@ -194,37 +207,40 @@ const (
 // withDefaults returns a copy of c with defaults filled in.
 func (c Config) withDefaults() Config {
 	if c.MessageID == nil {
-		c.MessageID = IDFromMessage
+		c.MessageID = idFromMessage
+	}
+	if d, ok := c.Source.(deadLetterSource); ok && c.DeadLetterer == nil {
+		c.DeadLetterer = d.DeadLetterer()
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultGroupSize
+		c.BatchSize = defaultGroupSize
 		if c.BatchHandler != nil {
-			c.BatchSize = DefaultBatchSize
+			c.BatchSize = defaultBatchSize
 		}
 	}
 	if c.BatchWait == 0 && c.BatchHandler != nil {
-		c.BatchWait = DefaultBatchWait
+		c.BatchWait = defaultBatchWait
 	}
 	if c.MaxIDBytes == 0 {
-		c.MaxIDBytes = DefaultMaxIDBytes
+		c.MaxIDBytes = defaultMaxIDBytes
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
+		c.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
+		c.ShutdownTimeout = defaultShutdownTimeout
 	}
 	if c.SlowCommit == 0 {
-		c.SlowCommit = DefaultSlowCommit
+		c.SlowCommit = defaultSlowCommit
 	}
 	if c.JanitorInterval == 0 {
-		c.JanitorInterval = DefaultJanitorInterval
+		c.JanitorInterval = defaultJanitorInterval
 	}
 	if c.HorizonMargin == 0 {
-		c.HorizonMargin = DefaultHorizonMargin
+		c.HorizonMargin = defaultHorizonMargin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -235,19 +251,19 @@ func (c Config) withDefaults() Config {
 
 func (r RetryConfig) withDefaults() RetryConfig {
 	if r.MaxAttempts == 0 {
-		r.MaxAttempts = DefaultMaxAttempts
+		r.MaxAttempts = defaultMaxAttempts
 	}
 	if r.InitialInterval == 0 {
-		r.InitialInterval = DefaultInitialInterval
+		r.InitialInterval = defaultInitialInterval
 	}
 	if r.MaxInterval == 0 {
-		r.MaxInterval = DefaultMaxInterval
+		r.MaxInterval = defaultMaxInterval
 	}
 	if r.MaxElapsed == 0 {
-		r.MaxElapsed = DefaultMaxElapsed
+		r.MaxElapsed = defaultMaxElapsed
 	}
 	if r.MaxConnLosses == 0 {
-		r.MaxConnLosses = DefaultMaxConnLosses
+		r.MaxConnLosses = defaultMaxConnLosses
 	}
 	return r
 }
@@ -283,7 +299,7 @@ func (c Config) validate() error {
 	case c.BatchWait < 0 && c.BatchWait != -1:
 		return bad("BatchWait", "%s: must be positive, 0 for the default, or -1 for no wait", c.BatchWait)
 	case c.DeadLetterer == nil:
-		return bad("DeadLetterer", "required: failed messages must be stored durably before they are acked")
+		return bad("DeadLetterer", "required, as the Source has no dead-letterer of its own: failed messages must be stored durably before they are acked")
 	case c.Concurrency < 1:
 		return bad("Concurrency", "%d, must be at least 1", c.Concurrency)
 	case c.MaxBodyBytes < -1:

@@ -48,10 +48,10 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := rt.cfg
-	if c.Concurrency != DefaultConcurrency || c.MaxBodyBytes != DefaultMaxBodyBytes ||
-		c.ShutdownTimeout != DefaultShutdownTimeout || c.SlowCommit != DefaultSlowCommit || c.Retry.MaxAttempts != DefaultMaxAttempts ||
-		c.Retry.InitialInterval != DefaultInitialInterval || c.Retry.MaxInterval != DefaultMaxInterval ||
-		c.Retry.MaxElapsed != DefaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
+	if c.Concurrency != defaultConcurrency || c.MaxBodyBytes != defaultMaxBodyBytes ||
+		c.ShutdownTimeout != defaultShutdownTimeout || c.SlowCommit != defaultSlowCommit || c.Retry.MaxAttempts != defaultMaxAttempts ||
+		c.Retry.InitialInterval != defaultInitialInterval || c.Retry.MaxInterval != defaultMaxInterval ||
+		c.Retry.MaxElapsed != defaultMaxElapsed || c.Logger == nil || c.MessageID == nil {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }
@@ -104,7 +104,7 @@ func TestPermanent(t *testing.T) {
 	t.Parallel()
 	base := errors.New("unknown account")
 	err := Permanent(base)
-	if !IsPermanent(err) || !errors.Is(err, base) || !errors.Is(err, &PermanentError{}) {
+	if !IsPermanent(err) || !errors.Is(err, base) || !errors.Is(err, &permanentError{}) {
 		t.Fatalf("Permanent(%v) = %v: not recognised", base, err)
 	}
 	wrapped := errors.Join(errors.New("ctx"), err)
@@ -127,7 +127,7 @@ func TestChainOrder(t *testing.T) {
 			}
 		}
 	}
-	h := Chain(func(context.Context, pgx.Tx, *Message) error { trace = append(trace, "h"); return nil }, mw("a"), mw("b"))
+	h := chain(func(context.Context, pgx.Tx, *Message) error { trace = append(trace, "h"); return nil }, mw("a"), mw("b"))
 	_ = h(context.Background(), nil, &Message{})
 	if strings.Join(trace, ",") != "a,b,h" {
 		t.Fatalf("order %v", trace)
@@ -140,7 +140,7 @@ func TestIDFromHeader(t *testing.T) {
 	if id, _ := IDFromHeader("Idempotency-Key")(m); id != "k1" {
 		t.Fatalf("got %q", id)
 	}
-	if id, _ := IDFromMessage(m); id != "broker" {
+	if id, _ := idFromMessage(m); id != "broker" {
 		t.Fatalf("got %q", id)
 	}
 	c := m.Clone()
@@ -157,7 +157,7 @@ func TestBatchConfigValidation(t *testing.T) {
 	cfg.Handler = nil
 	cfg.BatchHandler = bh
 	rt, err := New(cfg)
-	if err != nil || rt.cfg.BatchSize != DefaultBatchSize || rt.cfg.BatchWait != DefaultBatchWait {
+	if err != nil || rt.cfg.BatchSize != defaultBatchSize || rt.cfg.BatchWait != defaultBatchWait {
 		t.Fatalf("BatchHandler defaults: %v %+v", err, rt)
 	}
 	for field, mod := range map[string]func(*Config){
@@ -220,7 +220,7 @@ func TestPoolSizeWarning(t *testing.T) {
 	}
 }
 
-// windowSource is a ConfigurableSource with a fixed window (0: it takes the
+// windowSource is a Source with a Configure method with a fixed window (0: it takes the
 // runtime's); it records the settings it was given.
 type windowSource struct {
 	nopSource

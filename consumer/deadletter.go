@@ -65,9 +65,9 @@ type Failure struct {
 // publish, a committed row). If it returns an error (or panics) the call is
 // retried with backoff while the original stays unacked and later messages
 // with its key wait; at shutdown the original is requeued. The broker
-// adapters make one from their Source (rabbitmq.Source.DeadLetterer,
-// kafka.Source.DeadLetterer, memory.Broker.DeadLetterer); dlq.NewDeadLetterer
-// wraps any other confirmed publish.
+// adapters' Sources have one of their own, which the runtime uses unless
+// Config.DeadLetterer is set (memory.Broker.DeadLetterer makes one for the
+// memory broker); dlq.NewDeadLetterer wraps any other confirmed publish.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, msg *Message, f Failure) error
 }

@@ -46,28 +46,28 @@ func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &PermanentError{Err: err}
+	return &permanentError{Err: err}
 }
 
-// PermanentError is the error made by [Permanent].
-type PermanentError struct{ Err error }
+// permanentError is the error made by [Permanent]; IsPermanent reports it.
+type permanentError struct{ Err error }
 
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *permanentError) Error() string { return "permanent: " + e.Err.Error() }
 
 // Unwrap returns the wrapped error.
-func (e *PermanentError) Unwrap() error { return e.Err }
+func (e *permanentError) Unwrap() error { return e.Err }
 
-// Is reports whether target is a *PermanentError, so that
-// errors.Is(err, &PermanentError{}) matches any permanent error.
-func (e *PermanentError) Is(target error) bool {
-	_, ok := target.(*PermanentError)
+// Is reports whether target is a *permanentError, so that
+// errors.Is(err, &permanentError{}) matches any permanent error.
+func (e *permanentError) Is(target error) bool {
+	_, ok := target.(*permanentError)
 	return ok
 }
 
 // IsPermanent reports whether err, or any error it wraps, was made by
 // [Permanent].
 func IsPermanent(err error) bool {
-	var p *PermanentError
+	var p *permanentError
 	return errors.As(err, &p)
 }
 

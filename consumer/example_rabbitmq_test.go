@@ -54,11 +54,10 @@ func Example_rabbitMQ() {
 		log.Fatal(err)
 	}
 	rt, err := consumer.New(consumer.Config{
-		Name:         "ledger",
-		Store:        store,
-		Source:       src,
-		DeadLetterer: src.DeadLetterer(),
-		Handler:      consumer.JSON(credit),
+		Name:    "ledger",
+		Store:   store,
+		Source:  src,
+		Handler: consumer.JSON(credit),
 	})
 	if err != nil {
 		log.Fatal(err)

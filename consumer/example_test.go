@@ -109,24 +109,6 @@ func ExampleIDFromHeader() {
 	// Output: order-7/charge
 }
 
-// ExampleChain wraps a handler with middleware; the first is outermost.
-func ExampleChain() {
-	logging := func(next consumer.Handler) consumer.Handler {
-		return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-			fmt.Println("handling", msg.ID)
-			return next(ctx, tx, msg)
-		}
-	}
-	h := consumer.Chain(func(context.Context, pgx.Tx, *consumer.Message) error {
-		fmt.Println("applied")
-		return nil
-	}, logging)
-	_ = h(context.Background(), nil, &consumer.Message{ID: "m1"})
-	// Output:
-	// handling m1
-	// applied
-}
-
 // ExampleJSON decodes each body into a typed value; a body that does not
 // decode is a permanent failure, dead-lettered with the reason.
 func ExampleJSON() {

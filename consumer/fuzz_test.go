@@ -17,8 +17,8 @@ func FuzzIDExtraction(f *testing.F) {
 		if withHeaders {
 			m.Headers = map[string]string{name: value, k2: v2}
 		}
-		if got, err := IDFromMessage(m); got != id || err != nil {
-			t.Fatalf("IDFromMessage = %q, %v", got, err)
+		if got, err := idFromMessage(m); got != id || err != nil {
+			t.Fatalf("idFromMessage = %q, %v", got, err)
 		}
 		want := ""
 		if withHeaders {

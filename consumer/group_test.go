@@ -16,8 +16,11 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
+// defaultGroupSize is consumer.Config's default BatchSize with a Handler.
+const defaultGroupSize = 32
+
 // The tests of this file run the default configuration: a per-message
-// Handler, grouped (BatchSize DefaultGroupSize, BatchWait 0).
+// Handler, grouped (BatchSize 32 by default, BatchWait 0).
 
 // groupSizes records the size of every transaction that committed a group.
 type groupSizes struct {
@@ -58,8 +61,8 @@ func TestGroupedDefaultGroupsWhatIsWaiting(t *testing.T) {
 	for _, n := range sizes {
 		in += n
 		largest = max(largest, n)
-		if n > consumer.DefaultGroupSize {
-			t.Fatalf("a group of %d, over DefaultGroupSize %d", n, consumer.DefaultGroupSize)
+		if n > defaultGroupSize {
+			t.Fatalf("a group of %d, over the default BatchSize %d", n, defaultGroupSize)
 		}
 	}
 	// 330 preloaded deliveries: most of them shared a commit.

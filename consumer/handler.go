@@ -28,9 +28,9 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
 // sees messages that are new.
 type Middleware func(Handler) Handler
 
-// Chain applies middleware to h so that the first middleware is the
+// chain applies middleware to h so that the first middleware is the
 // outermost.
-func Chain(h Handler, mw ...Middleware) Handler {
+func chain(h Handler, mw ...Middleware) Handler {
 	for i := len(mw) - 1; i >= 0; i-- {
 		h = mw[i](h)
 	}

@@ -90,7 +90,7 @@ func TestHostileInput(t *testing.T) {
 	cases := []struct {
 		name    string
 		msgs    []*consumer.Message // the first ones may be normal set-up messages
-		idFunc  consumer.MessageIDFunc
+		idFunc  func(*consumer.Message) (string, error)
 		class   consumer.FailureClass
 		reason  string // in the DLQ's error header
 		dedupID string // the DLQ's message-id header

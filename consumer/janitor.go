@@ -7,24 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// HorizonSource is a Source that can tell how far back a redelivery could
-// reach: the janitor then never purges a dedup row whose message the broker
-// could still hand out again. The Kafka, RabbitMQ, NATS JetStream and Redis
-// Streams adapters implement it; other adapters may.
-type HorizonSource interface {
-	Source
-	// RedeliveryHorizon returns the oldest time a message the broker could
-	// still deliver again can have been applied at, as far as the source
-	// can tell: for Kafka, the timestamp of the oldest record past the
-	// group's committed offsets; for RabbitMQ, the receipt of the oldest
-	// unsettled delivery. ok is false when the source cannot tell yet (not
-	// joined, backlog not yet drained, broker unreachable): the janitor
-	// then does not purge. A zero horizon with ok true means nothing could
-	// be redelivered: the retention alone decides.
-	RedeliveryHorizon(ctx context.Context) (horizon time.Time, ok bool, err error)
-}
+	"github.com/idemq/idemq/internal/dupage"
+)
 
 // RetentionReport is what the janitor saw in one JanitorInterval: the ages
 // of the duplicates it skipped (the evidence for the retention), the
@@ -34,7 +19,8 @@ type RetentionReport struct {
 	WindowStart, WindowEnd time.Time
 	// Duplicates is the number of duplicates in the window; Buckets[i]
 	// counts those whose age (now minus the original's processed_at) was
-	// at most DupAgeBounds[i], the last bucket those older than every
+	// at most the i-th bound of the runtime's fixed bucket bounds (1s to
+	// 30 days), the last bucket those older than every
 	// bound. MaxAge is the oldest.
 	Duplicates int64
 	Buckets    []int64
@@ -44,7 +30,7 @@ type RetentionReport struct {
 	// Horizon is the source's redelivery horizon, zero if none.
 	Horizon time.Time
 	// HorizonState says what the horizon did to the purge: "none" (the
-	// source is no HorizonSource), "clear" (nothing redeliverable),
+	// source has no RedeliveryHorizon), "clear" (nothing redeliverable),
 	// "within" (the horizon is within the retention), "held" (the purge
 	// was held back to the horizon), "unknown" or "error" (no purge).
 	HorizonState string
@@ -69,46 +55,11 @@ type RetentionRecorder interface {
 	RecordRetention(ctx context.Context, r RetentionReport) error
 }
 
-// DupAgeBounds are the upper bounds of the duplicate-age histogram's
-// buckets; one more bucket counts the ages beyond the last.
-var DupAgeBounds = []time.Duration{
-	time.Second, 10 * time.Second, time.Minute, 5 * time.Minute, 15 * time.Minute, 30 * time.Minute,
-	time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 12 * time.Hour, 24 * time.Hour,
-	48 * time.Hour, 72 * time.Hour, 7 * 24 * time.Hour, 14 * 24 * time.Hour, 30 * 24 * time.Hour,
-}
-
-// DupAgeQuantile returns the upper bound of the bucket holding quantile q
-// (0 < q <= 1) of the ages counted in buckets (see DupAgeBounds), at most
-// maxAge when it is known; 0 if buckets are empty. An age beyond the last
-// bound is reported as maxAge.
-func DupAgeQuantile(buckets []int64, q float64, maxAge time.Duration) time.Duration {
-	var total int64
-	for _, n := range buckets {
-		total += n
-	}
-	if total == 0 {
-		return 0
-	}
-	rank := int64(q*float64(total) + 0.999999)
-	rank = max(1, min(rank, total))
-	var seen int64
-	for i, n := range buckets {
-		seen += n
-		if seen >= rank {
-			if i < len(DupAgeBounds) && (maxAge == 0 || DupAgeBounds[i] < maxAge) {
-				return DupAgeBounds[i]
-			}
-			return maxAge
-		}
-	}
-	return maxAge
-}
-
 // dupAges is the runtime's duplicate-age histogram: a HookDuplicate the
 // runtime installs with a Retention.
 type dupAges struct {
 	HookDefaults
-	buckets [17 + 1]atomic.Int64
+	buckets [dupage.Buckets]atomic.Int64
 	maxAge  atomic.Int64
 }
 
@@ -120,11 +71,7 @@ func (d *dupAges) OnDuplicate(_ context.Context, _ *Message, processedAt time.Ti
 		return
 	}
 	age := max(time.Since(processedAt), 0)
-	i := 0
-	for i < len(DupAgeBounds) && age > DupAgeBounds[i] {
-		i++
-	}
-	d.buckets[i].Add(1)
+	d.buckets[dupage.Bucket(age)].Add(1)
 	for {
 		cur := d.maxAge.Load()
 		if int64(age) <= cur || d.maxAge.CompareAndSwap(cur, int64(age)) {
@@ -149,7 +96,7 @@ const horizonTimeout = 30 * time.Second
 // purgeAge returns the age the janitor may purge by now (0: no purge), the
 // horizon and its state.
 func (r *Runtime) purgeAge(ctx context.Context) (time.Duration, time.Time, string) {
-	hs, ok := r.cfg.Source.(HorizonSource)
+	hs, ok := r.cfg.Source.(horizonSource)
 	if !ok {
 		return r.cfg.Retention, time.Time{}, "none"
 	}

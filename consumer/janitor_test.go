@@ -37,22 +37,6 @@ func (h *horizonSub) RedeliveryHorizon(context.Context) (time.Time, bool, error)
 	return h.horizon, h.known, nil
 }
 
-var _ consumer.HorizonSource = (*horizonSub)(nil)
-
-func TestDupAgeBounds(t *testing.T) {
-	if len(consumer.DupAgeBounds) != 17 {
-		t.Fatalf("%d bounds: the histogram's array has 17+1 buckets", len(consumer.DupAgeBounds))
-	}
-	b := make([]int64, 18)
-	b[0], b[6] = 998, 2 // 998 within 1s, 2 within 1h
-	if q := consumer.DupAgeQuantile(b, 0.5, 50*time.Minute); q != time.Second {
-		t.Errorf("p50 %v", q)
-	}
-	if q := consumer.DupAgeQuantile(b, 0.999, 50*time.Minute); q != 50*time.Minute {
-		t.Errorf("p99.9 %v, want the max (below the bucket's bound)", q)
-	}
-}
-
 // TestJanitorHorizon: the janitor purges by the retention while the
 // source's horizon is within it, holds the purge back to the horizon when it
 // is older, does not purge while the source cannot tell, and records each

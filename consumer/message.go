@@ -8,13 +8,27 @@ import (
 // Message is one message as the runtime and handlers see it. Brokers fill it
 // in; handlers must treat it as read-only.
 type Message struct {
-	// ID is the message id the broker carried (for example the AMQP
-	// MessageId property). The id used for deduplication is chosen by
-	// Config.MessageID, which defaults to this field.
+	// ID is the broker's native message id, which its Publisher writes:
+	// the AMQP message-id property, Nats-Msg-Id, the idempotency-key
+	// Kafka header or Redis field (with a position-based fallback id). The
+	// id used for deduplication is chosen by Config.MessageID, the one id
+	// knob, which defaults to this field; no broker has one of its own.
 	ID string
-	// Key orders messages: messages with the same non-empty key are handled
-	// one at a time, in delivery order. Messages with an empty key are not
-	// ordered relative to each other.
+	// Key is the ordering key, and only that: messages with the same
+	// non-empty key are handled one at a time, in delivery order; messages
+	// with an empty key are not ordered relative to each other. A broker's
+	// own record key is RecordKey. Each Source sets Key, with one option
+	// saying where from:
+	//
+	//	rabbitmq     KeyHeader          a header (default: none)
+	//	nats         KeyHeader          a header, or the subject with
+	//	             KeyFromSubject     KeyFromSubject (default: none)
+	//	redisstream  KeyField           an entry field (default: none)
+	//	kafka, franz KeyFromRecordKey   "topic/partition" (default), or
+	//	                                "topic/partition/<record key>"
+	//
+	// The rabbitmq, nats and redisstream Publishers write Key back with the
+	// same option (KeyHeader, KeyField); Kafka's never write it.
 	Key string
 	// RecordKey is the broker's own record key (a Kafka record key), kept
 	// byte for byte so that a dead-lettered or republished message keeps
@@ -85,17 +99,14 @@ func cloneMap(in map[string]string) map[string]string {
 	return out
 }
 
-// MessageIDFunc extracts the deduplication id from a message. An empty
-// string or an error means the message has no usable id: it is dead-lettered
-// with [ClassMissingID] and the handler never runs.
-type MessageIDFunc func(*Message) (string, error)
+// idFromMessage uses Message.ID, the id the broker carried: the default
+// Config.MessageID.
+func idFromMessage(m *Message) (string, error) { return m.ID, nil }
 
-// IDFromMessage uses Message.ID, the id the broker carried. It is the
-// default MessageIDFunc.
-func IDFromMessage(m *Message) (string, error) { return m.ID, nil }
-
-// IDFromHeader returns a MessageIDFunc that reads the id from the named
-// header, for example "Idempotency-Key".
-func IDFromHeader(name string) MessageIDFunc {
+// IDFromHeader returns a Config.MessageID that reads the id from the named
+// header, for example "Idempotency-Key". An empty header means the message
+// has no usable id: it is dead-lettered with [ClassMissingID] and the
+// handler never runs.
+func IDFromHeader(name string) func(*Message) (string, error) {
 	return func(m *Message) (string, error) { return m.Header(name), nil }
 }

@@ -23,7 +23,7 @@ const settleTimeout = 30 * time.Second
 type Runtime struct {
 	cfg Config
 	// batchSize is cfg.BatchSize, capped to what the source's window
-	// lets one lane collect (see ConfigurableSource).
+	// lets one lane collect (see Source's Configure).
 	batchSize int
 	// conflicts counts the transactions that ended in a deadlock or a
 	// serialization failure; batch lanes shrink their groups when it moves
@@ -89,7 +89,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{
 		cfg:     cfg,
-		handler: Chain(h, cfg.Middleware...),
+		handler: chain(h, cfg.Middleware...),
 		hooks:   newHooks(cfg.Hooks),
 		log:     cfg.Logger.With("consumer", cfg.Name),
 	}
@@ -101,13 +101,13 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
-// configureSource tells a ConfigurableSource the window and logger, and
+// configureSource tells a Source with a Configure method the window and logger, and
 // returns the batch size to use: cfg.BatchSize, capped in batch mode to
 // what the source's window lets one lane collect, since waiting BatchWait
 // for deliveries the window will not let in only adds latency.
 func (r *Runtime) configureSource() int {
 	size := r.cfg.BatchSize
-	cs, ok := r.cfg.Source.(ConfigurableSource)
+	cs, ok := r.cfg.Source.(configurable)
 	if !ok {
 		return size
 	}

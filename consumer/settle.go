@@ -249,7 +249,7 @@ func (r *Runtime) ackAll(ds []Delivery) {
 	if len(ds) == 0 {
 		return
 	}
-	ba, ok := r.cfg.Source.(BatchAcker)
+	ba, ok := r.cfg.Source.(batchAcker)
 	if !ok {
 		for _, d := range ds {
 			r.ack(d, r.log)

@@ -3,12 +3,50 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"time"
 )
 
-// Source is a stream of deliveries from a broker. The memory, RabbitMQ and
-// Kafka adapters implement it, and third parties may implement it for other
-// brokers. Implementations must be safe for concurrent use: the runtime calls
+// Source is a stream of deliveries from a broker. The adapters in
+// brokers/ (memory, rabbitmq, kafka, franz, nats, redisstream) implement
+// it, and third parties may implement it for other brokers.
+// Implementations must be safe for concurrent use: the runtime calls
 // Receive from one goroutine and acks from many.
+//
+// Receive and Close are required. A Source may also have any of these
+// methods, which the runtime finds by type assertion; every adapter in
+// brokers/ has the first three, every one but memory the fourth, and
+// brokertest.Run checks the first three when a Source has them:
+//
+//   - Configure(s SourceSettings) (window int): takes the runtime's window
+//     and logger, so that neither is said twice. New calls it once, before
+//     the first Receive. It returns the window the source will actually
+//     hold: s.Window, unless its own configuration fixed another bound (an
+//     explicit prefetch, say); 0 means no fixed bound. In batch mode the
+//     runtime caps each lane's batch at window/Concurrency rather than
+//     wait for deliveries the window cannot let in. A source used without
+//     a runtime keeps its own defaults.
+//   - AckBatch(ctx context.Context, ds []Delivery) error: settles many
+//     deliveries in fewer broker calls than one each (RabbitMQ multiple
+//     acks, Kafka offset commits). The runtime then acks every committed
+//     transaction's deliveries through it; acks of dead-lettered
+//     deliveries go through Delivery.Ack. It may send the acks later than
+//     the call, never earlier; the source must send whatever still waits
+//     when it is closed.
+//   - RedeliveryHorizon(ctx context.Context) (horizon time.Time, ok bool,
+//     err error): the oldest time a message the broker could still deliver
+//     again can have been applied at, as far as the source can tell (for
+//     Kafka, the timestamp of the oldest record past the group's committed
+//     offsets; for RabbitMQ, the receipt of the oldest unsettled delivery).
+//     The janitor then never purges a dedup row whose message could come
+//     back (see Config.Retention). ok is false when the source cannot tell
+//     yet (not joined, backlog not yet drained, broker unreachable): the
+//     janitor then does not purge. A zero horizon with ok true means
+//     nothing could be redelivered: the retention alone decides.
+//   - DeadLetterer() DeadLetterer: the Source's own dead-letterer, which
+//     writes to the dead-letter queue its configuration names (the
+//     adapters' Config.DeadLetter), on the Source's own connection. The
+//     runtime uses it when Config.DeadLetterer is nil, so that a broker's
+//     dead-letter destination is said in one place.
 type Source interface {
 	// Receive blocks until a delivery is available, ctx is done, or the
 	// source is closed. After Close it returns an error wrapping
@@ -37,8 +75,9 @@ type Delivery interface {
 	Nack(ctx context.Context, requeue bool) error
 }
 
-// SourceSettings is what the runtime tells its Source, so that neither the
-// window nor the logger is said twice: once on consumer.Config is enough.
+// SourceSettings is what the runtime tells its Source through Configure (see
+// Source), so that neither the window nor the logger is said twice: once on
+// consumer.Config is enough.
 type SourceSettings struct {
 	// Window is the most deliveries the runtime holds unsettled at once:
 	// Concurrency × BatchSize. A source that bounds its broker's
@@ -51,18 +90,19 @@ type SourceSettings struct {
 	Logger *slog.Logger
 }
 
-// ConfigurableSource is a Source that takes SourceSettings from the runtime.
-// The memory, RabbitMQ and Kafka adapters implement it, and so may other
-// adapters. New calls Configure once, before the first Receive; a source
-// used without a runtime keeps its own defaults.
-type ConfigurableSource interface {
-	Source
-	// Configure applies s and returns the window the source will actually
-	// hold: s.Window, unless its own configuration fixed another bound
-	// (an explicit prefetch, say); 0 means no fixed bound. In batch mode
-	// the runtime caps each lane's batch at window/Concurrency, rather than
-	// wait for deliveries the window cannot let in. Configure must be
-	// called before the first Receive; later calls may have no effect on a
-	// consumer already started.
-	Configure(s SourceSettings) (window int)
-}
+// configurable, batchAcker, horizonSource and deadLetterSource are the
+// optional methods of a Source (see Source).
+type (
+	configurable interface {
+		Configure(s SourceSettings) (window int)
+	}
+	batchAcker interface {
+		AckBatch(ctx context.Context, ds []Delivery) error
+	}
+	horizonSource interface {
+		RedeliveryHorizon(ctx context.Context) (horizon time.Time, ok bool, err error)
+	}
+	deadLetterSource interface {
+		DeadLetterer() DeadLetterer
+	}
+)

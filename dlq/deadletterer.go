@@ -19,28 +19,25 @@ import (
 // publish, an acknowledged write).
 type PublishFunc func(ctx context.Context, msg *consumer.Message) error
 
-// DeadLetterer implements consumer.DeadLetterer for any broker: it wraps the
-// failed message in the envelope and publishes it with a PublishFunc.
-//
-// The broker adapters make one from their Source, publishing on the
-// Source's own connection and closed with it: rabbitmq.Source.DeadLetterer
-// (to the topology's dead-letter queue), kafka.Source.DeadLetterer and
-// franz.Source.DeadLetterer (to the topic's "<topic>.dlq"), and
-// memory.Broker.DeadLetterer. NewDeadLetterer is for other brokers, or
-// another publish path, for instance:
-//
-//	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
-//		return publisher.Publish(ctx, "", "payments.dlq", m)
-//	}, dlq.Options{})
-type DeadLetterer struct {
+// deadLetterer is the consumer.DeadLetterer NewDeadLetterer makes.
+type deadLetterer struct {
 	publish PublishFunc
 	opts    Options
 }
 
-var _ consumer.DeadLetterer = (*DeadLetterer)(nil)
-
-// NewDeadLetterer returns a DeadLetterer publishing through publish.
-func NewDeadLetterer(publish PublishFunc, opts Options) (*DeadLetterer, error) {
+// NewDeadLetterer returns a consumer.DeadLetterer for any broker: it wraps
+// each failed message in the envelope and publishes it with publish.
+//
+// Every Source in brokers/ makes one of its own, from its Config.DeadLetter,
+// publishing on the Source's own connection and closed with it, and the
+// runtime uses it when consumer.Config.DeadLetterer is nil: that is the one
+// way to say where a broker's dead letters go. NewDeadLetterer is for
+// other brokers, or another publish path, for instance:
+//
+//	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+//		return publisher.Publish(ctx, "", "payments.dlq", m)
+//	}, dlq.Options{})
+func NewDeadLetterer(publish PublishFunc, opts Options) (consumer.DeadLetterer, error) {
 	if publish == nil {
 		return nil, &consumer.ConfigError{Field: "publish", Reason: "required"}
 	}
@@ -48,7 +45,7 @@ func NewDeadLetterer(publish PublishFunc, opts Options) (*DeadLetterer, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &DeadLetterer{publish: publish, opts: opts}, nil
+	return &deadLetterer{publish: publish, opts: opts}, nil
 }
 
 // DeadLetter publishes the envelope of msg and returns once the broker
@@ -63,7 +60,7 @@ func NewDeadLetterer(publish PublishFunc, opts Options) (*DeadLetterer, error) {
 // HeaderOriginalSHA256), with the envelope's coordinates of the original
 // (source, partition, offset). If that is refused too, it publishes the
 // envelope alone: no body, no original header, no history.
-func (d *DeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
+func (d *deadLetterer) DeadLetter(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
 	if msg == nil {
 		return errors.New("dlq: nil message")
 	}

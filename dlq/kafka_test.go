@@ -50,7 +50,7 @@ type kafEnv struct {
 	store    *processed.Store
 	effects  string
 	pub      *kafka.Publisher
-	dl       *dlq.DeadLetterer
+	dl       consumer.DeadLetterer
 	host     string
 
 	broken  atomic.Bool // the handler bug: every message fails
@@ -109,7 +109,7 @@ func (e *kafEnv) publisher(cfg kafka.PublisherConfig) *kafka.Publisher {
 	return pub
 }
 
-func (e *kafEnv) deadLetterer(publish dlq.PublishFunc) *dlq.DeadLetterer {
+func (e *kafEnv) deadLetterer(publish dlq.PublishFunc) consumer.DeadLetterer {
 	e.t.Helper()
 	dl, err := dlq.NewDeadLetterer(publish, dlq.Options{})
 	if err != nil {
@@ -560,17 +560,19 @@ func TestKafReplaySkipsAppliedCopy(t *testing.T) {
 // TestKafFallbackIDReplay: records produced without an idempotency-key get
 // the fallback id topic/partition/offset. Their dead-letter copies live at
 // other coordinates of another topic, and here are even written without the
-// id header, so the DLQ browser gives them its own fallback ids: the replay
+// id header, so the DLQ browser gives them no id at all: the replay
 // still dedupes on the original id, carried by the envelope's
 // x-idemq-message-id. An applied one is skipped, a failed one applies once
 // under its original id, and a second replay applies nothing.
 func TestKafFallbackIDReplay(t *testing.T) {
 	t.Parallel()
 	e := kafNewEnv(t)
-	// The DLQ publisher writes the id to another header: the DLQ records
-	// have no idempotency-key.
-	dlqPub := e.publisher(kafka.PublisherConfig{IDHeader: "x-dlq-publisher-id"})
+	// The DLQ publisher drops the id: the DLQ records have no
+	// idempotency-key.
+	dlqPub := e.publisher(kafka.PublisherConfig{})
 	e.dl = e.deadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		m = m.Clone()
+		m.ID = ""
 		return dlqPub.Publish(ctx, e.dlqTopic, m)
 	})
 	noID := func(body string) *consumer.Message {
@@ -616,10 +618,10 @@ func TestKafFallbackIDReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(m.ID, e.dlqTopic+"/") || m.Header("idempotency-key") != "" {
-			t.Fatalf("DLQ record id %q: want the DLQ topic's own fallback id", m.ID)
+		if m.ID != "" || m.Header("idempotency-key") != "" {
+			t.Fatalf("DLQ record id %q: want none (the Browser gives no fallback id)", m.ID)
 		}
-		if want := kafka.FallbackID(e.topic, int(r.Partition), r.Offset); r.MessageID != want {
+		if want := fmt.Sprintf("%s/%d/%d", e.topic, r.Partition, r.Offset); r.MessageID != want {
 			t.Fatalf("envelope id %q, want the original fallback id %q", r.MessageID, want)
 		}
 		if r.MessageID != appliedID {
@@ -732,10 +734,10 @@ func TestKafClassifyDryRun(t *testing.T) {
 	before := kafIDs(e.dlqContents())
 	const total = 6
 
-	// The envelope carries the dedup id; without the fallback id a record
-	// whose envelope has none (class missing-id) stays without one, as it
-	// was for the live consumer.
-	noFallback := func(c *kafka.BrowserConfig) { c.DisableFallbackID = true }
+	// The envelope carries the dedup id; the Browser gives no fallback
+	// id, so a record whose envelope has none (class missing-id) stays
+	// without one, as it was for the live consumer.
+	noFallback := func(*kafka.BrowserConfig) {}
 	group := "dry-run"
 	c, err := dlq.Classify(e.ctx, dlq.ClassifyConfig{Browser: e.browser(group, noFallback), Store: e.store})
 	if err != nil {

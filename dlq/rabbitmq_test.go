@@ -55,7 +55,7 @@ type rmqEnv struct {
 	store   *processed.Store
 	effects string
 	pub     *rabbitmq.Publisher
-	dl      *dlq.DeadLetterer
+	dl      consumer.DeadLetterer
 	host    string
 
 	broken  atomic.Bool // the handler bug: every message fails
@@ -138,7 +138,7 @@ func rmqAdmin(t *testing.T, f func(ch *amqp.Channel) error) {
 	}
 }
 
-func (e *rmqEnv) deadLetterer(publish dlq.PublishFunc) *dlq.DeadLetterer {
+func (e *rmqEnv) deadLetterer(publish dlq.PublishFunc) consumer.DeadLetterer {
 	e.t.Helper()
 	dl, err := dlq.NewDeadLetterer(publish, dlq.Options{})
 	if err != nil {

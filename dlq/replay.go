@@ -140,7 +140,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	cc.Retention = 0
 	idFunc := cc.MessageID
 	if idFunc == nil {
-		idFunc = consumer.IDFromMessage
+		idFunc = func(m *consumer.Message) (string, error) { return m.ID, nil } // the runtime's default
 	}
 	// The envelope holds the id the live consumer extracted; prefer it,
 	// so a replay dedupes on exactly the same id.

@@ -28,7 +28,7 @@ func size(m *consumer.Message) int {
 // limitedDeadLetterer dead-letters to the memory broker's DLQ through a
 // publish that refuses, as a broker does, every message over limit bytes.
 // refused counts the refusals.
-func limitedDeadLetterer(t *testing.T, e *memEnv, limit int, opts dlq.Options, refused *atomic.Int64) *dlq.DeadLetterer {
+func limitedDeadLetterer(t *testing.T, e *memEnv, limit int, opts dlq.Options, refused *atomic.Int64) consumer.DeadLetterer {
 	t.Helper()
 	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 		if n := size(m); n > limit {

@@ -76,8 +76,8 @@ type Suite struct {
 	// redeliveries and mutated copies itself. Required.
 	Messages []*consumer.Message
 	// MessageID extracts the dedup id, as in consumer.Config. Defaults to
-	// consumer.IDFromMessage.
-	MessageID consumer.MessageIDFunc
+	// Message.ID.
+	MessageID func(*consumer.Message) (string, error)
 	// Name is the consumer's name, its dedup scope. Defaults to
 	// "idemqtest".
 	Name string
@@ -113,7 +113,7 @@ type Suite struct {
 
 func (s Suite) withDefaults() Suite {
 	if s.MessageID == nil {
-		s.MessageID = consumer.IDFromMessage
+		s.MessageID = func(m *consumer.Message) (string, error) { return m.ID, nil }
 	}
 	if s.Name == "" {
 		s.Name = "idemqtest"

@@ -74,7 +74,6 @@ func (e *kafkaEnv) source(t testing.TB, mod func(*kafka.Config)) *kafka.Source {
 		Brokers:           e.brokers,
 		Topic:             e.topic,
 		GroupID:           e.group,
-		KeyMode:           kafka.KeyPartition,
 		CommitInterval:    100 * time.Millisecond,
 		SessionTimeout:    10 * time.Second,
 		HeartbeatInterval: 500 * time.Millisecond,

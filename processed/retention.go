@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/dupage"
 )
 
 var _ consumer.RetentionRecorder = (*Store)(nil)
@@ -25,8 +26,8 @@ func (s *Store) RecordRetention(ctx context.Context, r consumer.RetentionReport)
 	if err != nil {
 		return err
 	}
-	bounds := make([]int64, len(consumer.DupAgeBounds))
-	for i, b := range consumer.DupAgeBounds {
+	bounds := make([]int64, len(dupage.Bounds))
+	for i, b := range dupage.Bounds {
 		bounds[i] = b.Milliseconds()
 	}
 	ms := func(d time.Duration) *int64 {
@@ -36,7 +37,7 @@ func (s *Store) RecordRetention(ctx context.Context, r consumer.RetentionReport)
 		v := d.Milliseconds()
 		return &v
 	}
-	q := func(p float64) *int64 { return ms(consumer.DupAgeQuantile(r.Buckets, p, r.MaxAge)) }
+	q := func(p float64) *int64 { return ms(dupage.Quantile(r.Buckets, p, r.MaxAge)) }
 	var horizon *time.Time
 	if !r.Horizon.IsZero() {
 		horizon = &r.Horizon
@@ -67,7 +68,7 @@ type RetentionSummary struct {
 	From    time.Time
 	// Duplicates counts the duplicates; P50, P99, P999 and Max are their
 	// ages (quantiles rounded up to a bucket bound, see
-	// consumer.DupAgeBounds).
+	// dupage.Bounds).
 	Duplicates          int64
 	P50, P99, P999, Max time.Duration
 	// Retention is the latest report's retention.
@@ -133,8 +134,8 @@ FROM `+s.retentionTable(st)+` WHERE consumer = $1 AND window_end >= $2 ORDER BY 
 	if err != nil {
 		return RetentionSummary{}, s.wrap("read the janitor's reports", err)
 	}
-	sum.P50 = consumer.DupAgeQuantile(buckets, 0.5, sum.Max)
-	sum.P99 = consumer.DupAgeQuantile(buckets, 0.99, sum.Max)
-	sum.P999 = consumer.DupAgeQuantile(buckets, 0.999, sum.Max)
+	sum.P50 = dupage.Quantile(buckets, 0.5, sum.Max)
+	sum.P99 = dupage.Quantile(buckets, 0.99, sum.Max)
+	sum.P999 = dupage.Quantile(buckets, 0.999, sum.Max)
 	return sum, nil
 }

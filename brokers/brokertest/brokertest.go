@@ -1,5 +1,7 @@
 // Package brokertest is the conformance suite every idemq broker adapter
-// runs: the memory broker, RabbitMQ and Kafka. An adapter provides a Harness
+// runs: memory, rabbitmq, kafka, franz, nats and redisstream. It checks the
+// optional methods of consumer.Source (Configure, AckBatch,
+// RedeliveryHorizon) on a Source that has them. An adapter provides a Harness
 // (publish to a fresh queue or topic, open sources on it) and a Features
 // value saying which behaviours its broker has; Run executes every test
 // that applies.
@@ -59,16 +61,16 @@ type Config struct {
 
 // Defaults for Config.
 const (
-	DefaultTimeout   = 30 * time.Second
-	DefaultQuietWait = 500 * time.Millisecond
+	defaultTimeout   = 30 * time.Second
+	defaultQuietWait = 500 * time.Millisecond
 )
 
 func (c Config) withDefaults() Config {
 	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
+		c.Timeout = defaultTimeout
 	}
 	if c.QuietWait <= 0 {
-		c.QuietWait = DefaultQuietWait
+		c.QuietWait = defaultQuietWait
 	}
 	return c
 }
@@ -99,6 +101,11 @@ func Run(t *testing.T, cfg Config) {
 		{"ReceiveAfterClose", testReceiveAfterClose, true},
 		{"ReceiveHonoursContext", testReceiveHonoursContext, true},
 		{"DoubleAck", testDoubleAck, true},
+		// The optional methods of consumer.Source: each is checked
+		// when the Source has it, and skipped (visibly) otherwise.
+		{"Configure", testConfigure, true},
+		{"AckBatch", testAckBatch, true},
+		{"RedeliveryHorizon", testRedeliveryHorizon, true},
 	}
 	for _, tc := range tests {
 		if !tc.when {

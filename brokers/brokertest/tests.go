@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -83,14 +84,20 @@ func (s *suite) checkSet(t *testing.T, ds []consumer.Delivery, msgs []*consumer.
 // testPublishReceiveAck: published messages arrive intact and, once acked,
 // are gone for good.
 func testPublishReceiveAck(t *testing.T, s *suite) {
-	const n = 10
-	msgs := NewMessages("pra", n, 3)
-	Publish(s.ctx, t, s.h, msgs...)
-
 	src := s.h.NewSource(t)
+	s.settledAreGone(t, src, "pra", 10, 3, func(ds []consumer.Delivery) { AckAll(s.ctx, t, ds) })
+}
+
+// settledAreGone publishes n messages over keys keys, receives them on src,
+// settles them with settle, closes src, and checks that a new source
+// receives nothing.
+func (s *suite) settledAreGone(t *testing.T, src consumer.Source, prefix string, n, keys int, settle func([]consumer.Delivery)) {
+	t.Helper()
+	msgs := NewMessages(prefix, n, keys)
+	Publish(s.ctx, t, s.h, msgs...)
 	ds := ReceiveN(s.ctx, t, src, n)
 	s.checkSet(t, ds, msgs)
-	AckAll(s.ctx, t, ds)
+	settle(ds)
 	closeSource(t, src)
 
 	src2 := s.h.NewSource(t)
@@ -478,4 +485,84 @@ func testDoubleAck(t *testing.T, s *suite) {
 	src2 := s.h.NewSource(t)
 	defer closeSource(t, src2)
 	ReceiveNone(s.ctx, t, src2, s.cfg.QuietWait)
+}
+
+// testConfigure: a Source with Configure takes the runtime's settings before
+// its first Receive, returns a window that is not negative, and then
+// delivers and acks as before.
+func testConfigure(t *testing.T, s *suite) {
+	const n = 6
+	msgs := NewMessages("configure", n, 1)
+	Publish(s.ctx, t, s.h, msgs...)
+	src := s.h.NewSource(t)
+	defer closeSource(t, src)
+	c, ok := src.(interface {
+		Configure(consumer.SourceSettings) int
+	})
+	if !ok {
+		t.Skip("the Source has no Configure method")
+	}
+	if w := c.Configure(consumer.SourceSettings{Window: 2, Logger: slog.New(slog.DiscardHandler)}); w < 0 {
+		t.Fatalf("Configure returned window %d", w)
+	}
+	ds := make([]consumer.Delivery, 0, n)
+	for range n {
+		d := Receive(s.ctx, t, src)
+		if err := d.Ack(s.ctx); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+		ds = append(ds, d)
+	}
+	s.checkSet(t, ds, msgs)
+	ReceiveNone(s.ctx, t, src, s.cfg.QuietWait)
+}
+
+// testAckBatch: deliveries acked together with AckBatch are gone for good
+// once the source is closed (it sends whatever acks still wait).
+func testAckBatch(t *testing.T, s *suite) {
+	src := s.h.NewSource(t)
+	b, ok := src.(interface {
+		AckBatch(context.Context, []consumer.Delivery) error
+	})
+	if !ok {
+		closeSource(t, src)
+		t.Skip("the Source has no AckBatch method")
+	}
+	s.settledAreGone(t, src, "ackbatch", 5, 1, func(ds []consumer.Delivery) {
+		if err := b.AckBatch(s.ctx, ds); err != nil {
+			t.Fatalf("AckBatch: %v", err)
+		}
+	})
+}
+
+// testRedeliveryHorizon: a Source with RedeliveryHorizon answers while it
+// holds an unacked delivery and after it is acked, without an error, and
+// never with a horizon in the future.
+func testRedeliveryHorizon(t *testing.T, s *suite) {
+	msgs := NewMessages("horizon", 1, 1)
+	Publish(s.ctx, t, s.h, msgs...)
+	src := s.h.NewSource(t)
+	defer closeSource(t, src)
+	h, ok := src.(interface {
+		RedeliveryHorizon(context.Context) (time.Time, bool, error)
+	})
+	if !ok {
+		t.Skip("the Source has no RedeliveryHorizon method")
+	}
+	check := func(when string) {
+		t.Helper()
+		at, ok, err := h.RedeliveryHorizon(s.ctx)
+		if err != nil {
+			t.Fatalf("RedeliveryHorizon %s: %v", when, err)
+		}
+		if ok && at.After(time.Now().Add(time.Minute)) {
+			t.Errorf("RedeliveryHorizon %s: %s, in the future", when, at)
+		}
+	}
+	d := Receive(s.ctx, t, src)
+	check("with a delivery held")
+	if err := d.Ack(s.ctx); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	check("after the ack")
 }

@@ -2,30 +2,29 @@ package franz
 
 import (
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 )
 
 // Defaults for Config.
 const (
-	DefaultCommitInterval    = time.Second
-	DefaultMaxInFlight       = 1024
-	DefaultDrainTimeout      = 5 * time.Second
-	DefaultSessionTimeout    = 30 * time.Second
-	DefaultHeartbeatInterval = 3 * time.Second
-	DefaultRebalanceTimeout  = 30 * time.Second
-	DefaultFetchMaxWait      = 500 * time.Millisecond
-	DefaultCommitTimeout     = 10 * time.Second
+	defaultCommitInterval    = time.Second
+	defaultMaxInFlight       = 1024
+	defaultDrainTimeout      = 5 * time.Second
+	defaultSessionTimeout    = 30 * time.Second
+	defaultHeartbeatInterval = 3 * time.Second
+	defaultRebalanceTimeout  = 30 * time.Second
+	defaultFetchMaxWait      = 500 * time.Millisecond
+	defaultCommitTimeout     = 10 * time.Second
 )
 
 // Config configures a Source. The zero value of every optional field selects
-// the documented default. The message fields (IDHeader, DisableFallbackID,
-// KeyMode) mean exactly what they mean in brokers/kafka's Config.
+// the documented default. KeyFromRecordKey means exactly what it means in
+// brokers/kafka's Config.
 type Config struct {
 	// Brokers are the bootstrap brokers' host:port addresses. Required.
 	Brokers []string
@@ -35,19 +34,12 @@ type Config struct {
 	// topic's partitions and share committed offsets. Required.
 	Group string
 
-	// IDHeader is the record header holding the message id. Defaults to
-	// "idempotency-key".
-	IDHeader string
-	// DisableFallbackID turns off the "topic/partition/offset" fallback
-	// id of records without the IDHeader header (see kafka.FallbackID):
-	// such records are then dead-lettered as consumer.ClassMissingID.
-	// Defaults to false.
-	DisableFallbackID bool
-	// KeyMode chooses Message.Key, the runtime's ordering key: per
-	// partition (kafka.KeyPartition, the default) or per partition and
-	// record key (kafka.KeyRecord). Message.RecordKey is the record key
-	// either way.
-	KeyMode kafka.KeyMode
+	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
+	// "topic/partition/<record key>", so that records with different keys
+	// in one partition are handled concurrently. Defaults to false:
+	// "topic/partition", Kafka's own ordering. Message.RecordKey is the
+	// record key either way.
+	KeyFromRecordKey bool
 	// ResetToLatest makes a group without a committed offset for a
 	// partition start at its end rather than its beginning. Defaults to
 	// false: the earliest offset.
@@ -64,7 +56,9 @@ type Config struct {
 	// partition: no more are polled until some are. Defaults to 1024, or
 	// to the runtime's window (Concurrency×BatchSize, which consumer.New
 	// passes to Configure) if that is larger. An explicit value is kept
-	// whatever the window.
+	// whatever the window. It is not the runtime's window said again: it
+	// also counts records queued and acked ones stuck behind an unacked
+	// one (the commit point), which the window does not.
 	MaxInFlight int
 	// DrainTimeout is how long a rebalance that revokes partitions waits
 	// for their handed-out messages to be settled before committing and
@@ -92,46 +86,51 @@ type Config struct {
 	// read_committed isolation level. Defaults to none.
 	Options []kgo.Opt
 	// DeadLetter configures the Source's dead-letterer (see
-	// Source.DeadLetterer): its topic, by default kafka.DLQName(Topic),
+	// Source.DeadLetterer): its topic, by default "<Topic>.dlq",
 	// and its envelope options. NewSource validates it. The zero value
 	// dead-letters to "<Topic>.dlq" with unsigned envelopes.
 	// A Topic longer than 245 bytes needs DeadLetter.Topic set: the
 	// default name would be too long for Kafka, and NewSource rejects it.
-	DeadLetter kafka.DeadLetterConfig
-	// Logger receives the Source's logs and, at debug level, franz-go's.
-	// Defaults to the runtime's logger, which consumer.New passes to
-	// Configure, with "topic" and "group" attributes; until then, and for
-	// a Source used without a runtime, logs are discarded.
-	Logger *slog.Logger
+	DeadLetter DeadLetterConfig
+}
+
+// DeadLetterConfig configures the Source's dead-letterer, as
+// Config.DeadLetter. The zero value dead-letters to "<Topic>.dlq", with
+// unsigned envelopes.
+type DeadLetterConfig struct {
+	// Topic is the dead-letter topic. It must exist, unless the brokers
+	// create topics on first write, and differ from the Source's topic.
+	// Defaults to "<Topic>.dlq".
+	Topic string
+	// Options tune the failure envelope. Defaults to the zero
+	// dlq.Options: unsigned envelopes.
+	Options dlq.Options
 }
 
 func (c Config) withDefaults() Config {
-	if c.IDHeader == "" {
-		c.IDHeader = kafka.DefaultIDHeader
-	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
+		c.CommitInterval = defaultCommitInterval
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
+		c.CommitTimeout = defaultCommitTimeout
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
+		c.MaxInFlight = defaultMaxInFlight
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = defaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
+		c.HeartbeatInterval = defaultHeartbeatInterval
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = defaultRebalanceTimeout
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	return c
 }
@@ -155,8 +154,6 @@ func (c Config) validate() error {
 		return bad("Topic", "required")
 	case c.Group == "":
 		return bad("Group", "required")
-	case c.KeyMode != kafka.KeyPartition && c.KeyMode != kafka.KeyRecord:
-		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
 	case c.CommitInterval < 0:
 		return bad("CommitInterval", "negative")
 	case c.CommitTimeout < 0:

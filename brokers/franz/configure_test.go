@@ -29,43 +29,23 @@ func logLines(b *testlog.Buffer, parts ...string) []string {
 	return out
 }
 
-// TestConfigureLogger: without Config.Logger, the Source and franz-go log
-// to the runtime's logger given by Configure, with the topic and group;
-// with Config.Logger, the runtime's logger gets nothing.
+// TestConfigureLogger: the Source and its client log to the runtime's
+// logger given by Configure, with the topic and group.
 func TestConfigureLogger(t *testing.T) {
 	e := newEnv(t, 1)
-	for _, own := range []bool{false, true} {
-		name := map[bool]string{false: "runtime logger", true: "own logger"}[own]
-		t.Run(name, func(t *testing.T) {
-			group := kafkatest.Name(t, "g")
-			rtLog, rtBuf := testlog.New(slog.LevelDebug)
-			ownLog, ownBuf := testlog.New(slog.LevelDebug)
-			src := e.source(t, func(c *franz.Config) {
-				c.Group = group
-				c.Logger = nil
-				if own {
-					c.Logger = ownLog
-				}
-			})
-			src.Configure(consumer.SourceSettings{Window: 4, Logger: rtLog})
-			waitFor(t, 20*time.Second, "an assignment", func() bool { ps, _ := src.Assigned(); return len(ps) == 1 })
-			if err := src.Close(); err != nil { // logs "partitions revoked"
-				t.Fatal(err)
-			}
-			want, other := rtBuf, ownBuf
-			if own {
-				want, other = ownBuf, rtBuf
-			}
-			if got := logLines(want, `msg="franz: partitions revoked"`, "topic="+e.topic, "group="+group); len(got) == 0 {
-				t.Errorf("no partitions-revoked line with the topic and group in the logger used:\n%s", want.String())
-			}
-			if got := logLines(want, `msg="franz-go: `); len(got) == 0 {
-				t.Errorf("no franz-go line in the logger used:\n%s", want.String())
-			}
-			if s := other.String(); s != "" {
-				t.Errorf("the other logger got:\n%s", s)
-			}
-		})
+	group := kafkatest.Name(t, "g")
+	rtLog, rtBuf := testlog.New(slog.LevelDebug)
+	src := e.source(t, func(c *franz.Config) { c.Group = group })
+	src.Configure(consumer.SourceSettings{Window: 4, Logger: rtLog})
+	waitFor(t, 20*time.Second, "an assignment", func() bool { ps, _ := src.Assigned(); return len(ps) == 1 })
+	if err := src.Close(); err != nil { // logs "partitions revoked"
+		t.Fatal(err)
+	}
+	if got := logLines(rtBuf, `msg="franz: partitions revoked"`, "topic="+e.topic, "group="+group); len(got) == 0 {
+		t.Errorf("no partitions-revoked line with the topic and group in the logger used:\n%s", rtBuf.String())
+	}
+	if got := logLines(rtBuf, `msg="franz-go: `); len(got) == 0 {
+		t.Errorf("no franz-go line in the logger used:\n%s", rtBuf.String())
 	}
 }
 

@@ -8,20 +8,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 )
 
 // DeadLetterer returns the Source's dead-letterer, for the runtime's
 // consumer.Config.DeadLetterer. NewSource builds it from Config.DeadLetter,
 // so this never fails and always returns the same one. It produces each
 // failed message, wrapped in package dlq's envelope, to the dead-letter
-// topic: Config.DeadLetter.Topic, by default kafka.DLQName(Config.Topic),
+// topic: Config.DeadLetter.Topic, by default
 // "<topic>.dlq". The record is the one brokers/kafka's Publisher would
-// write (kafka.Mapping.Record): the record key is Message.RecordKey, so the
+// write: the record key is Message.RecordKey, so the
 // copy lands in the partition that key hashes to (murmur2, as the Java
-// client and kafka.Publisher do), and the id goes to Config.IDHeader.
+// client and kafka.Publisher do), and the id goes to the idempotency-key
+// header.
 // DeadLetter returns nil only once the write is acknowledged by every
 // in-sync replica (franz-go's default acks=all, unless Config.Options
 // change it), so the runtime never commits an original's offset before its
@@ -33,23 +34,22 @@ import (
 // Close returns an error wrapping consumer.ErrSourceClosed. The runtime
 // closes its Source only after the in-flight messages, dead letters
 // included, have drained, so nothing needs closing besides the Source.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 // newDeadLetterer validates cfg.DeadLetter and builds the Source's
 // dead-letterer, which produces on s.cl. NewSource calls it before making
 // the client, so an invalid config leaves nothing to close.
 func (s *Source) newDeadLetterer() error {
 	cfg := s.cfg
-	topic, err := cfg.DeadLetter.DeadLetterTopic(cfg.Topic)
+	topic, err := kafkamsg.DeadLetterTopic(cfg.DeadLetter.Topic, cfg.Topic)
 	if err != nil {
-		return bad("DeadLetter.Topic", "%s", configReason(err))
+		return bad("DeadLetter.Topic", "%v", err)
 	}
-	mp := kafka.Mapping{IDHeader: cfg.IDHeader}
 	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 		if s.isClosed() {
 			return fmt.Errorf("franz: dead-letter to %q: %w", topic, consumer.ErrSourceClosed)
 		}
-		r := mp.Record(topic, m)
+		r := kafkamsg.Out(topic, m)
 		rec := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Timestamp: r.Time}
 		if len(r.Headers) > 0 {
 			rec.Headers = make([]kgo.RecordHeader, len(r.Headers))
@@ -81,13 +81,4 @@ func (s *Source) newDeadLetterer() error {
 	}
 	s.dl = dl
 	return nil
-}
-
-// configReason is the reason of a *consumer.ConfigError, or err's text.
-func configReason(err error) string {
-	var ce *consumer.ConfigError
-	if errors.As(err, &ce) {
-		return ce.Reason
-	}
-	return err.Error()
 }

@@ -185,7 +185,7 @@ func TestDeadLettererTopic(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e.c.CreateTopic(t, tc.want, 1)
 			src := e.source(t, func(c *franz.Config) {
-				c.DeadLetter = kafka.DeadLetterConfig{Topic: tc.topic, Options: dlq.Options{SigningKey: key, Host: "host-" + tc.name}}
+				c.DeadLetter = franz.DeadLetterConfig{Topic: tc.topic, Options: dlq.Options{SigningKey: key, Host: "host-" + tc.name}}
 			})
 			m := &consumer.Message{ID: "dl-" + tc.name, RecordKey: []byte("k"), Body: []byte("body-" + tc.name), Source: e.topic}
 			if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{MessageID: m.ID, Class: consumer.ClassPermanent, Err: errors.New("boom")}); err != nil {
@@ -220,13 +220,13 @@ func TestDeadLettererTopic(t *testing.T) {
 func TestDeadLettererConfig(t *testing.T) {
 	ok := franz.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", Group: "g"}
 	for name, tc := range map[string]struct {
-		dl    kafka.DeadLetterConfig
+		dl    franz.DeadLetterConfig
 		field string
 	}{
-		"own topic":         {kafka.DeadLetterConfig{Topic: "orders"}, "franz.DeadLetter.Topic"},
-		"illegal topic":     {kafka.DeadLetterConfig{Topic: "no spaces"}, "franz.DeadLetter.Topic"},
-		"short signing key": {kafka.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}, "franz.DeadLetter.Options.SigningKey"},
-		"max history":       {kafka.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}, "franz.DeadLetter.Options.MaxHistory"},
+		"own topic":         {franz.DeadLetterConfig{Topic: "orders"}, "franz.DeadLetter.Topic"},
+		"illegal topic":     {franz.DeadLetterConfig{Topic: "no spaces"}, "franz.DeadLetter.Topic"},
+		"short signing key": {franz.DeadLetterConfig{Options: dlq.Options{SigningKey: []byte("short")}}, "franz.DeadLetter.Options.SigningKey"},
+		"max history":       {franz.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}, "franz.DeadLetter.Options.MaxHistory"},
 	} {
 		cfg := ok
 		cfg.DeadLetter = tc.dl

@@ -1,6 +1,7 @@
-// Package franz connects idemq to Kafka with franz-go (twmb/franz-go's kgo):
-// a Source that consumes a topic as a member of a consumer group and reads
-// only committed transactional data.
+// Package franz connects idemq to Kafka with franz-go/kgo, for read_committed
+// at speed: a Source that consumes a topic as a member of a consumer group
+// and reads only committed transactional data. It does not import
+// brokers/kafka, so it does not pull in kafka-go.
 //
 // # When to use it
 //
@@ -16,10 +17,10 @@
 // # Delivery and commits
 //
 // Messages look exactly like those of brokers/kafka's Source: the id comes
-// from the same header with the same fallback (kafka.FallbackID), Key is the
-// ordering key ("topic/partition", or "topic/partition/<record key>" with
-// kafka.KeyRecord), RecordKey the record key, and Metadata carries the same
-// "kafka.*" entries. The two Sources can take turns on one group.
+// from the same idempotency-key header with the same "topic/partition/offset"
+// fallback, Key is the ordering key ("topic/partition", or
+// "topic/partition/<record key>" with Config.KeyFromRecordKey), RecordKey
+// the record key, and Metadata carries the same "kafka.*" entries. The two Sources can take turns on one group.
 //
 // Offsets are committed manually and never before the record's effect is
 // durable: per partition, only up to the highest offset below which every
@@ -39,19 +40,19 @@
 // Source.DeadLetterer is the runtime's dead-letterer: it produces each
 // failed message in package dlq's envelope, acknowledged by every in-sync
 // replica and with its record key, to a dead-letter topic
-// (kafka.DLQName of the Source's topic, or Config.DeadLetter.Topic), on
+// ("<topic>.dlq", or Config.DeadLetter.Topic), on
 // the Source's own franz-go client. NewSource builds and validates it from
 // Config.DeadLetter, so the accessor cannot fail. It is owned by the Source
 // and closed by Source.Close; there is nothing else to close.
 //
-// The Source is a consumer.ConfigurableSource: consumer.New tells it the
-// runtime's logger and window. Without Config.Logger the Source and
-// franz-go log to the runtime's logger, with "topic" and "group"
+// The Source has consumer.Source's optional Configure method: consumer.New
+// tells it the runtime's logger and window. The Source and franz-go log to
+// the runtime's logger, with "topic" and "group"
 // attributes; without Config.MaxInFlight, a window (Concurrency×BatchSize)
 // larger than the default raises it. A consumer with its dead-letter topic
 // takes three constructor calls:
 //
 //	store, err := processed.New(pool, processed.Config{})
 //	src, err := franz.NewSource(franz.Config{Brokers: brokers, Topic: "payments", Group: "ledger"})
-//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
+//	rt, err := consumer.New(consumer.Config{Source: src, Logger: logger, ...})
 package franz

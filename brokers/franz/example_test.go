@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/brokers/franz"
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
@@ -52,8 +51,7 @@ func ExampleNewSource() {
 			_, err := tx.Exec(ctx, "INSERT INTO ledger (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
-		DeadLetterer: src.DeadLetterer(),
-		Logger:       slog.Default(), // src logs here too, with its topic and group
+		Logger: slog.Default(), // src logs here too, with its topic and group
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -75,8 +73,8 @@ func ExampleSource_DeadLetterer() {
 		Brokers: []string{"127.0.0.1:9092"},
 		Topic:   "payments",
 		Group:   "ledger",
-		DeadLetter: kafka.DeadLetterConfig{
-			Topic:   "payments.failed", // empty: kafka.DLQName("payments"), "payments.dlq"
+		DeadLetter: franz.DeadLetterConfig{
+			Topic:   "payments.failed", // empty: "payments.dlq"
 			Options: dlq.Options{SigningKey: key},
 		},
 	})

@@ -13,9 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.HorizonSource = (*Source)(nil)
-
-// RedeliveryHorizon implements consumer.HorizonSource, as the kafka
+// RedeliveryHorizon implements the RedeliveryHorizon of consumer.Source, as the kafka
 // package's Source does: the timestamp of the oldest record the group could
 // still read again, over every partition of the topic (the record at the
 // group's committed offset, or, with none committed, at the reset offset),

@@ -141,7 +141,7 @@ func TestEdgeKafkaTransactionalLibrdkafka(t *testing.T) {
 				t.Errorf("the re-sent record's id is %q, want its header's", ids["kc-resent"])
 			}
 			if id := ids["kc-committed-000"]; !strings.HasPrefix(id, e.topic+"/") {
-				t.Errorf("a record without the id header has id %q, want kafka.FallbackID's topic/partition/offset", id)
+				t.Errorf("a record without the id header has id %q, want the fallback topic/partition/offset", id)
 			}
 			high := txnHighWatermarks(ctx, t, e)
 			waitFor(t, 10*time.Second, fmt.Sprintf("the group to commit up to the high watermarks %v", high), func() bool {

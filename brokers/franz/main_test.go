@@ -54,7 +54,6 @@ func (e *env) config() franz.Config {
 		RebalanceTimeout:  5 * time.Second,
 		DrainTimeout:      time.Second,
 		FetchMaxWait:      100 * time.Millisecond,
-		Logger:            testLogger(),
 	}
 }
 

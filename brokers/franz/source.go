@@ -11,14 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 )
 
@@ -26,8 +24,8 @@ import (
 const maxPoll = 256
 
 // Source consumes a Kafka topic as a member of a consumer group, with
-// franz-go, and implements consumer.ConfigurableSource and
-// consumer.BatchAcker.
+// franz-go, and implements consumer.Source's Configure and
+// consumer.Source's AckBatch.
 //
 // It reads with the read_committed isolation level: records of aborted
 // transactions, records past the last stable offset and transaction
@@ -40,17 +38,16 @@ const maxPoll = 256
 type Source struct {
 	cfg Config
 	// log is the current logger, with topic and group attributes: from
-	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// Configure's SourceSettings.Logger, discarding until then. It is
 	// read at each log call, so a logger given by Configure reaches the
 	// goroutines NewSource started, franz-go's included.
 	log atomic.Pointer[slog.Logger]
-	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
-	// Config.MaxInFlight was: Configure then leaves them alone.
-	ownLogger           bool
+	// explicitMaxInFlight is set if Config.MaxInFlight was: Configure
+	// then leaves it alone.
 	explicitMaxInFlight bool
-	mp                  kafka.Mapping
+	mp                  kafkamsg.Mapping
 	cl                  *kgo.Client
-	dl                  *dlq.DeadLetterer // DeadLetterer's, on cl
+	dl                  consumer.DeadLetterer // DeadLetterer's, on cl
 
 	out    chan *entry   // polled records, from the poll loop to Receive
 	redo   chan struct{} // signalled when requeued is appended to
@@ -114,16 +111,15 @@ type partition struct {
 // are logged and retried. An invalid cfg, cfg.DeadLetter included, fails
 // with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
-	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
+	explicitMaxInFlight := cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Source{
 		cfg:                 cfg,
-		ownLogger:           ownLogger,
 		explicitMaxInFlight: explicitMaxInFlight,
-		mp:                  kafka.Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		mp:                  kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey},
 		out:                 make(chan *entry),
 		redo:                make(chan struct{}, 1),
 		room:                make(chan struct{}, 1),
@@ -131,11 +127,9 @@ func NewSource(cfg Config) (*Source, error) {
 		parts:               map[topicPartition]*partition{},
 		maxInFlight:         cfg.MaxInFlight,
 	}
-	base := cfg.Logger
-	if base == nil {
-		base = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(base)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	if err := s.newDeadLetterer(); err != nil {
 		return nil, err
 	}
@@ -180,16 +174,14 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
-var _ consumer.ConfigurableSource = (*Source)(nil)
-
 // Configure takes the runtime's settings; consumer.New calls it once,
-// before the first Receive. Without Config.Logger, the Source and franz-go
+// before the first Receive. The Source and franz-go
 // log to s.Logger from then on, with "topic" and "group" attributes.
 // Without Config.MaxInFlight, a window larger than the default raises
 // MaxInFlight to it; an explicit MaxInFlight is kept. Configure returns
 // MaxInFlight: the records the Source holds at once.
 func (s *Source) Configure(st consumer.SourceSettings) (window int) {
-	if !s.ownLogger && st.Logger != nil {
+	if st.Logger != nil {
 		s.setLogger(st.Logger)
 	}
 	s.mu.Lock()
@@ -286,9 +278,10 @@ func (s *Source) waitRoom(ctx context.Context) int {
 }
 
 // message converts a franz-go record the way brokers/kafka converts a
-// kafka-go one (kafka.Mapping), so that ids, keys and metadata agree.
+// kafka-go one (both through kafkamsg), so that ids, keys and metadata
+// agree.
 func (s *Source) message(r *kgo.Record) *consumer.Message {
-	m := kafkago.Message{
+	m := kafkamsg.Record{
 		Topic:     r.Topic,
 		Partition: int(r.Partition),
 		Offset:    r.Offset,
@@ -297,9 +290,9 @@ func (s *Source) message(r *kgo.Record) *consumer.Message {
 		Time:      r.Timestamp,
 	}
 	if len(r.Headers) > 0 {
-		m.Headers = make([]kafkago.Header, len(r.Headers))
+		m.Headers = make([]kafkamsg.Header, len(r.Headers))
 		for i, h := range r.Headers {
-			m.Headers[i] = kafkago.Header{Key: h.Key, Value: h.Value}
+			m.Headers[i] = kafkamsg.Header{Key: h.Key, Value: h.Value}
 		}
 	}
 	msg := s.mp.Message(m)
@@ -563,7 +556,7 @@ func (s *Source) handOutLocked(e *entry) *delivery {
 }
 
 // AckBatch acks every delivery in ds, which this Source delivered; it
-// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// implements consumer.Source's AckBatch. Acks are local bookkeeping, and offsets
 // are committed in batches anyway, so this is only a convenience. The
 // returned error joins each delivery's Ack error.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
@@ -582,8 +575,7 @@ func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 }
 
 var (
-	_ consumer.Source     = (*Source)(nil)
-	_ consumer.BatchAcker = (*Source)(nil)
+	_ consumer.Source = (*Source)(nil)
 )
 
 // Close commits the highest contiguous acked offset of every partition this

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/brokers/franz"
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -62,8 +61,8 @@ func TestMessageFieldsMatchKafkaSource(t *testing.T) {
 				t.Errorf("record %d: metadata %s: franz %q, kafka %q", i, name, f.Metadata[name], k.Metadata[name])
 			}
 		}
-		if i == 1 && f.ID != kafka.FallbackID(e.topic, 0, 1) {
-			t.Errorf("record without the id header: id %q, want %q", f.ID, kafka.FallbackID(e.topic, 0, 1))
+		if i == 1 && f.ID != e.topic+"/0/1" {
+			t.Errorf("record without the id header: id %q, want %q", f.ID, e.topic+"/0/1")
 		}
 		if i == 1 && f.RecordKey != nil {
 			t.Errorf("record with a null key: RecordKey %q, want nil", f.RecordKey)
@@ -241,7 +240,6 @@ func TestSourceConfig(t *testing.T) {
 		"empty broker":    func(c *franz.Config) { c.Brokers = []string{""} },
 		"no topic":        func(c *franz.Config) { c.Topic = "" },
 		"no group":        func(c *franz.Config) { c.Group = "" },
-		"key mode":        func(c *franz.Config) { c.KeyMode = 7 },
 		"max in flight":   func(c *franz.Config) { c.MaxInFlight = -1 },
 		"heartbeat":       func(c *franz.Config) { c.HeartbeatInterval = time.Minute },
 		"drain":           func(c *franz.Config) { c.DrainTimeout = time.Hour },
@@ -255,7 +253,7 @@ func TestSourceConfig(t *testing.T) {
 		}
 	}
 	cfg := ok
-	cfg.ResetToLatest, cfg.KeyMode = true, kafka.KeyRecord
+	cfg.ResetToLatest, cfg.KeyFromRecordKey = true, true
 	s, err := franz.NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -42,7 +42,7 @@ var txnSources = []txnSource{
 			Brokers: e.c.Addrs(), Topic: e.topic, GroupID: e.group,
 			CommitInterval: 50 * time.Millisecond, SessionTimeout: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 			RebalanceTimeout: 5 * time.Second, DrainTimeout: time.Second, JoinGroupBackoff: 100 * time.Millisecond,
-			FetchMaxWait: 100 * time.Millisecond, Logger: testLogger(),
+			FetchMaxWait: 100 * time.Millisecond,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -98,7 +98,7 @@ func txnRecords(prefix string, from, n int, withID bool) []*kgo.Record {
 		body := fmt.Sprintf("%s-%03d", prefix, i)
 		r := &kgo.Record{Key: fmt.Appendf(nil, "key-%d", i), Value: []byte(body)}
 		if withID {
-			r.Headers = []kgo.RecordHeader{{Key: kafka.DefaultIDHeader, Value: []byte(body)}}
+			r.Headers = []kgo.RecordHeader{{Key: "idempotency-key", Value: []byte(body)}}
 		}
 		recs = append(recs, r)
 	}

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// DefaultCommitTimeout is BrowserConfig.CommitTimeout's default.
-const DefaultCommitTimeout = 10 * time.Second
+// defaultBrowseCommitTimeout is BrowserConfig.CommitTimeout's default.
+const defaultBrowseCommitTimeout = 10 * time.Second
 
 // BrowserConfig configures a Browser. The zero value of every optional field
 // selects the documented default. The message mapping fields mean the same as
@@ -37,18 +38,12 @@ type BrowserConfig struct {
 	// topic from its earliest offset and commits nothing.
 	GroupID string
 
-	// IDHeader is the record header holding the message id. Defaults to
-	// "idempotency-key".
-	IDHeader string
-	// DisableFallbackID turns off the "topic/partition/offset" fallback id
-	// of records without the IDHeader header, as in Config. A replay takes
-	// the dedup id from the failure envelope (the x-idemq-message-id
-	// header) anyway, so the fallback id only matters for records without
-	// one.
-	DisableFallbackID bool
-	// KeyMode chooses Message.Key, as in Config. Defaults to
-	// KeyPartition.
-	KeyMode KeyMode
+	// KeyFromRecordKey chooses Message.Key, as in Config. A browsed
+	// record without the id header has no Message.ID: the Browser gives
+	// no fallback id, since a dead letter's position is not the
+	// original's identity (a replay takes the dedup id from the failure
+	// envelope anyway).
+	KeyFromRecordKey bool
 
 	// FetchMaxWait is how long a fetch waits on the broker for new
 	// records. Defaults to 500ms.
@@ -70,17 +65,14 @@ type BrowserConfig struct {
 }
 
 func (c BrowserConfig) withDefaults() BrowserConfig {
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = DefaultFetchMaxBytes
+		c.FetchMaxBytes = defaultFetchMaxBytes
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
+		c.CommitTimeout = defaultBrowseCommitTimeout
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafkago.DefaultDialer
@@ -99,8 +91,6 @@ func (c BrowserConfig) validate() error {
 		return bad("Topic", "%v", err)
 	}
 	switch {
-	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
-		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
 	case c.FetchMaxWait < 0:
 		return bad("FetchMaxWait", "negative")
 	case c.FetchMaxBytes < 0:
@@ -138,7 +128,7 @@ func (c BrowserConfig) validate() error {
 type Browser struct {
 	cfg       BrowserConfig
 	log       *slog.Logger
-	mp        Mapping
+	mp        kafkamsg.Mapping
 	client    *kafkago.Client
 	transport *kafkago.Transport
 	parts     []*browsePart // in partition order
@@ -188,7 +178,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With("topic", cfg.Topic),
-		mp:        Mapping{IDHeader: cfg.IDHeader, DisableFallbackID: cfg.DisableFallbackID, KeyMode: cfg.KeyMode},
+		mp:        kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey, NoFallbackID: true},
 		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
 		transport: transport,
 	}
@@ -365,7 +355,7 @@ func (b *Browser) Next(ctx context.Context) (consumer.Delivery, error) {
 		if m.Offset >= p.high-1 {
 			b.nextPartition()
 		}
-		msg := b.mp.Message(m)
+		msg := b.mp.Message(record(m))
 		if b.cfg.GroupID != "" {
 			msg.Metadata["kafka.group"] = b.cfg.GroupID
 		}

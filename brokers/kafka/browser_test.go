@@ -263,8 +263,9 @@ func keyFor(t *testing.T, part, n int) string {
 	return ""
 }
 
-// TestBrowserIDs: the id header, custom header and fallback id rules are the
-// Source's.
+// TestBrowserIDs: the Browser reads the id header as the Source does, but
+// gives no fallback id (a dead letter's position is not the original's
+// identity).
 func TestBrowserIDs(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	e := newEnv(t, 1)
@@ -280,10 +281,8 @@ func TestBrowserIDs(t *testing.T) {
 		mod  func(*kafka.BrowserConfig)
 		want []string
 	}{
-		{"default", func(*kafka.BrowserConfig) {}, []string{e.topic + "/0/0", e.topic + "/0/1", "std-1"}},
-		{"disabled", func(c *kafka.BrowserConfig) { c.DisableFallbackID = true }, []string{"", "", "std-1"}},
-		{"custom header", func(c *kafka.BrowserConfig) { c.IDHeader = "x-id" }, []string{e.topic + "/0/0", "custom-1", e.topic + "/0/2"}},
-		{"record keys", func(c *kafka.BrowserConfig) { c.KeyMode = kafka.KeyRecord }, []string{e.topic + "/0/0", e.topic + "/0/1", "std-1"}},
+		{"default", func(*kafka.BrowserConfig) {}, []string{"", "", "std-1"}},
+		{"record keys", func(c *kafka.BrowserConfig) { c.KeyFromRecordKey = true }, []string{"", "", "std-1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -323,7 +322,6 @@ func TestBrowserEmptyAndMissing(t *testing.T) {
 	for _, cfg := range []kafka.BrowserConfig{
 		{Topic: "x"},
 		{Brokers: e.c.Addrs()},
-		{Brokers: e.c.Addrs(), Topic: "x", KeyMode: 9},
 		{Brokers: e.c.Addrs(), Topic: "x", CommitTimeout: -1},
 	} {
 		if _, err := kafka.NewBrowser(ctx, cfg); !errors.As(err, &cerr) {

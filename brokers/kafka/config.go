@@ -1,60 +1,28 @@
 package kafka
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// KeyMode chooses the consumer.Message.Key a Source gives its messages, and
-// so which messages the runtime handles one at a time, in order.
-type KeyMode int
-
-const (
-	// KeyPartition, the default, keys every message "topic/partition":
-	// the runtime handles one message of a partition at a time, in offset
-	// order, and different partitions concurrently. This is Kafka's own
-	// ordering guarantee.
-	KeyPartition KeyMode = iota
-	// KeyRecord keys a message "topic/partition/<record key>": records
-	// with different keys in one partition are handled concurrently, and
-	// records with the same key stay in order. Records without a key
-	// share one key per partition. Offsets are still committed only up to
-	// the highest contiguous handled offset, so a slow key holds back the
-	// commit point of its partition (never past an unhandled record).
-	KeyRecord
-)
-
-// String returns "partition" or "record".
-func (m KeyMode) String() string {
-	switch m {
-	case KeyPartition:
-		return "partition"
-	case KeyRecord:
-		return "record"
-	default:
-		return fmt.Sprintf("KeyMode(%d)", int(m))
-	}
-}
-
 // Defaults for Config and PublisherConfig.
 const (
-	DefaultIDHeader          = "idempotency-key"
-	DefaultCommitInterval    = time.Second
-	DefaultMaxInFlight       = 256
-	DefaultDrainTimeout      = 5 * time.Second
-	DefaultSessionTimeout    = 30 * time.Second
-	DefaultHeartbeatInterval = 3 * time.Second
-	DefaultRebalanceTimeout  = 30 * time.Second
-	DefaultJoinGroupBackoff  = time.Second
-	DefaultFetchMaxWait      = 500 * time.Millisecond
-	DefaultFetchMaxBytes     = 10 << 20
-	DefaultBatchTimeout      = time.Millisecond
-	DefaultWriteTimeout      = 10 * time.Second
+	defaultCommitInterval    = time.Second
+	defaultMaxInFlight       = 256
+	defaultDrainTimeout      = 5 * time.Second
+	defaultSessionTimeout    = 30 * time.Second
+	defaultHeartbeatInterval = 3 * time.Second
+	defaultRebalanceTimeout  = 30 * time.Second
+	defaultJoinGroupBackoff  = time.Second
+	defaultFetchMaxWait      = 500 * time.Millisecond
+	defaultFetchMaxBytes     = 10 << 20
+	defaultBatchTimeout      = time.Millisecond
+	defaultWriteTimeout      = 10 * time.Second
 )
 
 // Config configures a Source. The zero value of every optional field selects
@@ -68,22 +36,16 @@ type Config struct {
 	// topic's partitions and share committed offsets. Required.
 	GroupID string
 
-	// IDHeader is the record header holding the message id. A producer
-	// that sets it (Publisher does, from Message.ID) gets its own retries
-	// and duplicates deduplicated. Defaults to "idempotency-key".
-	IDHeader string
-	// DisableFallbackID turns off the fallback id. By default a record
-	// without the IDHeader header gets the id "topic/partition/offset"
-	// (see FallbackID). That id deduplicates redeliveries of the same
-	// record, after a rebalance or a crash, but NOT duplicates made by a
-	// producer: a producer retry is a new record at a new offset, so it
-	// gets a new id and is applied again. With the fallback disabled such
-	// a record's Message.ID is empty, and the runtime dead-letters it as
-	// consumer.ClassMissingID.
-	DisableFallbackID bool
-	// KeyMode chooses what the runtime handles in order. Defaults to
-	// KeyPartition.
-	KeyMode KeyMode
+	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
+	// "topic/partition/<record key>": records with different keys in one
+	// partition are handled concurrently, and records with the same key
+	// stay in order (records without a key share one key per partition).
+	// Offsets are still committed only up to the highest contiguous
+	// handled offset, so a slow key holds back its partition's commit
+	// point, never past an unhandled record. Defaults to false: the key is
+	// "topic/partition", one message of a partition at a time, in offset
+	// order, which is Kafka's own ordering guarantee.
+	KeyFromRecordKey bool
 
 	// CommitInterval is how often the highest contiguous acked offset of
 	// each partition is committed. Offsets are also committed when a
@@ -97,7 +59,9 @@ type Config struct {
 	// Defaults to 256, or to the runtime's window (Concurrency×BatchSize,
 	// which consumer.New passes to Configure) if that is larger, so that
 	// one partition can keep every worker busy. An explicit value is kept
-	// whatever the window.
+	// whatever the window. It is not the runtime's window said again: it
+	// bounds one partition's records, including acked ones stuck behind an
+	// unacked one (the commit point), which the window does not count.
 	MaxInFlight int
 	// DrainTimeout is how long, when a rebalance ends this member's
 	// generation, the Source waits for messages already handed out to be
@@ -141,47 +105,38 @@ type Config struct {
 	// Dialer opens broker connections, for TLS or SASL. Defaults to
 	// kafka-go's DefaultDialer.
 	Dialer *kafkago.Dialer
-	// Logger receives the Source's logs and, at debug level, kafka-go's
-	// (those of the dead-letterer's writer included). Defaults to the
-	// runtime's logger, which consumer.New passes to Configure, with
-	// "topic" and "group" attributes; until then, and for a Source used
-	// without a runtime, logs are discarded.
-	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
+		c.CommitInterval = defaultCommitInterval
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
+		c.MaxInFlight = defaultMaxInFlight
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.StartOffset == 0 {
 		c.StartOffset = kafkago.FirstOffset
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = defaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
+		c.HeartbeatInterval = defaultHeartbeatInterval
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = defaultRebalanceTimeout
 	}
 	if c.JoinGroupBackoff == 0 {
-		c.JoinGroupBackoff = DefaultJoinGroupBackoff
+		c.JoinGroupBackoff = defaultJoinGroupBackoff
 	}
 	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
+		c.FetchMaxWait = defaultFetchMaxWait
 	}
 	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = DefaultFetchMaxBytes
+		c.FetchMaxBytes = defaultFetchMaxBytes
 	}
 	if c.Dialer == nil {
 		c.Dialer = kafkago.DefaultDialer
@@ -204,8 +159,6 @@ func (c Config) validate() error {
 	switch {
 	case c.GroupID == "":
 		return bad("GroupID", "required")
-	case c.KeyMode != KeyPartition && c.KeyMode != KeyRecord:
-		return bad("KeyMode", "unknown mode %d", int(c.KeyMode))
 	case c.CommitInterval < 0:
 		return bad("CommitInterval", "negative")
 	case c.MaxInFlight < 0:
@@ -228,28 +181,8 @@ func (c Config) validate() error {
 	return nil
 }
 
-// maxTopicLen is the longest topic name Kafka accepts.
-const maxTopicLen = 249
-
-// validTopic checks name against Kafka's rules for topic names: 1 to 249
-// of the characters a-z, A-Z, 0-9, '.', '_' and '-', and not "." or "..".
-func validTopic(name string) error {
-	switch {
-	case name == "":
-		return errors.New("required")
-	case len(name) > maxTopicLen:
-		return fmt.Errorf("%d bytes, more than Kafka's %d", len(name), maxTopicLen)
-	case name == "." || name == "..":
-		return fmt.Errorf("%q is not a legal topic name", name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%q holds %q: Kafka topic names use only a-z, A-Z, 0-9, '.', '_' and '-'", name, c)
-		}
-	}
-	return nil
-}
+// validTopic checks name against Kafka's rules for topic names.
+func validTopic(name string) error { return kafkamsg.ValidTopic(name) }
 
 func validBrokers(brokers []string) error {
 	if len(brokers) == 0 {
@@ -267,10 +200,6 @@ func validBrokers(brokers []string) error {
 type PublisherConfig struct {
 	// Brokers are the bootstrap brokers' host:port addresses. Required.
 	Brokers []string
-	// IDHeader is the record header Message.ID is written to. Use the same
-	// name as the consuming Source's Config.IDHeader. Defaults to
-	// "idempotency-key".
-	IDHeader string
 	// BatchTimeout is how long a write waits for more messages to fill a
 	// batch. Publish is synchronous, so this adds to its latency.
 	// Defaults to 1ms.
@@ -289,14 +218,11 @@ type PublisherConfig struct {
 }
 
 func (c PublisherConfig) withDefaults() PublisherConfig {
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
+		c.BatchTimeout = defaultBatchTimeout
 	}
 	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
+		c.WriteTimeout = defaultWriteTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -105,3 +105,12 @@ type keyDelivery struct {
 }
 
 func (d keyDelivery) Message() *consumer.Message { return d.msg }
+
+// AckBatch hands the Source back its own deliveries.
+func (k *keySource) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
+	own := make([]consumer.Delivery, len(ds))
+	for i, d := range ds {
+		own[i] = d.(keyDelivery).Delivery
+	}
+	return k.Source.AckBatch(ctx, own)
+}

@@ -7,11 +7,12 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 )
 
 // DLQName is the dead-letter topic of topic that Source.DeadLetterer (and
 // brokers/franz's) publishes to by default: topic + ".dlq".
-func DLQName(topic string) string { return topic + ".dlq" }
+func DLQName(topic string) string { return kafkamsg.DLQName(topic) }
 
 // DeadLetterConfig configures the dead-letterer of a Source (Source.DeadLetterer),
 // as Config.DeadLetter, and of brokers/franz's, as its Config.DeadLetter.
@@ -33,15 +34,9 @@ type DeadLetterConfig struct {
 // or DLQName(topic) if it is empty. It fails if that is not a legal topic
 // name or is topic itself.
 func (c DeadLetterConfig) DeadLetterTopic(topic string) (string, error) {
-	t := c.Topic
-	if t == "" {
-		t = DLQName(topic)
-	}
-	if err := validTopic(t); err != nil {
+	t, err := kafkamsg.DeadLetterTopic(c.Topic, topic)
+	if err != nil {
 		return "", bad("DeadLetterConfig.Topic", "%v", err)
-	}
-	if t == topic {
-		return "", bad("DeadLetterConfig.Topic", "%q is the Source's own topic: dead letters would be consumed again", t)
 	}
 	return t, nil
 }
@@ -63,7 +58,7 @@ func (c DeadLetterConfig) DeadLetterTopic(topic string) (string, error) {
 // The runtime closes its Source only after the in-flight messages, dead
 // letters included, have drained, so nothing needs closing besides the
 // Source.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 // newDeadLetterer validates cfg.DeadLetter and builds the Source's
 // dead-letterer and its Publisher, which logs where the Source does. It
@@ -76,7 +71,6 @@ func (s *Source) newDeadLetterer() error {
 	}
 	pub, err := newPublisher(PublisherConfig{
 		Brokers:   cfg.Brokers,
-		IDHeader:  cfg.IDHeader,
 		Transport: s.transport,
 	}, s.logger)
 	if err != nil {

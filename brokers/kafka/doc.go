@@ -1,5 +1,7 @@
-// Package kafka connects idemq to Kafka with segmentio/kafka-go: a Source
-// that consumes a topic as a member of a consumer group, and a Publisher.
+// Package kafka connects idemq to Kafka with segmentio/kafka-go, the seed's
+// client: a Source that consumes a topic as a member of a consumer group, a
+// Publisher and a Browser. (brokers/franz is the other Kafka adapter, on
+// franz-go; the two map records to messages the same way.)
 //
 // # Delivery and commits
 //
@@ -14,7 +16,7 @@
 //
 // By default messages are keyed "topic/partition", so the runtime handles
 // each partition in order and different partitions concurrently;
-// KeyRecord keys them "topic/partition/<record key>" so that different
+// Config.KeyFromRecordKey keys them "topic/partition/<record key>" so that different
 // record keys of one partition run concurrently too.
 //
 // # Transactional producers
@@ -47,17 +49,20 @@
 //
 // # Message ids
 //
-// The dedup id comes from a record header, "idempotency-key" by default
-// (Config.IDHeader); Publisher writes Message.ID there. A producer that sets
-// it gets its retries and duplicates deduplicated too.
+// Message.ID comes from the "idempotency-key" record header; Publisher
+// writes Message.ID there. A producer that sets it gets its retries and
+// duplicates deduplicated too.
 //
-// Without the header the id falls back to "topic/partition/offset"
-// (FallbackID). That id deduplicates redeliveries of the same record, after
-// a crash or a rebalance, but NOT duplicates made by producers: a producer
-// retry is a new record at a new offset, with a new id, and its effect is
-// applied again. Set the header in producers whenever duplicates matter, or
-// set Config.DisableFallbackID so that records without it are dead-lettered
-// as consumer.ClassMissingID instead.
+// Without the header the id falls back to "topic/partition/offset". That id
+// deduplicates redeliveries of the same record, after a crash or a
+// rebalance, but NOT duplicates made by producers: a producer retry is a new
+// record at a new offset, with a new id, and its effect is applied again.
+// Set the header in producers whenever duplicates matter, or refuse the
+// fallback in the runtime, consumer.Config.MessageID =
+// consumer.IDFromHeader("idempotency-key"), so that records without it are
+// dead-lettered as consumer.ClassMissingID instead. Every record header
+// reaches Message.Headers, so the runtime's MessageID can read another one
+// just as well. The Browser gives no fallback id.
 //
 // # Dead letters
 //
@@ -71,17 +76,16 @@
 //
 // # Settings from the runtime
 //
-// The Source is a consumer.ConfigurableSource: consumer.New tells it the
-// runtime's logger and window, so neither is said twice. Without
-// Config.Logger the Source, kafka-go and the dead-letterer log to the
-// runtime's logger, with "topic" and "group" attributes; without
+// The Source has consumer.Source's optional Configure method: consumer.New
+// tells it the runtime's logger and window, so neither is said twice. The
+// Source, kafka-go and the dead-letterer log to the runtime's logger, with "topic" and "group" attributes; without
 // Config.MaxInFlight, a window (Concurrency×BatchSize) larger than the
 // default raises it. A consumer with its dead-letter topic takes three
 // constructor calls:
 //
 //	store, err := processed.New(pool, processed.Config{})
 //	src, err := kafka.NewSource(kafka.Config{Brokers: brokers, Topic: "orders", GroupID: "order-service"})
-//	rt, err := consumer.New(consumer.Config{Source: src, DeadLetterer: src.DeadLetterer(), Logger: logger, ...})
+//	rt, err := consumer.New(consumer.Config{Source: src, Logger: logger, ...})
 //
 // # Browsing a dead-letter topic
 //

@@ -157,8 +157,9 @@ func TestE2EDuplicates(t *testing.T) {
 	}
 }
 
-// TestE2EMissingID: with the fallback id disabled, a record without the id
-// header is dead-lettered as missing-id, then committed past.
+// TestE2EMissingID: with the runtime reading the id header only (no
+// fallback id), a record without it is dead-lettered as missing-id, then
+// committed past.
 func TestE2EMissingID(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	e := newEnv(t, 1)
@@ -166,7 +167,7 @@ func TestE2EMissingID(t *testing.T) {
 	if err := e.pub.Publish(ctx, e.topic, &consumer.Message{Body: []byte("anonymous")}, &consumer.Message{ID: "x", Body: []byte("named")}); err != nil {
 		t.Fatal(err)
 	}
-	r := d.start(t, e.source(t, func(c *kafka.Config) { c.DisableFallbackID = true }), d.apply)
+	r := d.start(t, e.source(t), d.apply, func(c *consumer.Config) { c.MessageID = consumer.IDFromHeader("idempotency-key") })
 	waitFor(t, 30*time.Second, "both records settled", func() bool { return r.settled() == 2 })
 	waitFor(t, 10*time.Second, "commit past both", func() bool { return e.committed(t)[0] == 2 })
 	r.stop(t)

@@ -51,8 +51,7 @@ func ExampleNewSource() {
 			_, err := tx.Exec(ctx, "INSERT INTO orders (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
-		DeadLetterer: src.DeadLetterer(),
-		Logger:       slog.Default(), // src logs here too, with its topic and group
+		Logger: slog.Default(), // src logs here too, with its topic and group
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -11,3 +11,6 @@ func DeadLetterPublisher(s *Source) (sharesTransport, closed bool) {
 
 // TooLarge is tooLarge, for its unit test.
 var TooLarge = tooLarge
+
+// DefaultMaxInFlight is Config.MaxInFlight's default.
+const DefaultMaxInFlight = defaultMaxInFlight

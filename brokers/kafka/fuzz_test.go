@@ -11,6 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkamsg"
 )
 
 // FuzzRecordMapping maps arbitrary records, headers included (duplicate
@@ -23,14 +24,10 @@ func FuzzRecordMapping(f *testing.F) {
 	f.Add("a.b_c-d", -1, int64(-2), []byte("\xff"), "idempotency-key", []byte(""), "idempotency-key", []byte("second"), "", []byte(""), false, true)
 	f.Fuzz(func(t *testing.T, topic string, partition int, offset int64, key []byte,
 		k1 string, v1 []byte, k2 string, v2 []byte, k3 string, v3 []byte, disable, byRecord bool) {
-		mode := KeyPartition
-		if byRecord {
-			mode = KeyRecord
-		}
-		mp := Mapping{DisableFallbackID: disable, KeyMode: mode}
+		mp := kafkamsg.Mapping{NoFallbackID: disable, KeyFromRecordKey: byRecord}
 		rec := kafkago.Message{Topic: topic, Partition: partition, Offset: offset, Key: key, Value: v1,
 			Headers: []kafkago.Header{{Key: k1, Value: v1}, {Key: k2, Value: v2}, {Key: k3, Value: v3}}}
-		m := mp.Message(rec)
+		m := mp.Message(record(rec))
 
 		want := map[string]string{}
 		for _, h := range rec.Headers {
@@ -39,9 +36,9 @@ func FuzzRecordMapping(f *testing.F) {
 		if !maps.Equal(m.Headers, want) {
 			t.Fatalf("headers %q, want %q", m.Headers, want)
 		}
-		wantID := want[DefaultIDHeader]
+		wantID := want[kafkamsg.IDHeader]
 		if wantID == "" && !disable {
-			wantID = FallbackID(topic, partition, offset)
+			wantID = kafkamsg.FallbackID(topic, partition, offset)
 		}
 		if m.ID != wantID {
 			t.Fatalf("id %q, want %q", m.ID, wantID)
@@ -78,18 +75,18 @@ func FuzzPublishRoundTrip(f *testing.F) {
 		in := &consumer.Message{ID: id, Key: "ordering/key", RecordKey: []byte(key), Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		rec := p.record(topic, in)
 		rec.Partition, rec.Offset = 1, 7
-		out := Mapping{KeyMode: KeyRecord}.Message(rec)
+		out := kafkamsg.Mapping{KeyFromRecordKey: true}.Message(record(rec))
 
 		want := maps.Clone(in.Headers)
 		if id != "" {
-			want[DefaultIDHeader] = id
+			want[kafkamsg.IDHeader] = id
 		}
 		if !maps.Equal(out.Headers, want) {
 			t.Fatalf("headers %q, want %q", out.Headers, want)
 		}
-		wantID := want[DefaultIDHeader]
+		wantID := want[kafkamsg.IDHeader]
 		if wantID == "" {
-			wantID = FallbackID(topic, 1, 7)
+			wantID = kafkamsg.FallbackID(topic, 1, 7)
 		}
 		if out.ID != wantID || string(out.Body) != string(body) || out.Key != topic+"/1/"+key {
 			t.Fatalf("read back id %q key %q body %q from id %q key %q body %q", out.ID, out.Key, out.Body, id, key, body)
@@ -110,8 +107,8 @@ func FuzzFallbackIDUnique(f *testing.F) {
 			return
 		}
 		same := t1 == t2 && p1 == p2 && o1 == o2
-		if (FallbackID(t1, p1, o1) == FallbackID(t2, p2, o2)) != same {
-			t.Fatalf("FallbackID(%q, %d, %d) vs FallbackID(%q, %d, %d)", t1, p1, o1, t2, p2, o2)
+		if (kafkamsg.FallbackID(t1, p1, o1) == kafkamsg.FallbackID(t2, p2, o2)) != same {
+			t.Fatalf("kafkamsg.FallbackID(%q, %d, %d) vs kafkamsg.FallbackID(%q, %d, %d)", t1, p1, o1, t2, p2, o2)
 		}
 	})
 }

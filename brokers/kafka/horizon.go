@@ -11,9 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-var _ consumer.HorizonSource = (*Source)(nil)
-
-// RedeliveryHorizon implements consumer.HorizonSource: it returns the
+// RedeliveryHorizon implements the RedeliveryHorizon of consumer.Source: it returns the
 // timestamp of the oldest record the group could still read again, over
 // every partition of the topic (the janitor's purge covers the whole group,
 // not this member's partitions): for each partition, the record at the

@@ -67,7 +67,6 @@ func (e *env) config() kafka.Config {
 		DrainTimeout:      time.Second,
 		JoinGroupBackoff:  100 * time.Millisecond,
 		FetchMaxWait:      100 * time.Millisecond,
-		Logger:            testLogger(),
 	}
 }
 

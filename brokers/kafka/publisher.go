@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
@@ -68,7 +69,7 @@ func newPublisher(cfg PublisherConfig, log func() *slog.Logger) (*Publisher, err
 
 // Publish writes msgs to topic and returns once every one of them is
 // acknowledged by all in-sync replicas, or with an error. Message.ID goes to
-// the IDHeader header (replacing a header of that name in Headers),
+// the "idempotency-key" header (replacing a header of that name in Headers),
 // Headers to record headers, RecordKey to the record key (nil writes a null
 // key; records with the same key go to the same partition, by the Java
 // client's murmur2 hash), Body to the value and Timestamp, if set, to the
@@ -120,7 +121,7 @@ func tooLarge(err error) bool {
 }
 
 func (p *Publisher) record(topic string, m *consumer.Message) kafkago.Message {
-	return Mapping{IDHeader: p.cfg.IDHeader}.Record(topic, m)
+	return kafkaRecord(kafkamsg.Out(topic, m))
 }
 
 // Close waits for Publish calls in progress, then releases the connections.

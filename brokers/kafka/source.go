@@ -12,21 +12,13 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
+	"github.com/idemq/idemq/internal/kafkamsg"
 	"github.com/idemq/idemq/internal/kafkaoffsets"
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// FallbackID is the id a record without the id header gets (unless
-// Config.DisableFallbackID is set): "topic/partition/offset". It identifies
-// the record, so it deduplicates redeliveries of that record; a producer
-// duplicate is a different record with a different id.
-func FallbackID(topic string, partition int, offset int64) string {
-	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
-}
-
 // Source consumes a Kafka topic as a member of a consumer group and
-// implements consumer.ConfigurableSource and consumer.BatchAcker.
+// has consumer.Source's optional Configure and AckBatch methods.
 //
 // It uses kafka-go's ConsumerGroup directly rather than its group Reader, so
 // that it knows each generation's partition assignment: it reads each
@@ -41,13 +33,12 @@ func FallbackID(topic string, partition int, offset int64) string {
 type Source struct {
 	cfg Config
 	// log is the current logger, with topic and group attributes: from
-	// Config.Logger, or else from Configure's SourceSettings.Logger. It is
+	// Configure's SourceSettings.Logger, discarding until then. It is
 	// read at each log call, so a logger given by Configure reaches the
 	// goroutines NewSource started.
 	log atomic.Pointer[slog.Logger]
-	// ownLogger is set if Config.Logger was; explicitMaxInFlight if
-	// Config.MaxInFlight was: Configure then leaves them alone.
-	ownLogger           bool
+	// explicitMaxInFlight is set if Config.MaxInFlight was: Configure
+	// then leaves it alone.
 	explicitMaxInFlight bool
 	// maxInFlight is Config.MaxInFlight, or Configure's window if that is
 	// larger; read at each fetch.
@@ -65,8 +56,8 @@ type Source struct {
 	requeued []*entry    // nacked records to hand out again, oldest first
 	current  *generation // the generation in progress, or nil
 
-	dl    *dlq.DeadLetterer // DeadLetterer's, made by NewSource
-	dlPub *Publisher        // dl's, on transport; closed by Close
+	dl    consumer.DeadLetterer // DeadLetterer's, made by NewSource
+	dlPub *Publisher            // dl's, on transport; closed by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -126,7 +117,7 @@ type generation struct {
 // the brokers: connection and group errors are logged and retried. An
 // invalid cfg, cfg.DeadLetter included, fails with a *consumer.ConfigError.
 func NewSource(cfg Config) (*Source, error) {
-	ownLogger, explicitMaxInFlight := cfg.Logger != nil, cfg.MaxInFlight != 0
+	explicitMaxInFlight := cfg.MaxInFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -134,7 +125,6 @@ func NewSource(cfg Config) (*Source, error) {
 	transport := dialerTransport(cfg.Dialer)
 	s := &Source{
 		cfg:                 cfg,
-		ownLogger:           ownLogger,
 		explicitMaxInFlight: explicitMaxInFlight,
 		transport:           transport,
 		client:              &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
@@ -142,11 +132,9 @@ func NewSource(cfg Config) (*Source, error) {
 		redo:                make(chan struct{}, 1),
 		closed:              make(chan struct{}),
 	}
-	base := cfg.Logger
-	if base == nil {
-		base = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(base)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	s.maxInFlight.Store(int64(cfg.MaxInFlight))
 	if err := s.newDeadLetterer(); err != nil {
 		return nil, err
@@ -178,10 +166,8 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
-var _ consumer.ConfigurableSource = (*Source)(nil)
-
 // Configure takes the runtime's settings; consumer.New calls it once,
-// before the first Receive. Without Config.Logger, the Source, kafka-go and
+// before the first Receive. The Source, kafka-go and
 // the dead-letterer log to s.Logger from then on, with "topic" and "group"
 // attributes. Without Config.MaxInFlight, a window larger than the default
 // raises MaxInFlight to it, for the partitions already being read too; an
@@ -189,7 +175,7 @@ var _ consumer.ConfigurableSource = (*Source)(nil)
 // the Source holds unsettled, per partition, so at least that many even
 // with a single partition assigned.
 func (s *Source) Configure(st consumer.SourceSettings) (window int) {
-	if !s.ownLogger && st.Logger != nil {
+	if st.Logger != nil {
 		s.setLogger(st.Logger)
 	}
 	for w := int64(st.Window); !s.explicitMaxInFlight; {
@@ -432,7 +418,7 @@ func (p *partition) signalRoom() {
 
 // message converts a kafka-go message, noting the generation that read it.
 func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
-	msg := Mapping{IDHeader: s.cfg.IDHeader, DisableFallbackID: s.cfg.DisableFallbackID, KeyMode: s.cfg.KeyMode}.Message(m)
+	msg := kafkamsg.Mapping{KeyFromRecordKey: s.cfg.KeyFromRecordKey}.Message(record(m))
 	msg.Metadata["kafka.group"] = gen.GroupID
 	msg.Metadata["kafka.generation"] = strconv.Itoa(int(gen.ID))
 	msg.Metadata["kafka.member"] = gen.MemberID
@@ -519,7 +505,7 @@ func (e *entry) handOut() *delivery {
 }
 
 // AckBatch acks every delivery in ds, which this Source delivered; it
-// implements consumer.BatchAcker. Acks are local bookkeeping, and offsets
+// implements consumer.Source's AckBatch. Acks are local bookkeeping, and offsets
 // are committed in batches anyway, so this is only a convenience. The
 // returned error joins each delivery's Ack error.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
@@ -536,8 +522,6 @@ func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 	}
 	return errors.Join(errs...)
 }
-
-var _ consumer.BatchAcker = (*Source)(nil)
 
 // requeue puts e back in the Source's queue, as a redelivery.
 func (s *Source) requeue(e *entry) {

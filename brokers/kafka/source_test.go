@@ -70,7 +70,7 @@ func TestKeyRecord(t *testing.T) {
 	if err := e.pub.Publish(ctx, e.topic, &consumer.Message{ID: "1", RecordKey: []byte("a"), Body: []byte("x")}, &consumer.Message{ID: "2", Body: []byte("y")}); err != nil {
 		t.Fatal(err)
 	}
-	s := e.source(t, func(c *kafka.Config) { c.KeyMode = kafka.KeyRecord })
+	s := e.source(t, func(c *kafka.Config) { c.KeyFromRecordKey = true })
 	for _, want := range []string{e.topic + "/0/a", e.topic + "/0/"} {
 		d := receive(ctx, t, s)
 		if d.Message().Key != want {
@@ -80,9 +80,9 @@ func TestKeyRecord(t *testing.T) {
 	}
 }
 
-// TestFallbackID: a record without the id header gets topic/partition/offset,
-// or no id at all when the fallback is disabled (the runtime then
-// dead-letters it as missing-id). A custom IDHeader is honoured.
+// TestFallbackID: a record without the id header gets topic/partition/offset;
+// every header reaches Message.Headers, so the runtime's MessageID can read
+// the id header without the fallback, or another header.
 func TestFallbackID(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	e := newEnv(t, 1)
@@ -94,27 +94,24 @@ func TestFallbackID(t *testing.T) {
 	}
 	cases := []struct {
 		name    string
-		mod     func(*kafka.Config)
+		id      func(*consumer.Message) (string, error)
 		wantIDs []string
 	}{
-		{"default", func(*kafka.Config) {}, []string{e.topic + "/0/0", e.topic + "/0/1"}},
-		{"disabled", func(c *kafka.Config) { c.DisableFallbackID = true }, []string{"", ""}},
-		{"custom header", func(c *kafka.Config) { c.IDHeader = "x-id"; c.DisableFallbackID = true }, []string{"", "custom-1"}},
+		{"default", func(m *consumer.Message) (string, error) { return m.ID, nil }, []string{e.topic + "/0/0", e.topic + "/0/1"}},
+		{"no fallback", consumer.IDFromHeader("idempotency-key"), []string{"", ""}},
+		{"custom header", consumer.IDFromHeader("x-id"), []string{"", "custom-1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := e.source(t, tc.mod, func(c *kafka.Config) { c.GroupID = e.group + "-" + fmt.Sprint(len(tc.name)) })
+			s := e.source(t, func(c *kafka.Config) { c.GroupID = e.group + "-" + fmt.Sprint(len(tc.name)) })
 			for _, want := range tc.wantIDs {
 				d := receive(ctx, t, s)
-				if got := d.Message().ID; got != want {
+				if got, _ := tc.id(d.Message()); got != want {
 					t.Errorf("offset %d: id %q, want %q", d.Message().Offset, got, want)
 				}
 			}
 			_ = s.Close()
 		})
-	}
-	if got := kafka.FallbackID("orders", 3, 42); got != "orders/3/42" {
-		t.Errorf("FallbackID = %q", got)
 	}
 }
 
@@ -125,8 +122,8 @@ func TestContiguousCommit(t *testing.T) {
 	e := newEnv(t, 1)
 	log := e.observeCommits(t)
 	e.publish(t, "c", 5, 1)
-	// KeyRecord hands every record out at once, as with different keys.
-	s := e.source(t, func(c *kafka.Config) { c.KeyMode = kafka.KeyRecord })
+	// KeyFromRecordKey hands every record out at once, as with different keys.
+	s := e.source(t, func(c *kafka.Config) { c.KeyFromRecordKey = true })
 	ds := make([]consumer.Delivery, 5)
 	for i := range ds {
 		ds[i] = receive(ctx, t, s)
@@ -383,7 +380,6 @@ func TestSourceConfig(t *testing.T) {
 		"empty broker":    func(c *kafka.Config) { c.Brokers = []string{""} },
 		"no topic":        func(c *kafka.Config) { c.Topic = "" },
 		"no group":        func(c *kafka.Config) { c.GroupID = "" },
-		"key mode":        func(c *kafka.Config) { c.KeyMode = 7 },
 		"max in flight":   func(c *kafka.Config) { c.MaxInFlight = -1 },
 		"start offset":    func(c *kafka.Config) { c.StartOffset = 5 },
 		"heartbeat":       func(c *kafka.Config) { c.HeartbeatInterval = time.Minute },

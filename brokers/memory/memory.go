@@ -24,9 +24,9 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// DefaultPrefetch is the number of unacked deliveries a subscription may hold
+// defaultPrefetch is the number of unacked deliveries a subscription may hold
 // when SubscribeOptions.Prefetch is zero.
-const DefaultPrefetch = 64
+const defaultPrefetch = 64
 
 // ErrEmptyQueueName is returned (wrapped) when a queue name is empty.
 var ErrEmptyQueueName = errors.New("memory: empty queue name")

@@ -14,15 +14,15 @@ type SubscribeOptions struct {
 	// Prefetch is the most unacked deliveries the subscription holds at
 	// once; Receive blocks while it holds that many, like a RabbitMQ
 	// consumer with basic.qos. Defaults to the runtime's window
-	// (Concurrency × BatchSize, see consumer.ConfigurableSource) when a
-	// runtime consumes it, and to DefaultPrefetch (64) otherwise. Negative
+	// (Concurrency × BatchSize, see consumer.Source's Configure) when a
+	// runtime consumes it, and to 64 otherwise. Negative
 	// values are invalid.
 	Prefetch int
 }
 
 func (o SubscribeOptions) withDefaults() SubscribeOptions {
 	if o.Prefetch == 0 {
-		o.Prefetch = DefaultPrefetch
+		o.Prefetch = defaultPrefetch
 	}
 	return o
 }
@@ -52,8 +52,6 @@ type Subscription struct {
 	inflight map[*delivery]struct{}
 }
 
-var _ consumer.ConfigurableSource = (*Subscription)(nil)
-
 // Window returns the subscription's prefetch.
 func (s *Subscription) Window() int {
 	s.b.mu.Lock()
@@ -61,7 +59,7 @@ func (s *Subscription) Window() int {
 	return s.prefetch
 }
 
-// Configure implements consumer.ConfigurableSource: unless
+// Configure implements consumer.Source's Configure: unless
 // SubscribeOptions.Prefetch was set, the prefetch becomes the runtime's
 // window, so that every worker (or batch lane) can be busy at once. It
 // returns the prefetch in force.

@@ -15,16 +15,16 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// DefaultBrowseIdle is how long Browser.Next waits for the next message
+// defaultBrowseIdle is how long Browser.Next waits for the next message
 // before it concludes the pass is over.
-const DefaultBrowseIdle = 2 * time.Second
+const defaultBrowseIdle = 2 * time.Second
 
 // BrowserConfig configures a Browser. The zero value of every optional field
 // selects a documented default. The message mapping fields mean the same as
 // in Config, so a browsed message looks exactly like a consumed one.
 type BrowserConfig struct {
 	// URL is the server's URL, or a comma-separated list of them.
-	// Defaults to DefaultURL, nats://127.0.0.1:4222.
+	// Defaults to nats://127.0.0.1:4222 (nats.DefaultURL).
 	URL string
 	// Options are extra connection options. Defaults to none.
 	Options []nats.Option
@@ -36,13 +36,6 @@ type BrowserConfig struct {
 	// server says captures it.
 	Stream string
 
-	// MessageIDHeader takes Message.ID from this header. Defaults to
-	// HeaderMsgID. (The dlq package reads a dead letter's id from its
-	// envelope, whatever this says.)
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw message.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(jetstream.Msg) string
 	// KeyHeader, if set, takes Message.Key from this header. Defaults to
 	// none.
 	KeyHeader string
@@ -50,19 +43,16 @@ type BrowserConfig struct {
 	KeyFromSubject bool
 	// Idle is how long Next waits for a message before it reports the end
 	// of the pass (io.EOF): messages deleted meanwhile leave nothing to
-	// wait for. Defaults to DefaultBrowseIdle, 2s.
+	// wait for. Defaults to 2s.
 	Idle time.Duration
 }
 
 func (c BrowserConfig) withDefaults() BrowserConfig {
 	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.MessageIDHeader == "" && c.MessageIDFunc == nil {
-		c.MessageIDHeader = HeaderMsgID
+		c.URL = nats.DefaultURL
 	}
 	if c.Idle == 0 {
-		c.Idle = DefaultBrowseIdle
+		c.Idle = defaultBrowseIdle
 	}
 	return c
 }
@@ -77,8 +67,6 @@ func (c BrowserConfig) validate() error {
 		}
 	}
 	switch {
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.KeyHeader != "" && c.KeyFromSubject:
 		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	case c.Idle < 0:
@@ -145,7 +133,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 		return fail(fmt.Errorf("natsjs: browse %q: stream %q: %w", cfg.Subject, cfg.Stream, err))
 	}
 	b := &Browser{cfg: cfg, nc: nc, stream: stream,
-		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc, keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
+		m: mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
 	b.life, b.stop = context.WithCancel(context.Background())
 	last, err := stream.GetLastMsgForSubject(ctx, cfg.Subject)
 	switch {

@@ -66,7 +66,7 @@ func runClusterFault(t *testing.T, c *natstest.Cluster, srcURL string, bound tim
 	stream, subject, durable := "IDEMQ_CLUSTER_"+r, "idemq-cluster."+r, "idemq-cluster-"+r
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: stream, Subjects: []string{subject}, Replicas: 3},
-		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + natsjs.DLQSuffix}, Replicas: 3},
+		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + ".dlq"}, Replicas: 3},
 	} {
 		if _, err := j.CreateStream(ctx, sc); err != nil {
 			t.Fatal(err)

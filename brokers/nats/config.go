@@ -21,28 +21,26 @@ import (
 
 // Defaults for Config, PublisherConfig and BrowserConfig.
 const (
-	// DefaultURL is the local server: nats://127.0.0.1:4222.
-	DefaultURL = nats.DefaultURL
-	// DefaultAckWait is how long JetStream waits for an ack before it
+	// defaultAckWait is how long JetStream waits for an ack before it
 	// redelivers; the Source's keep-alive (InProgress every AckWait/3)
 	// holds it off while a handler runs.
-	DefaultAckWait = 30 * time.Second
-	// DefaultNakDelay is how long JetStream waits before it redelivers a
+	defaultAckWait = 30 * time.Second
+	// defaultNakDelay is how long JetStream waits before it redelivers a
 	// message the runtime gave back (Nack with requeue).
-	DefaultNakDelay = time.Second
-	// DefaultWindow is the window of a Source no runtime configured
-	// (Configure never called): the runtime's default Concurrency.
-	DefaultWindow = consumer.DefaultConcurrency
-	// DefaultConnectTimeout bounds NewSource's, NewPublisher's and
+	defaultNakDelay = time.Second
+	// defaultWindow is the window of a Source no runtime configured
+	// (Configure never called): the runtime's default Concurrency, 8.
+	defaultWindow = 8
+	// defaultConnectTimeout bounds NewSource's, NewPublisher's and
 	// NewBrowser's first connection.
-	DefaultConnectTimeout = 10 * time.Second
-	// HeaderMsgID is JetStream's deduplication header, Nats-Msg-Id: the
+	defaultConnectTimeout = 10 * time.Second
+	// headerMsgID is JetStream's deduplication header, Nats-Msg-Id: the
 	// Publisher sets it from Message.ID and the Source reads Message.ID
-	// from it by default.
-	HeaderMsgID = jetstream.MsgIDHeader
-	// DLQSuffix is appended to Config.Subject to name the default
+	// from it.
+	headerMsgID = jetstream.MsgIDHeader
+	// dlqSuffix is appended to Config.Subject to name the default
 	// dead-letter subject.
-	DLQSuffix = ".dlq"
+	dlqSuffix = ".dlq"
 	// DLQStreamSuffix is appended to Config.Stream to name the stream
 	// Config.Topology declares for the dead letters.
 	DLQStreamSuffix = "_DLQ"
@@ -57,15 +55,11 @@ const (
 	MetaConsumerSeq  = "consumer_seq"
 	MetaNumDelivered = "num_delivered"
 	MetaNumPending   = "num_pending"
-	// MetaIDError is set when Config.MessageIDFunc panicked on the
-	// message: it then has no id, and the runtime dead-letters it as
-	// missing-id instead of the process crashing.
-	MetaIDError = "id_error"
 )
 
 // DLQSubject returns the default dead-letter subject of subject:
 // subject + ".dlq".
-func DLQSubject(subject string) string { return subject + DLQSuffix }
+func DLQSubject(subject string) string { return subject + dlqSuffix }
 
 // Config configures a Source. The zero value of every optional field selects
 // a documented default.
@@ -76,11 +70,11 @@ type Config struct {
 	// URL is the server's URL, or a comma-separated list of them.
 	// Credentials may be given in it (nats://user:password@host:4222) or
 	// through Options; they never appear in errors or logs. Defaults to
-	// DefaultURL, nats://127.0.0.1:4222.
+	// nats.DefaultURL, nats://127.0.0.1:4222.
 	URL string
 	// Options are extra connection options (credentials files, TLS, a
 	// connection name...), applied after the Source's own: reconnecting
-	// forever (nats.MaxReconnects(-1)), a DefaultConnectTimeout, a ping
+	// forever (nats.MaxReconnects(-1)), a 10s connect timeout, a ping
 	// every 5 s with 2 outstanding at most, and writes that give up after
 	// 5 s, so that a server cut off by a partition is left within 15 s. An
 	// option that makes the client give up reconnecting makes Receive
@@ -117,14 +111,16 @@ type Config struct {
 	// InProgress every AckWait/3, so a slow handler is not redelivered
 	// under itself; a process that dies stops the keep-alive and its
 	// messages come back after AckWait. At least 1s. Defaults to
-	// DefaultAckWait, 30s.
+	// 30s.
 	AckWait time.Duration
 	// MaxAckPending is the most deliveries JetStream hands out without an
 	// ack, across every Source sharing Durable. 0, the default, sizes it
 	// from the runtime: twice the window consumer.New passes to Configure
-	// (Concurrency × BatchSize), or 2×DefaultWindow without a runtime. A
+	// (Concurrency × BatchSize), or 16 without a runtime. A
 	// positive value is used as is. Negative values (JetStream's
-	// "unlimited") are rejected.
+	// "unlimited") are rejected. It is not the runtime's window said
+	// again: it is the durable consumer's, shared by every process
+	// consuming it, so a fleet can fix one bound for all.
 	MaxAckPending int
 	// MaxDeliver caps JetStream's deliveries of one message. Defaults to
 	// -1, unlimited, which is what idemq wants: the runtime retries and
@@ -137,27 +133,15 @@ type Config struct {
 	MaxDeliver int
 	// NakDelay is how long JetStream waits before it redelivers a message
 	// the runtime gave back (Nack with requeue, at shutdown say).
-	// Defaults to DefaultNakDelay, 1s. Negative values are rejected.
+	// Defaults to 1s. Negative values are rejected.
 	NakDelay time.Duration
 
-	// MessageIDHeader takes Message.ID from this header. Defaults to
-	// HeaderMsgID, Nats-Msg-Id, which the Publisher sets.
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw message.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(jetstream.Msg) string
 	// KeyHeader, if set, takes Message.Key (the ordering key) from this
 	// header. Defaults to none.
 	KeyHeader string
 	// KeyFromSubject, if set, makes the message's subject its ordering
 	// key. Set at most one of KeyHeader and KeyFromSubject.
 	KeyFromSubject bool
-
-	// Logger receives keep-alive, reconnection and error logs, with
-	// "stream" and "durable" attributes. Defaults to the runtime's logger,
-	// which consumer.New passes to Configure; a Source no runtime
-	// configures discards its logs.
-	Logger *slog.Logger
 }
 
 // DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter,
@@ -214,7 +198,7 @@ type Topology struct {
 // they are: 0 and nil mean "from Configure".
 func (c Config) withDefaults() Config {
 	if c.URL == "" {
-		c.URL = DefaultURL
+		c.URL = nats.DefaultURL
 	}
 	if c.DeadLetter.Subject == "" && c.Subject != "" && !hasWildcard(c.Subject) {
 		c.DeadLetter.Subject = DLQSubject(c.Subject)
@@ -233,16 +217,13 @@ func (c Config) withDefaults() Config {
 		c.Topology = &t
 	}
 	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
+		c.AckWait = defaultAckWait
 	}
 	if c.MaxDeliver == 0 {
 		c.MaxDeliver = -1
 	}
 	if c.NakDelay == 0 {
-		c.NakDelay = DefaultNakDelay
-	}
-	if c.MessageIDHeader == "" && c.MessageIDFunc == nil {
-		c.MessageIDHeader = HeaderMsgID
+		c.NakDelay = defaultNakDelay
 	}
 	return c
 }
@@ -316,8 +297,6 @@ func (c Config) validate() error {
 		return configError("MaxDeliver", "1 never redelivers: a crash would strand the message undelivered; use -1 (the default)")
 	case c.NakDelay < 0:
 		return configError("NakDelay", "negative")
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.KeyHeader != "" && c.KeyFromSubject:
 		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	}
@@ -385,7 +364,7 @@ func connect(ctx context.Context, rawURL, name string, log func() *slog.Logger, 
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.Timeout(DefaultConnectTimeout),
+		nats.Timeout(defaultConnectTimeout),
 		// A server cut off by a partition answers nothing, not even a
 		// reset: the client finds the connection dead only by its pings.
 		// nats.go pings every 2 minutes; a consumer cannot wait that long.

@@ -7,7 +7,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 )
 
 // DeadLetterer returns the Source's dead-letterer, for the runtime's
@@ -30,7 +29,7 @@ import (
 // The Source owns the dead-letterer: after Source.Close, DeadLetter returns
 // an error wrapping consumer.ErrSourceClosed. The runtime closes its Source
 // only after the in-flight messages, dead letters included, have drained.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 func (s *Source) publishDeadLetter(ctx context.Context, m *consumer.Message) error {
 	if err := s.closedErr(); err != nil {

@@ -5,8 +5,8 @@
 //
 //	import natsjs "github.com/idemq/idemq/brokers/nats"
 //
-// [Source] implements [consumer.Source], [consumer.ConfigurableSource],
-// [consumer.BatchAcker] and [consumer.HorizonSource]: it consumes a stream
+// [Source] implements [consumer.Source] with its optional Configure,
+// AckBatch, RedeliveryHorizon and DeadLetterer methods: it consumes a stream
 // through a durable pull consumer with explicit acks. [NewSource] connects,
 // declares [Config].Topology if set, and checks the stream and the
 // dead-letter subject, but pulls nothing: the first Receive creates (or
@@ -36,8 +36,8 @@
 // sequence, not by connection.
 //
 // Each JetStream message becomes a [consumer.Message]: ID from the
-// Nats-Msg-Id header (or [Config].MessageIDHeader, or
-// [Config].MessageIDFunc), Key from [Config].KeyHeader or the subject,
+// Nats-Msg-Id header, which [Publisher] sets (an id kept elsewhere is read
+// by the runtime's consumer.Config.MessageID), Key from [Config].KeyHeader or the subject,
 // Source the subject, Partition -1, Offset the stream sequence,
 // Redelivered when the server counts more than one delivery, Timestamp
 // when the stream stored it, and the stream, consumer, sequences and

@@ -227,8 +227,8 @@ func TestE2EPoisonDeadLettered(t *testing.T) {
 	if r.MessageID != msgs[2].ID || r.Class != consumer.ClassPermanent || !strings.Contains(r.Error, "cannot parse") || r.Source != n.subject || r.Consumer != "e2e" {
 		t.Errorf("dead letter record %+v", r)
 	}
-	if d.Message().Header(natsjs.HeaderMsgID) != "" {
-		t.Errorf("dead letter carries Nats-Msg-Id %q", d.Message().Header(natsjs.HeaderMsgID))
+	if d.Message().Header(jetstream.MsgIDHeader) != "" {
+		t.Errorf("dead letter carries Nats-Msg-Id %q", d.Message().Header(jetstream.MsgIDHeader))
 	}
 	if _, err := b.Next(ctx); !errors.Is(err, io.EOF) {
 		t.Fatalf("second Next: %v, want io.EOF", err)

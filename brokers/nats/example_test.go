@@ -61,7 +61,6 @@ func ExampleNewSource() {
 			return err
 		},
 		// Failed payments go to payments.dlq on src's own connection.
-		DeadLetterer: src.DeadLetterer(),
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -20,7 +20,7 @@ func serverURL() string {
 	if u := os.Getenv("IDEMQ_TEST_NATS_URL"); u != "" {
 		return u
 	}
-	return natsjs.DefaultURL
+	return nats.DefaultURL
 }
 
 func testCtx(t *testing.T, d time.Duration) context.Context {
@@ -65,7 +65,7 @@ func newNames(t *testing.T) names {
 		stream:     "IDEMQ_TEST_" + r,
 		subject:    "idemq-test." + r,
 		dlqStream:  "IDEMQ_TEST_" + r + natsjs.DLQStreamSuffix,
-		dlqSubject: "idemq-test." + r + natsjs.DLQSuffix,
+		dlqSubject: "idemq-test." + r + ".dlq",
 		durable:    "idemq-test-" + r,
 	}
 	j := js(t)

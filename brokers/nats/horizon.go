@@ -11,9 +11,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.HorizonSource = (*Source)(nil)
-
-// RedeliveryHorizon implements consumer.HorizonSource: it returns the time
+// RedeliveryHorizon implements the RedeliveryHorizon of consumer.Source: it returns the time
 // the stream stored the oldest message the durable consumer could still
 // hand out, the first message on its filter subject past its ack floor (or,
 // with no delivery awaiting its ack, past the last one delivered). That

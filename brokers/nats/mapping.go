@@ -1,7 +1,6 @@
 package natsjs
 
 import (
-	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -13,21 +12,12 @@ import (
 // mapper turns JetStream messages into consumer.Messages. The Source and the
 // Browser share it, so a browsed message looks exactly like a consumed one.
 type mapper struct {
-	idHeader       string
-	idFunc         func(jetstream.Msg) string
 	keyHeader      string
 	keyFromSubject bool
 }
 
 func (m mapper) message(msg jetstream.Msg) *consumer.Message {
 	headers := headerMap(msg.Headers())
-	var id, idErr string
-	switch {
-	case m.idFunc != nil:
-		id, idErr = callIDFunc(m.idFunc, msg)
-	case m.idHeader != "":
-		id = msg.Headers().Get(m.idHeader)
-	}
 	var key string
 	switch {
 	case m.keyHeader != "":
@@ -36,7 +26,7 @@ func (m mapper) message(msg jetstream.Msg) *consumer.Message {
 		key = msg.Subject()
 	}
 	out := &consumer.Message{
-		ID:        id,
+		ID:        msg.Headers().Get(headerMsgID),
 		Key:       key,
 		Body:      msg.Data(),
 		Headers:   headers,
@@ -56,9 +46,6 @@ func (m mapper) message(msg jetstream.Msg) *consumer.Message {
 		out.Metadata[MetaNumDelivered] = strconv.FormatUint(md.NumDelivered, 10)
 		out.Metadata[MetaNumPending] = strconv.FormatUint(md.NumPending, 10)
 	}
-	if idErr != "" {
-		out.Metadata[MetaIDError] = idErr
-	}
 	return out
 }
 
@@ -77,16 +64,4 @@ func headerMap(h nats.Header) map[string]string {
 		}
 	}
 	return out
-}
-
-// callIDFunc runs a user's MessageIDFunc, turning a panic (a body-dependent
-// one would crash the process on every redelivery) into an empty id and a
-// reason.
-func callIDFunc(f func(jetstream.Msg) string, msg jetstream.Msg) (id, idErr string) {
-	defer func() {
-		if v := recover(); v != nil {
-			id, idErr = "", fmt.Sprintf("MessageIDFunc panicked: %v", v)
-		}
-	}()
-	return f(msg), ""
 }

@@ -17,10 +17,10 @@ import (
 // selects a documented default.
 type PublisherConfig struct {
 	// URL is the server's URL, or a comma-separated list of them.
-	// Defaults to DefaultURL, nats://127.0.0.1:4222.
+	// Defaults to nats://127.0.0.1:4222 (nats.DefaultURL).
 	URL string
 	// Options are extra connection options, applied after the
-	// Publisher's own (reconnecting forever, DefaultConnectTimeout).
+	// Publisher's own (reconnecting forever, a 10s connect timeout).
 	// Defaults to none.
 	Options []nats.Option
 	// KeyHeader, if set, carries Message.Key in this header (read it back
@@ -50,7 +50,7 @@ type Publisher struct {
 // NewPublisher connects to the server.
 func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
-		cfg.URL = DefaultURL
+		cfg.URL = nats.DefaultURL
 	}
 	if err := checkURL(cfg.URL); err != nil {
 		return nil, err
@@ -113,13 +113,13 @@ func natsMsg(subject string, m *consumer.Message, keyHeader string, setID bool) 
 	nm := nats.NewMsg(subject)
 	nm.Data = m.Body
 	for k, v := range m.Headers {
-		if strings.EqualFold(k, HeaderMsgID) || (!setID && isJetStreamHeader(k)) {
+		if strings.EqualFold(k, headerMsgID) || (!setID && isJetStreamHeader(k)) {
 			continue
 		}
 		nm.Header[k] = []string{v}
 	}
 	if setID && m.ID != "" {
-		nm.Header[HeaderMsgID] = []string{m.ID}
+		nm.Header[headerMsgID] = []string{m.ID}
 	}
 	if keyHeader != "" && m.Key != "" {
 		nm.Header[keyHeader] = []string{m.Key}

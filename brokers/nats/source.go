@@ -62,14 +62,14 @@ type Stats struct {
 }
 
 // Source consumes a JetStream stream through a durable pull consumer with
-// explicit acks. It implements consumer.Source, consumer.ConfigurableSource,
-// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for
+// explicit acks. It implements consumer.Source, consumer.Source's Configure,
+// consumer.Source's AckBatch and consumer.Source's RedeliveryHorizon; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
 	cfg Config
 	nc  *nats.Conn
 	js  jetstream.JetStream
-	dl  *dlq.DeadLetterer
+	dl  consumer.DeadLetterer
 	log atomic.Pointer[slog.Logger]
 	m   mapper
 
@@ -103,10 +103,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:    cfg,
-		window: DefaultWindow,
+		window: defaultWindow,
 		held:   map[*delivery]struct{}{},
-		m: mapper{idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc,
-			keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
+		m:      mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
 	}
 	s.pending = s.maxAckPending(s.window)
 	var err error
@@ -117,11 +116,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		}
 		return nil, err
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.log.Store(s.withAttrs(logger))
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.log.Store(slog.New(slog.DiscardHandler))
 	nc, err := connect(ctx, cfg.URL, "idemq-"+cfg.Durable, s.logger, cfg.Options)
 	if err != nil {
 		return nil, err
@@ -159,13 +156,12 @@ func (s *Source) maxAckPending(window int) int {
 	return 2 * window
 }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Unless Config.MaxAckPending was set,
 // MaxAckPending becomes 2×set.Window, so that a message or batch is waiting
 // whenever a worker frees up; the client buffers at most set.Window
 // deliveries besides the ones the runtime holds. A Window of 0 or less
-// keeps DefaultWindow. Unless Config.Logger was set, the Source logs to
-// set.Logger. It returns MaxAckPending, the window the runtime can count
+// keeps the window of a Source without a runtime, 8. The Source logs to set.Logger. It returns MaxAckPending, the window the runtime can count
 // on.
 //
 // Once the first Receive has started the consumer, Configure changes
@@ -180,7 +176,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		s.window = set.Window
 	}
 	s.pending = s.maxAckPending(s.window)
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.log.Store(s.withAttrs(set.Logger))
 	}
 	return s.pending
@@ -554,7 +550,7 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 	return nil
 }
 
-// AckBatch implements consumer.BatchAcker: it double-acks every delivery of
+// AckBatch implements consumer.Source's AckBatch: it double-acks every delivery of
 // ds at once and waits for all the confirmations, so a batch costs one
 // round trip rather than one per message. Deliveries of another Source are
 // acked through their own Ack.

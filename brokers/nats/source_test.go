@@ -50,10 +50,6 @@ func TestConfigValidation(t *testing.T) {
 		{"MaxDeliver 1", func(c *natsjs.Config) { c.MaxDeliver = 1 }, "MaxDeliver"},
 		{"MaxDeliver -2", func(c *natsjs.Config) { c.MaxDeliver = -2 }, "MaxDeliver"},
 		{"negative NakDelay", func(c *natsjs.Config) { c.NakDelay = -time.Second }, "NakDelay"},
-		{"two id sources", func(c *natsjs.Config) {
-			c.MessageIDHeader = "x"
-			c.MessageIDFunc = func(jetstream.Msg) string { return "" }
-		}, "MessageIDFunc"},
 		{"two key sources", func(c *natsjs.Config) { c.KeyHeader = "k"; c.KeyFromSubject = true }, "KeyFromSubject"},
 		{"bad URL", func(c *natsjs.Config) { c.URL = "nats://user:secret@127.0.0.1:bad" }, "URL"},
 		{"empty URL in list", func(c *natsjs.Config) { c.URL = "nats://user:secret@127.0.0.1:4222,," }, "URL"},
@@ -182,12 +178,11 @@ func TestMessageMapping(t *testing.T) {
 	}
 	cfg := n.config()
 	cfg.KeyFromSubject = true
-	cfg.MessageIDHeader = "Idem"
 	src := newSource(t, cfg)
 	d := brokertest.Receive(ctx, t, src)
 	got := d.Message()
-	if got.ID != "h-1" || got.Key != n.subject || got.Source != n.subject || got.Offset != 1 || got.Partition != -1 ||
-		got.Redelivered || got.Header("x") != "y" || got.Header(natsjs.HeaderMsgID) != "id-1" || got.Timestamp.IsZero() ||
+	if got.ID != "id-1" || got.Header("Idem") != "h-1" || got.Key != n.subject || got.Source != n.subject || got.Offset != 1 || got.Partition != -1 ||
+		got.Redelivered || got.Header("x") != "y" || got.Header(jetstream.MsgIDHeader) != "id-1" || got.Timestamp.IsZero() ||
 		got.Metadata[natsjs.MetaStreamSeq] != "1" || got.Metadata[natsjs.MetaNumDelivered] != "1" || got.Metadata[natsjs.MetaConsumer] != n.durable {
 		t.Errorf("message %+v", got)
 	}
@@ -203,14 +198,6 @@ func TestMessageMapping(t *testing.T) {
 	}
 	if err := d.Ack(ctx); !errors.Is(err, consumer.ErrDeliveryStale) {
 		t.Errorf("second Ack: %v, want ErrDeliveryStale", err)
-	}
-
-	cfg.Durable += "-panic"
-	cfg.MessageIDHeader = ""
-	cfg.MessageIDFunc = func(jetstream.Msg) string { panic("boom") }
-	d = brokertest.Receive(ctx, t, newSource(t, cfg))
-	if d.Message().ID != "" || !strings.Contains(d.Message().Metadata[natsjs.MetaIDError], "boom") {
-		t.Errorf("panicking MessageIDFunc: %+v", d.Message())
 	}
 }
 
@@ -288,7 +275,7 @@ func TestDeadLettererAfterClose(t *testing.T) {
 	if dl != src.DeadLetterer() {
 		t.Error("DeadLetterer returns different values")
 	}
-	m := &consumer.Message{ID: "x", Body: []byte("b"), Headers: map[string]string{natsjs.HeaderMsgID: "x", "Nats-Rollup": "all"}, Partition: -1, Offset: 9}
+	m := &consumer.Message{ID: "x", Body: []byte("b"), Headers: map[string]string{jetstream.MsgIDHeader: "x", "Nats-Rollup": "all"}, Partition: -1, Offset: 9}
 	f := consumer.Failure{Consumer: "c", MessageID: "x", Class: consumer.ClassPermanent, Err: errors.New("bad"), Attempts: 1}
 	for range 2 { // twice: the DLQ must not discard the second as a duplicate
 		if err := dl.DeadLetter(ctx, m, f); err != nil {
@@ -314,7 +301,7 @@ func TestSignedDeadLetterVerifies(t *testing.T) {
 	cfg := n.config()
 	cfg.DeadLetter.Options = dlq.Options{SigningKey: key}
 	src := newSource(t, cfg)
-	m := &consumer.Message{ID: "x", Body: []byte("b"), Headers: map[string]string{natsjs.HeaderMsgID: "x"}, Partition: -1, Offset: 3}
+	m := &consumer.Message{ID: "x", Body: []byte("b"), Headers: map[string]string{jetstream.MsgIDHeader: "x"}, Partition: -1, Offset: 3}
 	if err := src.DeadLetterer().DeadLetter(ctx, m, consumer.Failure{Consumer: "c", MessageID: "x", Class: consumer.ClassPermanent, Err: errors.New("bad")}); err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,8 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var (
-	_ consumer.BatchAcker         = (*Source)(nil)
-	_ consumer.ConfigurableSource = (*Source)(nil)
-)
-
 // AckBatch acks deliveries this Source delivered, in as few broker calls as
-// it safely can. It implements consumer.BatchAcker for the runtime's batch
+// it safely can. It implements consumer.Source's AckBatch for the runtime's batch
 // mode, which calls it after the batch's transaction committed.
 //
 // A multiple ack acks every outstanding tag up to the one given, so it may

@@ -28,12 +28,6 @@ type BrowserConfig struct {
 	// to none.
 	ConnectionName string
 
-	// MessageIDHeader, if set, takes Message.ID from this header instead
-	// of the AMQP MessageId property, which is the default.
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw delivery.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(amqp.Delivery) string
 	// KeyHeader, if set, takes Message.Key from this header. Defaults to
 	// none.
 	KeyHeader string
@@ -51,7 +45,7 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 		c.URL = DefaultURL
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -64,8 +58,6 @@ func (c BrowserConfig) validate() error {
 		return err
 	}
 	switch {
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
@@ -152,7 +144,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With(slog.String("queue", cfg.Queue)),
-		m:         mapper{queue: cfg.Queue, idHeader: cfg.MessageIDHeader, idFunc: cfg.MessageIDFunc, keyHeader: cfg.KeyHeader},
+		m:         mapper{queue: cfg.Queue, keyHeader: cfg.KeyHeader},
 		conn:      conn,
 		ch:        ch,
 		depth:     st.Messages,

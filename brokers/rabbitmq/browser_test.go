@@ -262,15 +262,11 @@ func TestBrowserMapping(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		header string
-		fn     func(amqp.Delivery) string
 		wantID string
 	}{
-		{"property", "", nil, "prop-id"},
-		{"header", "my-id", nil, "header-id"},
-		{"func", "", func(d amqp.Delivery) string { return "fn-" + d.MessageId }, "fn-prop-id"},
+		{"property", "prop-id"},
 	} {
-		b := newBrowser(t, rabbitmq.BrowserConfig{Queue: q, MessageIDHeader: tc.header, MessageIDFunc: tc.fn, KeyHeader: keyHeader})
+		b := newBrowser(t, rabbitmq.BrowserConfig{Queue: q, KeyHeader: keyHeader})
 		d, err := b.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -280,7 +276,7 @@ func TestBrowserMapping(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitDepth(t, q, 1)
-		src := newSource(t, rabbitmq.Config{Queue: q, MessageIDHeader: tc.header, MessageIDFunc: tc.fn})
+		src := newSource(t, rabbitmq.Config{Queue: q, KeyHeader: keyHeader})
 		sd := brokertest.Receive(ctx, t, src)
 		sm := sd.Message()
 		if err := sd.Nack(ctx, true); err != nil {
@@ -388,7 +384,6 @@ func TestBrowserConfig(t *testing.T) {
 		field string
 	}{
 		{rabbitmq.BrowserConfig{}, "Queue"},
-		{rabbitmq.BrowserConfig{Queue: "q", MessageIDHeader: "h", MessageIDFunc: func(amqp.Delivery) string { return "" }}, "MessageIDFunc"},
 		{rabbitmq.BrowserConfig{Queue: "q", URL: "http://example.com"}, "URL"},
 		{rabbitmq.BrowserConfig{Queue: "q", DialTimeout: -1}, "DialTimeout"},
 	} {

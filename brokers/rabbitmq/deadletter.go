@@ -52,7 +52,7 @@ type DeadLetterConfig struct {
 // RabbitMQ redelivers the original, which then fails and is dead-lettered
 // again: the dead-letter queue may hold a message twice, with the same
 // x-idemq-message-id, and a replay applies it once.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 // publishDeadLetter publishes m to the dead-letter queue on a confirm-mode
 // channel of the current session's connection and waits for the confirm.

@@ -26,7 +26,8 @@ func TestDeliveryLimitWarning(t *testing.T) {
 		topo := rabbitmq.Topology{Queue: uniqueName(t), Quorum: true, DeliveryLimit: tc.limit}
 		deleteTopologyLater(t, topo)
 		log, logs := testlog.New(slog.LevelDebug)
-		src := newSource(t, rabbitmq.Config{Queue: topo.Queue, Topology: &topo, Logger: log})
+		src := newSource(t, rabbitmq.Config{Queue: topo.Queue, Topology: &topo})
+		src.Configure(consumer.SourceSettings{Logger: log}) // the runtime's logger
 		pub := newPublisher(t, rabbitmq.PublisherConfig{})
 		if err := pub.Publish(ctx, "", topo.Queue, &consumer.Message{ID: "m", Body: []byte("x")}); err != nil {
 			t.Fatal(err)

@@ -21,8 +21,8 @@ const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
 // Defaults shared by the configs in this package.
 const (
-	DefaultDialTimeout = 30 * time.Second
-	DefaultHeartbeat   = 10 * time.Second
+	defaultDialTimeout = 30 * time.Second
+	defaultHeartbeat   = 10 * time.Second
 )
 
 // dial opens an AMQP connection. The TCP dial honours ctx; the AMQP
@@ -39,7 +39,7 @@ func dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*amq
 		props.SetClientConnectionName(name)
 	}
 	cfg := amqp.Config{
-		Heartbeat:  DefaultHeartbeat,
+		Heartbeat:  defaultHeartbeat,
 		Locale:     "en_US",
 		Properties: props,
 		Dial: func(network, addr string) (net.Conn, error) {

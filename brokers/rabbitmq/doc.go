@@ -1,10 +1,10 @@
 // Package rabbitmq connects idemq to RabbitMQ through amqp091-go.
 //
-// [Source] implements [consumer.Source] and [consumer.ConfigurableSource]:
+// [Source] implements [consumer.Source] with its optional methods:
 // it consumes one queue with manual acks and a bounded prefetch, sized
 // from the runtime's window (Concurrency × BatchSize) unless
-// [Config].Prefetch fixes it, and logs to the runtime's logger unless
-// [Config].Logger names another. [NewSource] connects and checks the
+// [Config].Prefetch fixes it, and logs to the runtime's logger (both come
+// through Configure). [NewSource] connects and checks the
 // queue and its dead-letter queue (declaring [Config].Topology first, if
 // set), but consumes nothing until the first Receive, so the prefetch the
 // runtime asks for is the one the broker applies. It maps each AMQP
@@ -42,8 +42,8 @@
 // connection, following it across reconnections. It is owned by the Source
 // and closed by [Source.Close]; there is nothing else to close. A consumer
 // with its dead-letter queue thus takes three constructors: the dedup
-// store, NewSource, and consumer.New with Source: src and DeadLetterer:
-// src.DeadLetterer().
+// store, NewSource, and consumer.New with Source: src, which takes the
+// Source's dead-letterer when consumer.Config.DeadLetterer is nil.
 //
 // [DeclareTopology], or [Config].Topology, declares a durable work queue
 // (classic or quorum) with a dead-letter exchange and a dead-letter queue.

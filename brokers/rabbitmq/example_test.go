@@ -57,7 +57,6 @@ func ExampleNewSource() {
 		},
 		// Failed payments go to payments.dlq on src's own connection;
 		// src owns the dead-letterer.
-		DeadLetterer: src.DeadLetterer(),
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -54,3 +54,6 @@ func PublisherIdle(p *Publisher) int {
 	defer p.mu.Unlock()
 	return len(p.idle)
 }
+
+// DefaultPrefetch is the prefetch of a Source no runtime configured.
+const DefaultPrefetch = defaultPrefetch

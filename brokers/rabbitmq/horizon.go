@@ -6,11 +6,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/idemq/idemq/consumer"
 )
-
-var _ consumer.HorizonSource = (*Source)(nil)
 
 // recvMark is when a delivery tag of a session was received, and the
 // Source's received count after it.
@@ -63,7 +59,7 @@ func (s *Source) noteBacklog(ch *amqp.Channel) error {
 	return nil
 }
 
-// RedeliveryHorizon implements consumer.HorizonSource: the receipt time of
+// RedeliveryHorizon implements the RedeliveryHorizon of consumer.Source: the receipt time of
 // the oldest delivery still unsettled (acks deferred by AckBatch included),
 // or zero if there is none. It cannot tell (ok false) before the first
 // Receive, while the Source reconnects, and until the backlog that was ready

@@ -15,8 +15,8 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 )
 
-// DefaultPublisherChannels is PublisherConfig.Channels' default.
-const DefaultPublisherChannels = 4
+// defaultPublisherChannels is PublisherConfig.Channels' default.
+const defaultPublisherChannels = 4
 
 // returnBuffer is the capacity of each channel's basic.return queue. Publish
 // drains it while it waits for confirms.
@@ -55,10 +55,10 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 		c.URL = DefaultURL
 	}
 	if c.Channels == 0 {
-		c.Channels = DefaultPublisherChannels
+		c.Channels = defaultPublisherChannels
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -390,8 +390,8 @@ func publishing(m *consumer.Message, keyHeader string) amqp.Publishing {
 	id := m.ID
 	if len(id) > maxShortstr {
 		// It does not fit the message-id property. A dead-letter copy
-		// keeps it in its envelope; other long ids belong in a header
-		// (Config.MessageIDHeader).
+		// keeps it in its envelope; other long ids belong in a header,
+		// which the consumer reads with consumer.Config.MessageID.
 		id = ""
 	}
 	return amqp.Publishing{

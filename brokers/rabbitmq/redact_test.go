@@ -79,7 +79,7 @@ func TestURLPasswordNeverInErrorsOrLogs(t *testing.T) {
 					t.Fatalf("%s: errors.Is(err, ErrInvalidConfig) = %v, want %v (%v)", what, got, c.isConfig, err)
 				}
 			}
-			_, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: c.url, Queue: "q", Logger: log})
+			_, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: c.url, Queue: "q"})
 			check("NewSource", err)
 			_, err = rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: c.url, Logger: log})
 			check("NewPublisher", err)
@@ -107,8 +107,9 @@ func TestReconnectLogsHidePassword(t *testing.T) {
 	}
 	const leaked = "guest:guest"
 	log, logs := testlog.New(slog.LevelDebug)
-	src := newSource(t, rabbitmq.Config{URL: url, Queue: q, Logger: log,
+	src := newSource(t, rabbitmq.Config{URL: url, Queue: q,
 		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond}})
+	src.Configure(consumer.SourceSettings{Logger: log}) // the runtime's logger
 	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: url, Logger: log})
 
 	// Make the broker unreachable, then cut the live connections.

@@ -204,23 +204,18 @@ func TestConfigTopology(t *testing.T) {
 	}
 }
 
-// TestLoggerFromConfigure: a Source without a Logger logs to the logger
-// Configure passes, with its queue attribute; one with a Logger keeps it.
+// TestLoggerFromConfigure: a Source logs to the logger Configure passes,
+// with its queue attribute.
 func TestLoggerFromConfigure(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
-	for _, own := range []bool{false, true} {
+	{
 		q := newQueue(t)
 		if err := newPublisher(t, rabbitmq.PublisherConfig{}).Publish(ctx, "", q, brokertest.NewMessages("log", 1, 0)...); err != nil {
 			t.Fatal(err)
 		}
 		runtimeLog, runtimeLogs := testlog.New(slog.LevelInfo)
-		ownLog, ownLogs := testlog.New(slog.LevelInfo)
-		cfg := rabbitmq.Config{Queue: q, Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond}}
-		if own {
-			cfg.Logger = ownLog
-		}
-		src := newSource(t, cfg)
+		src := newSource(t, rabbitmq.Config{Queue: q, Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond}})
 		src.Configure(consumer.SourceSettings{Window: 1, Logger: runtimeLog})
 		first := brokertest.Receive(ctx, t, src)
 		if err := rabbitmq.BreakChannel(src); err != nil {
@@ -230,15 +225,8 @@ func TestLoggerFromConfigure(t *testing.T) {
 		if err := first.Ack(ctx); !isStale(err) {
 			t.Errorf("ack from the broken channel: %v, want ErrDeliveryStale", err)
 		}
-		want, other := runtimeLogs, ownLogs
-		if own {
-			want, other = ownLogs, runtimeLogs
-		}
-		if out := want.String(); !strings.Contains(out, "consumer lost") || !strings.Contains(out, "406") || !strings.Contains(out, "queue="+q) {
-			t.Errorf("own logger %v: the lost channel was not logged, with the queue, where expected:\n%s", own, out)
-		}
-		if out := other.String(); out != "" {
-			t.Errorf("own logger %v: logged to the other logger:\n%s", own, out)
+		if out := runtimeLogs.String(); !strings.Contains(out, "consumer lost") || !strings.Contains(out, "406") || !strings.Contains(out, "queue="+q) {
+			t.Errorf("the lost channel was not logged, with the queue, to the runtime's logger:\n%s", out)
 		}
 	}
 }
@@ -260,7 +248,6 @@ func TestRuntimeConfiguresSource(t *testing.T) {
 			applied <- msg.ID
 			return nil
 		},
-		DeadLetterer: src.DeadLetterer(),
 	})
 	if err != nil {
 		t.Fatal(err)

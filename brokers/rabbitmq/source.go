@@ -29,23 +29,17 @@ const (
 	MetaExchange    = "exchange"
 	MetaDeliveryTag = "delivery_tag"
 	MetaConsumerTag = "consumer_tag"
-	// MetaIDError is set when Config.MessageIDFunc panicked on the
-	// delivery: the message then has no id, and the runtime dead-letters
-	// it as missing-id instead of the process crashing.
-	MetaIDError = "id_error"
 )
 
 // Defaults for Config.
 const (
-	// DefaultConcurrency is the runtime's default Concurrency
-	// (consumer.DefaultConcurrency).
-	DefaultConcurrency = consumer.DefaultConcurrency
-	// DefaultPrefetch is the prefetch of a Source whose Config.Prefetch
+	// defaultPrefetch is the prefetch of a Source whose Config.Prefetch
 	// is 0 and that no runtime configured (Configure was never called):
-	// 2×DefaultConcurrency, what the runtime's defaults would ask for.
-	DefaultPrefetch           = 2 * DefaultConcurrency
-	DefaultReconnectInitial   = 100 * time.Millisecond
-	DefaultReconnectMax       = 30 * time.Second
+	// twice the runtime's default Concurrency (8), what the runtime's
+	// defaults would ask for.
+	defaultPrefetch           = 16
+	defaultReconnectInitial   = 100 * time.Millisecond
+	defaultReconnectMax       = 30 * time.Second
 	maxPrefetch               = 65535 // basic.qos prefetch-count is a short
 	consumerCancelCloseWindow = 5 * time.Second
 )
@@ -92,9 +86,11 @@ type Config struct {
 	// runtime: twice the window consumer.New passes to Configure
 	// (Concurrency × BatchSize), at most 65535, so that a message (or a
 	// batch) is waiting whenever a worker frees up. A Source no runtime
-	// configures uses DefaultPrefetch, 2×DefaultConcurrency. A non-zero
-	// Prefetch is used as is, whatever the runtime's window (the runtime
-	// then caps its batches to what it lets in). AMQP reads a prefetch of
+	// configures uses 16. A non-zero Prefetch is used as is, whatever the
+	// runtime's window (the runtime then caps its batches to what it lets
+	// in): leave it 0 unless the broker's unacked deliveries per consumer
+	// must be bounded apart from the runtime's settings (the chaos suite
+	// pins it so, to bound a killed worker's redeliveries). AMQP reads a prefetch of
 	// 0 as unbounded, which idemq never asks for: there is no way to ask
 	// for unbounded. At most 65535; negative values are rejected.
 	Prefetch int
@@ -105,12 +101,6 @@ type Config struct {
 	// to none.
 	ConnectionName string
 
-	// MessageIDHeader, if set, takes Message.ID from this header instead
-	// of the AMQP MessageId property, which is the default.
-	MessageIDHeader string
-	// MessageIDFunc, if set, computes Message.ID from the raw delivery.
-	// Set at most one of MessageIDHeader and MessageIDFunc.
-	MessageIDFunc func(amqp.Delivery) string
 	// KeyHeader, if set, takes Message.Key (the ordering key) from this
 	// header. Defaults to none: messages are not ordered by key.
 	KeyHeader string
@@ -121,11 +111,6 @@ type Config struct {
 	// DialTimeout bounds each connection attempt, handshake included.
 	// Defaults to 30s.
 	DialTimeout time.Duration
-	// Logger receives reconnection and error logs, with a "queue"
-	// attribute. Defaults to the runtime's logger, which consumer.New
-	// passes to Configure (consumer.SourceSettings.Logger); a Source no
-	// runtime configures discards its logs.
-	Logger *slog.Logger
 }
 
 // ReconnectConfig is an exponential backoff between reconnection attempts.
@@ -160,13 +145,13 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if c.Reconnect.InitialInterval == 0 {
-		c.Reconnect.InitialInterval = DefaultReconnectInitial
+		c.Reconnect.InitialInterval = defaultReconnectInitial
 	}
 	if c.Reconnect.MaxInterval == 0 {
-		c.Reconnect.MaxInterval = max(DefaultReconnectMax, c.Reconnect.InitialInterval)
+		c.Reconnect.MaxInterval = max(defaultReconnectMax, c.Reconnect.InitialInterval)
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }
@@ -210,8 +195,6 @@ func (c Config) validate() error {
 		return configError("Prefetch", "%d is negative; 0 sizes it from the runtime's window", c.Prefetch)
 	case c.Prefetch > maxPrefetch:
 		return configError("Prefetch", "%d, at most %d", c.Prefetch, maxPrefetch)
-	case c.MessageIDHeader != "" && c.MessageIDFunc != nil:
-		return configError("MessageIDFunc", "set at most one of MessageIDHeader and MessageIDFunc")
 	case c.Reconnect.InitialInterval < 0 || c.Reconnect.MaxInterval < 0:
 		return configError("Reconnect", "negative interval")
 	case c.Reconnect.MaxInterval < c.Reconnect.InitialInterval:
@@ -240,13 +223,13 @@ type Stats struct {
 }
 
 // Source consumes one RabbitMQ queue. It implements consumer.Source and
-// consumer.ConfigurableSource; create it with NewSource. It is safe for
+// consumer.Source's Configure; create it with NewSource. It is safe for
 // concurrent use.
 type Source struct {
 	cfg   Config
 	nodes *nodes
 	log   atomic.Pointer[slog.Logger] // set by NewSource, or by Configure before the first Receive
-	dl    *dlq.DeadLetterer
+	dl    consumer.DeadLetterer
 
 	life     context.Context // done once Close starts
 	stop     context.CancelFunc
@@ -339,15 +322,13 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	prefetch := cfg.Prefetch
 	if prefetch == 0 {
-		prefetch = DefaultPrefetch
+		prefetch = defaultPrefetch
 	}
 	s.prefetch.Store(int32(prefetch))
 	s.backlogUntil.Store(-1)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.log.Store(logger.With(slog.String("queue", cfg.Queue)))
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.log.Store(slog.New(slog.DiscardHandler))
 	dl, err := dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
 	if err != nil {
 		stop()
@@ -492,12 +473,12 @@ func (s *Source) Close() error {
 // sends this Source unacked.
 func (s *Source) Window() int { return int(s.prefetch.Load()) }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Unless Config.Prefetch was set, the
 // prefetch becomes 2×set.Window (at most 65535), so that a message or
 // batch is waiting whenever a worker frees up; a Window of 0 or less keeps
-// the prefetch as it was. Unless Config.Logger was set, the Source logs to
-// set.Logger, with its queue attribute. It returns the prefetch in force,
+// the prefetch as it was. The Source logs to set.Logger, with its queue
+// attribute. It returns the prefetch in force,
 // which is the window the runtime can count on.
 //
 // Configure is safe to call concurrently with Receive, but once the first
@@ -516,7 +497,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		}
 		s.prefetch.Store(int32(p))
 	}
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.log.Store(set.Logger.With(slog.String("queue", s.cfg.Queue)))
 	}
 	return int(s.prefetch.Load())
@@ -873,16 +854,16 @@ func (s *Source) forget(sess *session, tag uint64) {
 }
 
 func (s *Source) mapper() mapper {
-	return mapper{queue: s.cfg.Queue, idHeader: s.cfg.MessageIDHeader, idFunc: s.cfg.MessageIDFunc, keyHeader: s.cfg.KeyHeader}
+	return mapper{queue: s.cfg.Queue, keyHeader: s.cfg.KeyHeader}
 }
 
 // mapper turns AMQP deliveries from one queue into consumer.Messages. The
 // Source and the Browser share it, so a browsed message looks exactly like
-// a consumed one.
+// a consumed one. Message.ID is the AMQP message-id property, which
+// Publisher writes; a consumer that keeps its id elsewhere (a header, say)
+// sets consumer.Config.MessageID.
 type mapper struct {
 	queue     string
-	idHeader  string
-	idFunc    func(amqp.Delivery) string
 	keyHeader string
 }
 
@@ -891,20 +872,12 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 	for k, v := range d.Headers {
 		headers[k] = headerString(v)
 	}
-	id := d.MessageId
-	var idErr string
-	switch {
-	case m.idFunc != nil:
-		id, idErr = callIDFunc(m.idFunc, d)
-	case m.idHeader != "":
-		id = headers[m.idHeader]
-	}
 	var key string
 	if m.keyHeader != "" {
 		key = headers[m.keyHeader]
 	}
 	msg := &consumer.Message{
-		ID:          id,
+		ID:          d.MessageId,
 		Key:         key,
 		Body:        d.Body,
 		Headers:     headers,
@@ -920,22 +893,7 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 			MetaConsumerTag: d.ConsumerTag,
 		},
 	}
-	if idErr != "" {
-		msg.Metadata[MetaIDError] = idErr
-	}
 	return msg
-}
-
-// callIDFunc runs a user's MessageIDFunc, turning a panic (a body-dependent
-// one would crash the process on every redelivery) into an empty id and a
-// reason.
-func callIDFunc(f func(amqp.Delivery) string, d amqp.Delivery) (id, idErr string) {
-	defer func() {
-		if v := recover(); v != nil {
-			id, idErr = "", fmt.Sprintf("MessageIDFunc panicked: %v", v)
-		}
-	}()
-	return f(d), ""
 }
 
 // Message returns the delivered message.

@@ -34,7 +34,6 @@ func TestConfigValidation(t *testing.T) {
 		{"dead letters to the queue", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Queue: "q"}}, "DeadLetter.Queue"},
 		{"dead-letter queue too long", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Queue: strings.Repeat("d", 256)}}, "DeadLetter.Queue"},
 		{"invalid dead-letter options", rabbitmq.Config{Queue: "q", DeadLetter: rabbitmq.DeadLetterConfig{Options: dlq.Options{MaxHistory: -1}}}, "DeadLetter.Options.MaxHistory"},
-		{"two id sources", rabbitmq.Config{Queue: "q", MessageIDHeader: "id", MessageIDFunc: func(amqp.Delivery) string { return "" }}, "MessageIDFunc"},
 		{"negative reconnect", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: -1}}, "Reconnect"},
 		{"max below initial", rabbitmq.Config{Queue: "q", Reconnect: rabbitmq.ReconnectConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}}, "Reconnect.MaxInterval"},
 		{"bad url", rabbitmq.Config{Queue: "q", URL: "http://example.com"}, "URL"},
@@ -130,27 +129,14 @@ func TestMessageMapping(t *testing.T) {
 	if !d.Message().Redelivered {
 		t.Error("delivery after a requeueing nack not flagged Redelivered")
 	}
-	if err := d.Nack(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	// The id can come from a header or a function instead.
-	src = newSource(t, rabbitmq.Config{Queue: q, MessageIDHeader: "my-id"})
-	d = brokertest.Receive(ctx, t, src)
-	check("ID from header", d.Message().ID, "header-id")
-	if err := d.Nack(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
-	src = newSource(t, rabbitmq.Config{Queue: q, MessageIDFunc: func(d amqp.Delivery) string { return "fn-" + d.MessageId }})
-	d = brokertest.Receive(ctx, t, src)
-	check("ID from func", d.Message().ID, "fn-prop-id")
+	// The id can come from a header instead, through the runtime's
+	// MessageID: the header reaches Message.Headers as published.
+	id, _ := consumer.IDFromHeader("my-id")(d.Message())
+	check("ID from header", id, "header-id")
 	mustAck(ctx, t, d)
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestPrefetchBound: with prefetch k and no acks, exactly k deliveries
@@ -166,7 +152,7 @@ func TestPrefetchBound(t *testing.T) {
 		configure *consumer.SourceSettings // nil: not called
 		k         int
 	}{
-		{"default without a runtime", rabbitmq.Config{}, nil, 2 * consumer.DefaultConcurrency},
+		{"default without a runtime", rabbitmq.Config{}, nil, rabbitmq.DefaultPrefetch},
 		{"from the window", rabbitmq.Config{}, &consumer.SourceSettings{Window: 5}, 10},
 		{"window of 0 keeps the default", rabbitmq.Config{}, &consumer.SourceSettings{}, rabbitmq.DefaultPrefetch},
 		{"explicit", rabbitmq.Config{Prefetch: 3}, nil, 3},
@@ -289,8 +275,8 @@ func TestChannelClosedByBroker(t *testing.T) {
 	src := newSource(t, rabbitmq.Config{
 		Queue:     q,
 		Reconnect: rabbitmq.ReconnectConfig{InitialInterval: 10 * time.Millisecond},
-		Logger:    log,
 	})
+	src.Configure(consumer.SourceSettings{Logger: log}) // the runtime's logger
 	first := brokertest.Receive(ctx, t, src)
 	if err := rabbitmq.BreakChannel(src); err != nil {
 		t.Fatal(err)
@@ -385,39 +371,4 @@ func TestReceiveWaitsForBroker(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("Close did not interrupt Receive")
 	}
-}
-
-// TestEdgeMessageIDFuncPanicIsRecovered: a MessageIDFunc that panics on one
-// body used to crash the process on every redelivery.
-func TestEdgeMessageIDFuncPanicIsRecovered(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t, 30*time.Second)
-	q := newQueue(t)
-	if err := admin(t, func(ch *amqp.Channel) error {
-		for _, body := range []string{"boom", "fine"} {
-			if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: body, Body: []byte(body)}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	src := newSource(t, rabbitmq.Config{Queue: q, MessageIDFunc: func(d amqp.Delivery) string {
-		if string(d.Body) == "boom" {
-			var m map[string]string
-			m["x"] = "y" // panics
-		}
-		return "fn-" + d.MessageId
-	}})
-	d := brokertest.Receive(ctx, t, src)
-	if m := d.Message(); m.ID != "" || !strings.Contains(m.Metadata[rabbitmq.MetaIDError], "panicked") {
-		t.Fatalf("panicking id: ID %q, id_error %q", m.ID, m.Metadata[rabbitmq.MetaIDError])
-	}
-	mustAck(ctx, t, d)
-	d = brokertest.Receive(ctx, t, src)
-	if m := d.Message(); m.ID != "fn-fine" || m.Metadata[rabbitmq.MetaIDError] != "" {
-		t.Fatalf("next message: ID %q, id_error %q", m.ID, m.Metadata[rabbitmq.MetaIDError])
-	}
-	mustAck(ctx, t, d)
 }

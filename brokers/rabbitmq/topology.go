@@ -86,7 +86,7 @@ func DeclareTopology(ctx context.Context, url string, t Topology) error {
 	if url == "" {
 		url = DefaultURL
 	}
-	return declareTopology(ctx, newNodes(url, nil), "", DefaultDialTimeout, t)
+	return declareTopology(ctx, newNodes(url, nil), "", defaultDialTimeout, t)
 }
 
 // declareTopology declares t on a connection of its own to one of nodes,

@@ -28,10 +28,9 @@ type BrowserConfig struct {
 	// Stream is the stream to browse, typically a dead-letter stream
 	// ("<stream>.dlq"). Required.
 	Stream string
-	// IDField, BodyField and KeyField are as in Config. There is no
-	// fallback id: an entry without the id field has an empty
-	// Message.ID (a dead letter's dedup id is in its envelope).
-	IDField   string
+	// BodyField and KeyField are as in Config. There is no fallback id:
+	// an entry without the id field has an empty Message.ID (a dead
+	// letter's dedup id is in its envelope).
 	BodyField string
 	KeyField  string
 	// DialTimeout bounds each connection attempt. Defaults to 5s.
@@ -42,14 +41,11 @@ func (c BrowserConfig) withDefaults() BrowserConfig {
 	if c.URL == "" {
 		c.URL = DefaultURL
 	}
-	if c.IDField == "" {
-		c.IDField = DefaultIDField
-	}
 	if c.BodyField == "" {
-		c.BodyField = DefaultBodyField
+		c.BodyField = defaultBodyField
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }
@@ -61,7 +57,7 @@ func (c BrowserConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.IDField, c.BodyField, c.KeyField); err != nil {
+	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
@@ -109,7 +105,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 		_ = rdb.Close()
 		return nil, connectErr(cfg.URL, fmt.Errorf("XREVRANGE %q: %w", cfg.Stream, err))
 	}
-	b := &Browser{cfg: cfg, rdb: rdb, mp: mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: true}}
+	b := &Browser{cfg: cfg, rdb: rdb, mp: mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: true}}
 	if len(last) == 1 {
 		b.end = last[0].ID
 		if b.depth, err = rdb.XLen(ctx, cfg.Stream).Result(); err != nil {

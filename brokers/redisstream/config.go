@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"regexp"
@@ -24,33 +23,34 @@ const DefaultURL = "redis://127.0.0.1:6379/0"
 
 // Defaults for Config, PublisherConfig and BrowserConfig.
 const (
-	// DefaultIDField is the entry field holding the message id.
-	DefaultIDField = "idempotency-key"
-	// DefaultBodyField is the entry field holding the body.
-	DefaultBodyField = "body"
-	// DefaultStartID is where a consumer group that does not exist yet
+	// idField is the entry field holding the message id: Publisher writes
+	// Message.ID there, and the Source reads it back.
+	idField = "idempotency-key"
+	// defaultBodyField is the entry field holding the body.
+	defaultBodyField = "body"
+	// defaultStartID is where a consumer group that does not exist yet
 	// starts: "0", the beginning of the stream.
-	DefaultStartID = "0"
-	// DefaultMinIdle is how long an entry must have been pending, without
+	defaultStartID = "0"
+	// defaultMinIdle is how long an entry must have been pending, without
 	// a keep-alive, before another consumer may claim it.
-	DefaultMinIdle = 30 * time.Second
-	// DefaultClaimInterval is how often a Source looks for entries to
+	defaultMinIdle = 30 * time.Second
+	// defaultClaimInterval is how often a Source looks for entries to
 	// claim (XAUTOCLAIM) and for entries of its own it lost track of.
-	DefaultClaimInterval = 5 * time.Second
-	// DefaultBlock is how long one XREADGROUP waits for new entries.
-	DefaultBlock = 2 * time.Second
-	// DefaultDialTimeout bounds each connection attempt.
-	DefaultDialTimeout = 5 * time.Second
-	// DefaultWindow is the window of a Source no runtime configured:
-	// consumer.DefaultConcurrency.
-	DefaultWindow = consumer.DefaultConcurrency
-	// ReleasedConsumer is the consumer name Close hands a Source's
+	defaultClaimInterval = 5 * time.Second
+	// defaultBlock is how long one XREADGROUP waits for new entries.
+	defaultBlock = 2 * time.Second
+	// defaultDialTimeout bounds each connection attempt.
+	defaultDialTimeout = 5 * time.Second
+	// defaultWindow is the window of a Source no runtime configured: the
+	// runtime's default Concurrency.
+	defaultWindow = 8
+	// releasedConsumer is the consumer name Close hands a Source's
 	// unacked entries to, marked idle for so long that any consumer's next
 	// XAUTOCLAIM takes them.
-	ReleasedConsumer = "idemq.released"
-	// DLQSuffix is appended to a stream's name to name its dead-letter
+	releasedConsumer = "idemq.released"
+	// dlqSuffix is appended to a stream's name to name its dead-letter
 	// stream.
-	DLQSuffix = ".dlq"
+	dlqSuffix = ".dlq"
 
 	maxWindow = 10_000
 	// releasedIdle is the idle time Close gives released entries: ten
@@ -60,13 +60,13 @@ const (
 
 // DLQName returns the default dead-letter stream of stream:
 // "<stream>.dlq".
-func DLQName(stream string) string { return stream + DLQSuffix }
+func DLQName(stream string) string { return stream + dlqSuffix }
 
-// FallbackID is the message id of an entry without the id field:
+// fallbackID is the message id of an entry without the id field:
 // "<stream>/<entry id>". It deduplicates redeliveries of that entry (a
 // claim after a crash, a nack), NOT duplicates made by producers: a
 // producer's retry is a new entry with a new entry id, and is applied again.
-func FallbackID(stream, entryID string) string { return stream + "/" + entryID }
+func fallbackID(stream, entryID string) string { return stream + "/" + entryID }
 
 // Config configures a Source. The zero value of every optional field selects
 // the documented default.
@@ -124,16 +124,6 @@ type Config struct {
 	// only paces claims on an idle stream. Defaults to 2s.
 	Block time.Duration
 
-	// IDField is the entry field holding the message id; Publisher
-	// writes Message.ID there. Defaults to "idempotency-key".
-	IDField string
-	// DisableFallbackID turns off the fallback id. By default an entry
-	// without the IDField field gets the id "<stream>/<entry id>" (see
-	// FallbackID), which deduplicates redeliveries of the entry but NOT
-	// duplicates made by producers. With the fallback disabled such an
-	// entry's Message.ID is empty, and the runtime dead-letters it as
-	// consumer.ClassMissingID.
-	DisableFallbackID bool
 	// BodyField is the entry field holding the body. Defaults to "body".
 	BodyField string
 	// KeyField, if set, is the entry field holding Message.Key, the
@@ -154,11 +144,6 @@ type Config struct {
 	RequireAOF bool
 	// DialTimeout bounds each connection attempt. Defaults to 5s.
 	DialTimeout time.Duration
-	// Logger receives the Source's logs, with "stream", "group" and
-	// "consumer" attributes. Defaults to the runtime's logger, which
-	// consumer.New passes to Configure; a Source used without a runtime
-	// discards its logs.
-	Logger *slog.Logger
 }
 
 // DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter).
@@ -184,36 +169,33 @@ func (c Config) withDefaults() Config {
 		c.Consumer = generatedConsumer()
 	}
 	if c.StartID == "" {
-		c.StartID = DefaultStartID
+		c.StartID = defaultStartID
 	}
 	if c.MinIdle == 0 {
-		c.MinIdle = DefaultMinIdle
+		c.MinIdle = defaultMinIdle
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = c.MinIdle / 3
 	}
 	if c.ClaimInterval == 0 {
-		c.ClaimInterval = DefaultClaimInterval
+		c.ClaimInterval = defaultClaimInterval
 	}
 	if c.Block == 0 {
-		c.Block = DefaultBlock
+		c.Block = defaultBlock
 	}
 	c.mappingDefaults()
 	if c.DeadLetter.Stream == "" {
 		c.DeadLetter.Stream = DLQName(c.Stream)
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }
 
 func (c *Config) mappingDefaults() {
-	if c.IDField == "" {
-		c.IDField = DefaultIDField
-	}
 	if c.BodyField == "" {
-		c.BodyField = DefaultBodyField
+		c.BodyField = defaultBodyField
 	}
 }
 
@@ -238,8 +220,8 @@ func (c Config) validate() error {
 		return configError("Stream", "required")
 	case c.Group == "":
 		return configError("Group", "required")
-	case c.Consumer == ReleasedConsumer:
-		return configError("Consumer", "%q is reserved for the entries Close releases", ReleasedConsumer)
+	case c.Consumer == releasedConsumer:
+		return configError("Consumer", "%q is reserved for the entries Close releases", releasedConsumer)
 	case c.StartID != "0" && c.StartID != "$" && !entryIDRE.MatchString(c.StartID):
 		return configError("StartID", "%q: use \"0\", \"$\" or an entry id such as 1700000000000-0", c.StartID)
 	case c.MinIdle < time.Second:
@@ -259,19 +241,19 @@ func (c Config) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.IDField, c.BodyField, c.KeyField); err != nil {
+	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
 	return err
 }
 
-func validateMapping(idField, bodyField, keyField string) error {
+func validateMapping(bodyField, keyField string) error {
 	switch {
-	case idField == bodyField:
-		return configError("BodyField", "%q is also IDField", bodyField)
+	case bodyField == idField:
+		return configError("BodyField", "%q is the id field", bodyField)
 	case keyField != "" && (keyField == idField || keyField == bodyField):
-		return configError("KeyField", "%q is also IDField or BodyField", keyField)
+		return configError("KeyField", "%q is the id field or BodyField", keyField)
 	}
 	return nil
 }

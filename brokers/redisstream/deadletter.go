@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/dlq"
 )
 
 // DeadLetterer returns the Source's dead-letterer, for the runtime's
@@ -29,7 +28,7 @@ import (
 // again and is dead-lettered again: the dead-letter stream may hold a
 // message twice, with the same x-idemq-message-id, and a replay applies it
 // once.
-func (s *Source) DeadLetterer() *dlq.DeadLetterer { return s.dl }
+func (s *Source) DeadLetterer() consumer.DeadLetterer { return s.dl }
 
 func (s *Source) publishDeadLetter(ctx context.Context, m *consumer.Message) error {
 	if s.closed() {

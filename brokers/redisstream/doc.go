@@ -33,14 +33,14 @@
 // (claims, nacks and recovered own entries all have a delivery count above
 // one); Metadata[MetaDelivery] says which path it took.
 //
-// [Source.RedeliveryHorizon] implements [consumer.HorizonSource]: it tells
+// [Source.RedeliveryHorizon] is the optional method of [consumer.Source]: it tells
 // the runtime's janitor when the oldest entry the group could still
 // deliver was added (the older of its oldest pending entry and the first
 // entry past its last-delivered id, read from their ids), so that no dedup
 // row is purged while its entry can come back.
 //
 // Close stops reading and hands every unacked entry to the consumer
-// [ReleasedConsumer], marked idle for years, so that the next XAUTOCLAIM of
+// "idemq.released", marked idle for years, so that the next XAUTOCLAIM of
 // any consumer in the group takes it at once (the equivalent of RabbitMQ's
 // requeue on close), then removes its own consumer name from the group. A
 // Source with a fixed [Config].Consumer takes back its own pending entries
@@ -48,15 +48,17 @@
 //
 // # Message ids
 //
-// The dedup id comes from an entry field, "idempotency-key" by default
-// ([Config].IDField); [Publisher] writes Message.ID there. The body is the
-// "body" field, Message.Key the [Config].KeyField field if set, and every
-// other field is a header. Without the id field the id falls back to
-// "<stream>/<entry id>" ([FallbackID]): it deduplicates redeliveries of
-// the same entry, NOT duplicates made by producers (a producer retry is a
-// new entry with a new id, applied again). Set the field whenever
-// duplicates matter, or set [Config].DisableFallbackID so that entries
-// without it are dead-lettered as consumer.ClassMissingID. The entry id is
+// Message.ID comes from the "idempotency-key" entry field; [Publisher]
+// writes Message.ID there. The body is the "body" field
+// ([Config].BodyField), Message.Key the [Config].KeyField field if set, and
+// every other field, the id field included, is a header. Without the id
+// field the id falls back to "<stream>/<entry id>": it deduplicates
+// redeliveries of the same entry, NOT duplicates made by producers (a
+// producer retry is a new entry with a new id, applied again). Set the
+// field whenever duplicates matter, or refuse the fallback in the runtime,
+// consumer.Config.MessageID = consumer.IDFromHeader("idempotency-key"), so
+// that entries without it are dead-lettered as consumer.ClassMissingID; a
+// consumer whose producers use another field reads it the same way. The entry id is
 // in Metadata[MetaEntryID], and the id of the entry a message first had is
 // kept in the [HeaderEntryID] header, across dead-lettering and requeue.
 //

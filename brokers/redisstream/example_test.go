@@ -52,8 +52,7 @@ func ExampleNewSource() {
 			_, err := tx.Exec(ctx, "INSERT INTO payments (id, body) VALUES ($1, $2)", m.ID, m.Body)
 			return err
 		},
-		DeadLetterer: src.DeadLetterer(),
-		Logger:       slog.Default(),
+		Logger: slog.Default(),
 	})
 	if err != nil {
 		log.Fatal(err)

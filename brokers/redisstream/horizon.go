@@ -9,9 +9,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.HorizonSource = (*Source)(nil)
-
-// RedeliveryHorizon implements consumer.HorizonSource: it returns the time
+// RedeliveryHorizon implements the RedeliveryHorizon of consumer.Source: it returns the time
 // the oldest entry the group could still deliver was added, read from its
 // id (the milliseconds part of an id XADD generated): the older of the
 // group's oldest pending entry (XPENDING: read by any consumer, live, dead

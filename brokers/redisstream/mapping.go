@@ -51,8 +51,8 @@ var ErrReservedField = errors.New("redisstream: header name is a reserved entry 
 // dead-letterer, the Publisher and the Browser share it, so an entry looks
 // the same whoever reads it.
 type mapping struct {
-	idField, bodyField, keyField string
-	disableFallbackID            bool
+	bodyField, keyField string
+	disableFallbackID   bool // the Browser's: a dead letter's entry id is not its identity
 }
 
 // message converts entry e of stream. Fields other than the id, body and
@@ -66,8 +66,11 @@ func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
 		switch {
 		case k == mp.bodyField:
 			body = []byte(s)
-		case k == mp.idField:
+		case k == idField:
+			// Kept as a header too, so that the runtime's
+			// MessageID can read it without the fallback.
 			id = s
+			headers[k] = s
 		case mp.keyField != "" && k == mp.keyField:
 			key = s
 		default:
@@ -75,7 +78,7 @@ func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
 		}
 	}
 	if id == "" && !mp.disableFallbackID {
-		id = FallbackID(stream, e.ID)
+		id = fallbackID(stream, e.ID)
 	}
 	if _, ok := headers[HeaderEntryID]; !ok {
 		headers[HeaderEntryID] = e.ID
@@ -103,7 +106,7 @@ func (mp mapping) values(m *consumer.Message) ([]any, error) {
 	names := make([]string, 0, len(m.Headers))
 	for k := range m.Headers {
 		switch {
-		case k == mp.idField && m.ID != "":
+		case k == idField && m.ID != "":
 			continue
 		case k == mp.bodyField || (mp.keyField != "" && k == mp.keyField):
 			return nil, fmt.Errorf("%w: header %q", ErrReservedField, k)
@@ -113,7 +116,7 @@ func (mp mapping) values(m *consumer.Message) ([]any, error) {
 	slices.Sort(names)
 	vals := make([]any, 0, 2*len(names)+6)
 	if m.ID != "" {
-		vals = append(vals, mp.idField, m.ID)
+		vals = append(vals, idField, m.ID)
 	}
 	if mp.keyField != "" && m.Key != "" {
 		vals = append(vals, mp.keyField, m.Key)

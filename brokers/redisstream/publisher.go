@@ -17,9 +17,6 @@ import (
 type PublisherConfig struct {
 	// URL is the server's URL. Defaults to DefaultURL.
 	URL string
-	// IDField is the field Message.ID is written to. Defaults to
-	// "idempotency-key".
-	IDField string
 	// BodyField is the field the body is written to. Defaults to "body".
 	BodyField string
 	// KeyField, if set, is the field Message.Key is written to. Defaults
@@ -38,14 +35,11 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 	if c.URL == "" {
 		c.URL = DefaultURL
 	}
-	if c.IDField == "" {
-		c.IDField = DefaultIDField
-	}
 	if c.BodyField == "" {
-		c.BodyField = DefaultBodyField
+		c.BodyField = defaultBodyField
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	return c
 }
@@ -57,7 +51,7 @@ func (c PublisherConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.IDField, c.BodyField, c.KeyField); err != nil {
+	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
@@ -86,7 +80,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		_ = rdb.Close()
 		return nil, connectErr(cfg.URL, err)
 	}
-	return &Publisher{cfg: cfg, mp: mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField}, rdb: rdb}, nil
+	return &Publisher{cfg: cfg, mp: mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField}, rdb: rdb}, nil
 }
 
 // Publish adds msgs, in order, to stream (creating it if needed), in one

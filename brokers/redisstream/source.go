@@ -16,11 +16,6 @@ import (
 	"github.com/idemq/idemq/dlq"
 )
 
-var (
-	_ consumer.ConfigurableSource = (*Source)(nil)
-	_ consumer.BatchAcker         = (*Source)(nil)
-)
-
 // Bounds of the Source's own waits.
 const (
 	closeTimeout    = 5 * time.Second
@@ -64,15 +59,15 @@ type Stats struct {
 }
 
 // Source consumes one Redis stream as a member of a consumer group. It
-// implements consumer.Source, consumer.ConfigurableSource,
-// consumer.BatchAcker and consumer.HorizonSource; create it with NewSource. It is safe for concurrent
+// implements consumer.Source, consumer.Source's Configure,
+// consumer.Source's AckBatch and consumer.Source's RedeliveryHorizon; create it with NewSource. It is safe for concurrent
 // use.
 type Source struct {
 	cfg  Config
 	mp   mapping
 	rdb  *redis.Client // acks, claims, dead letters
 	read *redis.Client // blocking XREADGROUP only: Close closes it to end a wait
-	dl   *dlq.DeadLetterer
+	dl   consumer.DeadLetterer
 	log  atomic.Pointer[slog.Logger]
 
 	aofOK     bool
@@ -120,19 +115,17 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:    cfg,
-		mp:     mapping{idField: cfg.IDField, bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: cfg.DisableFallbackID},
+		mp:     mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField},
 		ready:  make(chan struct{}, 1),
 		held:   map[string]*delivery{},
-		window: DefaultWindow,
-		limit:  2 * DefaultWindow,
+		window: defaultWindow,
+		limit:  2 * defaultWindow,
 	}
 	s.life, s.stop = context.WithCancel(context.Background())
 	s.sweepDue.Store(true)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s.setLogger(logger)
+	// The runtime's logger comes with Configure; until then, and without
+	// a runtime, the Source's logs are discarded.
+	s.setLogger(slog.New(slog.DiscardHandler))
 	dl, err := dlq.NewDeadLetterer(s.publishDeadLetter, cfg.DeadLetter.Options)
 	if err != nil {
 		s.stop()
@@ -189,13 +182,13 @@ func (s *Source) ensureGroup(ctx context.Context) (created bool, err error) {
 // Consumer returns the Source's consumer name within its group.
 func (s *Source) Consumer() string { return s.cfg.Consumer }
 
-// Configure implements consumer.ConfigurableSource; consumer.New calls it
+// Configure implements consumer.Source's Configure; consumer.New calls it
 // once, before the first Receive. Each XREADGROUP then asks for at most the
 // runtime's window of entries (COUNT), and the Source holds at most twice
 // the window read and not settled (at most 10,000), so that a message or
 // batch is waiting whenever a worker frees up; it logs to the runtime's
-// logger unless Config.Logger was set. It returns the bound on held
-// entries. A Source no runtime configures uses a window of DefaultWindow.
+// logger. It returns the bound on held
+// entries. A Source no runtime configures uses a window of 8.
 // Once the first Receive ran, Configure changes nothing.
 func (s *Source) Configure(set consumer.SourceSettings) int {
 	s.mu.Lock()
@@ -207,7 +200,7 @@ func (s *Source) Configure(set consumer.SourceSettings) int {
 		s.window = min(set.Window, maxWindow/2)
 		s.limit = 2 * s.window
 	}
-	if s.cfg.Logger == nil && set.Logger != nil {
+	if set.Logger != nil {
 		s.setLogger(set.Logger)
 	}
 	return s.limit
@@ -580,7 +573,7 @@ return n
 `)
 
 // Close stops reading and gives every entry the Source read and did not ack
-// back to the group: it hands them to the consumer ReleasedConsumer, marked
+// back to the group: it hands them to the consumer releasedConsumer, marked
 // idle for so long that the next XAUTOCLAIM of any consumer in the group
 // takes them (Redis has no requeue), and removes its own consumer name from
 // the group once it owns nothing. Acks and nacks after Close return errors
@@ -600,7 +593,7 @@ func (s *Source) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
 		n, err := releaseScript.Run(ctx, s.rdb, []string{s.cfg.Stream},
-			s.cfg.Group, s.cfg.Consumer, ReleasedConsumer, releasedIdle.Milliseconds(), maxReleasePages).Int64()
+			s.cfg.Group, s.cfg.Consumer, releasedConsumer, releasedIdle.Milliseconds(), maxReleasePages).Int64()
 		s.released.Add(n)
 		if err != nil && !isNoGroup(err) {
 			s.closeErr = fmt.Errorf("redisstream: close: release pending entries (they will be claimed after MinIdle): %w", err)
@@ -733,7 +726,7 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 }
 
 // AckBatch acknowledges deliveries of this Source with one XACK for all of
-// them. It implements consumer.BatchAcker for the runtime's batch mode,
+// them. It implements consumer.Source's AckBatch for the runtime's batch mode,
 // which calls it after the batch's transaction committed.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
 	var errs []error

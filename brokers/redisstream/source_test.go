@@ -26,7 +26,7 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{"no stream", func(c *redisstream.Config) { c.Stream = "" }, "Stream"},
 		{"no group", func(c *redisstream.Config) { c.Group = "" }, "Group"},
-		{"reserved consumer", func(c *redisstream.Config) { c.Consumer = redisstream.ReleasedConsumer }, "Consumer"},
+		{"reserved consumer", func(c *redisstream.Config) { c.Consumer = redisstream.ReleasedConsumerForTest }, "Consumer"},
 		{"bad start id", func(c *redisstream.Config) { c.StartID = "latest" }, "StartID"},
 		{"min idle too short", func(c *redisstream.Config) { c.MinIdle = 10 * time.Millisecond }, "MinIdle"},
 		{"keep-alive too slow", func(c *redisstream.Config) { c.MinIdle = 10 * time.Second; c.KeepAlive = 5 * time.Second }, "KeepAlive"},
@@ -35,7 +35,7 @@ func TestConfigValidation(t *testing.T) {
 		{"block too short", func(c *redisstream.Config) { c.Block = time.Microsecond }, "Block"},
 		{"dead letters to itself", func(c *redisstream.Config) { c.DeadLetter.Stream = "s" }, "DeadLetter.Stream"},
 		{"dead-letter maxlen negative", func(c *redisstream.Config) { c.DeadLetter.MaxLen = -1 }, "DeadLetter.MaxLen"},
-		{"body field is id field", func(c *redisstream.Config) { c.BodyField = redisstream.DefaultIDField }, "BodyField"},
+		{"body field is id field", func(c *redisstream.Config) { c.BodyField = "idempotency-key" }, "BodyField"},
 		{"key field is body field", func(c *redisstream.Config) { c.KeyField = "body" }, "KeyField"},
 		{"dead-letter options", func(c *redisstream.Config) { c.DeadLetter.Options.MaxErrorBytes = 3 }, "DeadLetter.Options.MaxErrorBytes"},
 		{"url scheme", func(c *redisstream.Config) { c.URL = "amqp://guest:guest@localhost/" }, "URL"},
@@ -64,7 +64,7 @@ func TestConfigValidation(t *testing.T) {
 		cfg  redisstream.PublisherConfig
 	}{
 		{"maxlen", redisstream.PublisherConfig{MaxLen: -1}},
-		{"fields", redisstream.PublisherConfig{IDField: "body"}},
+		{"fields", redisstream.PublisherConfig{BodyField: "idempotency-key"}},
 	} {
 		if _, err := redisstream.NewPublisher(context.Background(), tc.cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("publisher %s: got %v, want a config error", tc.name, err)
@@ -134,7 +134,8 @@ func persistsEverything(ctx context.Context, t *testing.T, url string) (bool, er
 
 // TestMapping: fields become the message's id, key, body and headers; the
 // entry id is in the metadata and in HeaderEntryID; an entry without the id
-// field gets the fallback id, or none with DisableFallbackID.
+// field gets the fallback id; the id field is a header too, so the runtime's
+// MessageID can refuse the fallback.
 func TestMapping(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
@@ -153,7 +154,7 @@ func TestMapping(t *testing.T) {
 	if m.ID != "pay-1" || m.Key != "acct-1" || string(m.Body) != `{"a":1}` || m.Header("h1") != "v1" || m.Source != stream {
 		t.Errorf("message %+v", m)
 	}
-	if m.Header("body") != "" || m.Header("idempotency-key") != "" || m.Header("k") != "" {
+	if m.Header("body") != "" || m.Header("idempotency-key") != "pay-1" || m.Header("k") != "" {
 		t.Errorf("reserved fields among the headers: %v", m.Headers)
 	}
 	if m.Metadata[redisstream.MetaEntryID] != withID || m.Header(redisstream.HeaderEntryID) != withID || m.Metadata[redisstream.MetaDelivery] != "new" {
@@ -163,14 +164,11 @@ func TestMapping(t *testing.T) {
 		t.Errorf("redelivered %v, partition %d, offset %d, timestamp %v", m.Redelivered, m.Partition, m.Offset, m.Timestamp)
 	}
 	m2 := brokertest.Receive(ctx, t, src).Message()
-	if want := redisstream.FallbackID(stream, without); m2.ID != want {
+	if want := stream + "/" + without; m2.ID != want {
 		t.Errorf("fallback id %q, want %q", m2.ID, want)
 	}
-
-	src2 := newSource(t, redisstream.Config{Stream: stream, Group: "g2", DisableFallbackID: true})
-	_ = brokertest.Receive(ctx, t, src2)
-	if m := brokertest.Receive(ctx, t, src2).Message(); m.ID != "" {
-		t.Errorf("DisableFallbackID: id %q, want none", m.ID)
+	if id, _ := consumer.IDFromHeader("idempotency-key")(m2); id != "" {
+		t.Errorf("id header of an entry without one: %q", id)
 	}
 
 	// The Publisher writes what the Source reads, and refuses a header
@@ -359,7 +357,7 @@ func TestCloseReleases(t *testing.T) {
 		switch c.Name {
 		case src.Consumer():
 			t.Errorf("closed consumer %s still in the group", c.Name)
-		case redisstream.ReleasedConsumer:
+		case redisstream.ReleasedConsumerForTest:
 			if c.Pending != 3 {
 				t.Errorf("%s holds %d entries, want 3", c.Name, c.Pending)
 			}

@@ -11,7 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/nats-io/nats.go"
+
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/internal/bench"
@@ -94,7 +95,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
 	fs.IntVar(&cfg.KafkaPartitions, "kafka-partitions", 0, "partitions per topic (default --concurrency)")
-	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL, JetStream enabled (default $NATS_URL, then "+natsjs.DefaultURL+")")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL, JetStream enabled (default $NATS_URL, then "+nats.DefaultURL+")")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL (default $REDIS_URL, then "+redisstream.DefaultURL+")")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
@@ -140,7 +141,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	cfg.DatabaseURL, _ = (&dbFlags{url: dbURL}).databaseURL(e)
 	cfg.AMQPURL = amqpURL(e, cfg.AMQPURL)
-	cfg.NATSURL = urlFlag(e, cfg.NATSURL, "NATS_URL", natsjs.DefaultURL)
+	cfg.NATSURL = urlFlag(e, cfg.NATSURL, "NATS_URL", nats.DefaultURL)
 	cfg.RedisURL = urlFlag(e, cfg.RedisURL, "REDIS_URL", redisstream.DefaultURL)
 
 	tty := isTerminal(e.stderr)

@@ -23,7 +23,7 @@ func natsURLOr(flagValue string, e *env) string {
 	if u := e.getenv("NATS_URL"); u != "" {
 		return u
 	}
-	return natsjs.DefaultURL
+	return nats.DefaultURL
 }
 
 // redactNATSURLs shows a comma-separated list of NATS URLs with their

@@ -45,18 +45,19 @@ func (b *brokerFlags) validateRedis(e *env, keyFlag string) error {
 // openRedisDLQ opens a Redis Streams dead-letter stream: a browser that
 // reads the entries it holds now with XRANGE (no consumer group; acking an
 // entry deletes it, XDEL) and, with withPublisher, a publisher that adds
-// each original back to its source stream (XADD), its dedup id and its
-// body in the consumer's fields (--redis-id-field, --redis-body-field).
+// each original back to its source stream (XADD), its dedup id in the
+// idempotency-key field and its body in the consumer's body field
+// (--redis-body-field).
 func openRedisDLQ(ctx context.Context, b *brokerFlags, withPublisher bool) (*dlqConn, error) {
 	br, err := redisstream.NewBrowser(ctx, redisstream.BrowserConfig{URL: b.redisURL, Stream: b.streamKey,
-		IDField: b.redisIDField, BodyField: b.redisBodyField})
+		BodyField: b.redisBodyField})
 	if err != nil {
 		return nil, redact.Error(err, b.redisURL)
 	}
 	c := &dlqConn{browser: br, close: func() { _ = br.Close() }}
 	if withPublisher {
 		pub, err := redisstream.NewPublisher(ctx, redisstream.PublisherConfig{URL: b.redisURL,
-			IDField: b.redisIDField, BodyField: b.redisBodyField})
+			BodyField: b.redisBodyField})
 		if err != nil {
 			_ = br.Close()
 			return nil, redact.Error(err, b.redisURL)

@@ -4,7 +4,8 @@ import (
 	"context"
 	"flag"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/nats-io/nats.go"
+
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -14,43 +15,42 @@ import (
 // `idemq console` (streamDLQFlags).
 
 const (
-	natsURLHelp  = "NATS server URL, or a comma-separated list (default $NATS_URL, then " + natsjs.DefaultURL + ")"
+	natsURLHelp  = "NATS server URL, or a comma-separated list (default $NATS_URL, then " + nats.DefaultURL + ")"
 	redisURLHelp = "Redis URL, redis://[user:password@]host:port/db or rediss:// (default $REDIS_URL, then " + redisstream.DefaultURL + ")"
 )
 
 // registerStreams registers the NATS and Redis flags of `idemq dlq`.
 func (b *brokerFlags) registerStreams(fs *flag.FlagSet) {
 	fs.StringVar(&b.natsURL, "nats-url", "", natsURLHelp)
-	fs.StringVar(&b.subject, "subject", "", "NATS JetStream dead-letter `subject` (a Source's default is \"<subject>"+natsjs.DLQSuffix+"\")")
+	fs.StringVar(&b.subject, "subject", "", "NATS JetStream dead-letter `subject` (a Source's default is \"<subject>.dlq\")")
 	fs.StringVar(&b.natsStream, "stream", "", "NATS JetStream `stream` that stores --subject (default: the one the server says captures it)")
 	fs.StringVar(&b.redisURL, "redis-url", "", redisURLHelp)
-	fs.StringVar(&b.streamKey, "stream-key", "", "Redis Streams dead-letter stream's `key` (a Source's default is \"<stream>"+redisstream.DLQSuffix+"\")")
-	registerRedisFields(fs, &b.redisIDField, &b.redisBodyField)
+	fs.StringVar(&b.streamKey, "stream-key", "", "Redis Streams dead-letter stream's `key` (a Source's default is \"<stream>.dlq\")")
+	registerRedisFields(fs, &b.redisBodyField)
 }
 
-// registerRedisFields registers the flags naming the consumer's Redis
-// entry fields, which reading the dead letters and republishing them use.
-func registerRedisFields(fs *flag.FlagSet, idField, bodyField *string) {
-	fs.StringVar(idField, "redis-id-field", redisstream.DefaultIDField, "Redis entry `field` of the message id, as the consumer's IDField: replays write the id there")
-	fs.StringVar(bodyField, "redis-body-field", redisstream.DefaultBodyField, "Redis entry `field` of the body, as the consumer's (and its dead-letterer's) BodyField")
+// registerRedisFields registers the flag naming the consumer's Redis body
+// field, which reading the dead letters and republishing them use.
+func registerRedisFields(fs *flag.FlagSet, bodyField *string) {
+	fs.StringVar(bodyField, "redis-body-field", "", "Redis entry `field` of the body, as the consumer's (and its dead-letterer's) BodyField (default \"body\")")
 }
 
 // streamDLQFlags select NATS JetStream and Redis Streams dead-letter queues
 // for `idemq status` and `idemq console`.
 type streamDLQFlags struct {
-	natsURL                      string
-	subjects                     listFlag
-	natsStream                   string
-	redisURL                     string
-	keys                         listFlag
-	redisIDField, redisBodyField string
+	natsURL        string
+	subjects       listFlag
+	natsStream     string
+	redisURL       string
+	keys           listFlag
+	redisBodyField string
 }
 
 // register registers the flags; withFields also those of the Redis entry
 // fields, which reading and republishing dead letters need.
 func (f *streamDLQFlags) register(fs *flag.FlagSet, purpose string, withFields bool) {
 	if withFields {
-		registerRedisFields(fs, &f.redisIDField, &f.redisBodyField)
+		registerRedisFields(fs, &f.redisBodyField)
 	}
 	fs.StringVar(&f.natsURL, "nats-url", "", natsURLHelp+", for --dlq-subject")
 	fs.Var(&f.subjects, "dlq-subject", "NATS JetStream dead-letter `subject` "+purpose+" (repeatable)")
@@ -74,7 +74,7 @@ func (f *streamDLQFlags) resolve(e *env) ([]*brokerFlags, error) {
 		out = append(out, b)
 	}
 	for _, k := range f.keys {
-		b := &brokerFlags{broker: "redis", redisURL: f.redisURL, streamKey: k, redisIDField: f.redisIDField, redisBodyField: f.redisBodyField}
+		b := &brokerFlags{broker: "redis", redisURL: f.redisURL, streamKey: k, redisBodyField: f.redisBodyField}
 		if err := b.validateRedis(e, "--dlq-stream-key"); err != nil {
 			return nil, err
 		}

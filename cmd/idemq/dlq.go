@@ -85,8 +85,8 @@ is republished with its dedup id in Nats-Msg-Id and duplicates rejected: one
 the work stream discards as a duplicate (republished within its duplicate
 window) fails and stays in the DLQ. A removed dead letter is deleted from its
 stream (NATS: by sequence; Redis: XDEL). On Redis Streams the original is
-added (XADD) with its dedup id and body in the fields the consumer reads them
-from: --redis-id-field and --redis-body-field, if its Source sets IDField or
+added (XADD) with its dedup id in the idempotency-key field and its body in
+the field the consumer reads it from: --redis-body-field, if its Source sets
 BodyField.
 
 To run the handler in this process instead, use the Go API dlq.Replay.
@@ -112,9 +112,8 @@ type brokerFlags struct {
 	natsStream   string
 	redisURL     string
 	streamKey    string
-	// redisIDField and redisBodyField are the consumer's entry fields
-	// (redisstream.Config.IDField and BodyField).
-	redisIDField   string
+	// redisBodyField is the consumer's body field
+	// (redisstream.Config.BodyField).
 	redisBodyField string
 }
 

@@ -25,7 +25,7 @@ func openKafkaDLQ(ctx context.Context, b *brokerFlags, withPublisher bool) (*dlq
 	if len(brokers) == 0 {
 		return nil, usagef("--kafka-brokers %q: want host:port addresses, comma-separated", b.kafkaBrokers)
 	}
-	br, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: b.topic, DisableFallbackID: true})
+	br, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: b.topic})
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 // kafkaRecords reads every record of topic, without a group.
 func kafkaRecords(ctx context.Context, t *testing.T, brokers []string, topic string) []*consumer.Message {
 	t.Helper()
-	b, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: topic, DisableFallbackID: true, FetchMaxWait: 100 * time.Millisecond})
+	b, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: topic, FetchMaxWait: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,14 +71,16 @@ func TestDLQInspectAndReplayKafka(t *testing.T) {
 	kargs := []string{"--broker", "kafka", "--kafka-brokers", strings.Join(brokers, ","), "--topic", dead}
 
 	// The dead letters are written without an idempotency-key header (the
-	// DLQ publisher uses another header name): their ids live only in
-	// their envelopes, which is what the replay must republish.
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, IDHeader: "x-dlq-id"})
+	// DLQ publish drops Message.ID): their ids live only in their
+	// envelopes, which is what the replay must republish.
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
 	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		m = m.Clone()
+		m.ID = ""
 		return pub.Publish(ctx, dead, m)
 	}, dlq.Options{})
 	if err != nil {

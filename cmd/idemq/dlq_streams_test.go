@@ -31,11 +31,11 @@ type streamFixture struct {
 	// work and dead are the work and dead-letter subjects (NATS) or
 	// stream keys (Redis); deadStream is the NATS dead-letter stream.
 	work, dead, deadStream string
-	dl                     *dlq.DeadLetterer
+	dl                     consumer.DeadLetterer
 	// args select dead for `idemq dlq`.
 	args []string
-	// idField and bodyField are the Redis Source's entry fields.
-	idField, bodyField string
+	// bodyField is the Redis Source's body field.
+	bodyField string
 }
 
 func randHex(n int) string {
@@ -47,9 +47,9 @@ func randHex(n int) string {
 // natsJS connects a plain JetStream client for the test's own checks.
 func natsJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(natsjs.DefaultURL)
+	nc, err := nats.Connect(nats.DefaultURL)
 	if err != nil {
-		t.Fatalf("NATS at %s: %v", natsjs.DefaultURL, err)
+		t.Fatalf("NATS at %s: %v", nats.DefaultURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -111,7 +111,7 @@ func newRedisFixture(ctx context.Context, t *testing.T, opts dlq.Options) *strea
 // but for its stream and group.
 func newRedisFixtureWith(ctx context.Context, t *testing.T, cfg redisstream.Config) *streamFixture {
 	t.Helper()
-	f := &streamFixture{broker: "redis", work: "idemq-cli-test-" + randHex(5), idField: cfg.IDField, bodyField: cfg.BodyField}
+	f := &streamFixture{broker: "redis", work: "idemq-cli-test-" + randHex(5), bodyField: cfg.BodyField}
 	f.dead = redisstream.DLQName(f.work)
 	rdb := redisClient(t)
 	t.Cleanup(func() { _ = rdb.Del(context.Background(), f.work, f.dead).Err() })
@@ -144,7 +144,7 @@ func (f *streamFixture) read(ctx context.Context, t *testing.T, name string) []*
 	if f.broker == "nats" {
 		b, err = natsjs.NewBrowser(ctx, natsjs.BrowserConfig{Subject: name, Idle: 500 * time.Millisecond})
 	} else {
-		b, err = redisstream.NewBrowser(ctx, redisstream.BrowserConfig{Stream: name, IDField: f.idField, BodyField: f.bodyField})
+		b, err = redisstream.NewBrowser(ctx, redisstream.BrowserConfig{Stream: name, BodyField: f.bodyField})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -277,8 +277,9 @@ func TestDLQInspectAndReplayStreams(t *testing.T) {
 	}
 }
 
-// TestDLQReplayRedisFields: a consumer whose Source reads the id and the
-// body from fields of its own gets its dead letters back in those fields,
+// TestDLQReplayRedisFields: a consumer whose Source reads the body from a
+// field of its own gets its dead letters back in that field, the id in
+// idempotency-key,
 // and the dry run and replay see their bodies: an applied one is recognised
 // by its fingerprint.
 func TestDLQReplayRedisFields(t *testing.T) {
@@ -286,21 +287,24 @@ func TestDLQReplayRedisFields(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	store, dbArgs := migrated(t)
-	f := newRedisFixtureWith(ctx, t, redisstream.Config{IDField: "order-id", BodyField: "payload"})
+	f := newRedisFixtureWith(ctx, t, redisstream.Config{BodyField: "payload"})
 	for i := range 3 {
 		f.deadLetter(ctx, t, fmt.Sprint("o-", i), fmt.Sprint(`{"o":`, i, `}`), consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("bug")})
 	}
 	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "o-2", Fingerprint: (&consumer.Message{Body: []byte(`{"o":2}`)}).Fingerprint(), Partition: -1, Offset: -1})
-	args := append([]string{"dlq", "replay", "--stream-key", f.dead, "--redis-id-field", "order-id", "--redis-body-field", "payload", "--retention", "72h"}, dbArgs...)
+	args := append([]string{"dlq", "replay", "--stream-key", f.dead, "--redis-body-field", "payload", "--retention", "72h"}, dbArgs...)
 	want(t, idemq(t, append(args, "--dry-run")...), exitOK, "2 will apply, 1 already applied, 0 fingerprint mismatch", "")
 	want(t, idemq(t, args...), exitOK, "republished 2 (the consumer applies them once); skipped 1 already applied", "")
 	got := map[string]string{}
 	for _, m := range f.read(ctx, t, f.work) {
 		got[m.ID] = string(m.Body)
-		for _, k := range []string{"body", redisstream.DefaultIDField, "payload", "order-id"} {
+		for _, k := range []string{"body", "payload"} {
 			if _, ok := m.Headers[k]; ok {
 				t.Errorf("republished %s has a field %q besides its id and body: %v", m.ID, k, m.Headers)
 			}
+		}
+		if m.Header("idempotency-key") != m.ID {
+			t.Errorf("republished %s has idempotency-key %q", m.ID, m.Header("idempotency-key"))
 		}
 	}
 	if len(got) != 2 || got["o-0"] != `{"o":0}` || got["o-1"] != `{"o":1}` {

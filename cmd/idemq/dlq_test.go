@@ -69,7 +69,7 @@ func rmqDepth(t *testing.T, q string) int {
 
 // rmqDeadLetterer returns a dead-letterer publishing, confirmed, to the
 // RabbitMQ queue dead; its publisher closes at cleanup.
-func rmqDeadLetterer(ctx context.Context, t *testing.T, dead string, opts dlq.Options) *dlq.DeadLetterer {
+func rmqDeadLetterer(ctx context.Context, t *testing.T, dead string, opts dlq.Options) consumer.DeadLetterer {
 	t.Helper()
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
 	if err != nil {
@@ -162,7 +162,7 @@ func TestDLQReplayVerifyKeyFile(t *testing.T) {
 		}
 	}
 	signed, unsigned := rmqDeadLetterer(ctx, t, dead, dlq.Options{SigningKey: key}), rmqDeadLetterer(ctx, t, dead, dlq.Options{})
-	deadLetter := func(id, source string, dl *dlq.DeadLetterer) {
+	deadLetter := func(id, source string, dl consumer.DeadLetterer) {
 		t.Helper()
 		err := dl.DeadLetter(ctx, &consumer.Message{ID: id, Body: []byte(`{}`), Source: source, Partition: -1, Offset: -1},
 			consumer.Failure{Consumer: "billing", MessageID: id, Class: consumer.ClassPermanent, Err: errors.New("bug"), Attempts: 1,

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/dupage"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -53,7 +54,7 @@ func TestMigratePartitionedAndStatus(t *testing.T) {
 	want(t, idemq(t, append([]string{"processed", "show"}, append(args, "billing", "m-1")...)...), exitOK, "m-1", "")
 
 	// One janitor report: duplicates up to 4h old, retention 72h.
-	b := make([]int64, len(consumer.DupAgeBounds)+1)
+	b := make([]int64, dupage.Buckets)
 	b[0], b[8] = 998, 2 // within 1s; within 4h
 	now := time.Now()
 	if err := part.RecordRetention(context.Background(), consumer.RetentionReport{Consumer: "billing",

@@ -265,12 +265,16 @@ func statusFillKafka(ctx context.Context, t *testing.T) ([]string, func() int) {
 	c := kafkatest.Start(t)
 	dead := kafkatest.Name(t, "dlq")
 	c.CreateTopic(t, dead, 2)
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Addrs(), IDHeader: "x-dlq-id"})
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Addrs()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error { return pub.Publish(ctx, dead, m) }, dlq.Options{})
+	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		m = m.Clone()
+		m.ID = "" // no idempotency-key: the id lives in the envelope only
+		return pub.Publish(ctx, dead, m)
+	}, dlq.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

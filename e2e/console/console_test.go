@@ -283,7 +283,7 @@ func rabbitDLQ(queue string) console.DLQ {
 
 func kafkaDLQ(brokers []string, topic string) console.DLQ {
 	open := func(ctx context.Context) (*kafka.Browser, error) {
-		return kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: topic, DisableFallbackID: true, FetchMaxWait: 100 * time.Millisecond})
+		return kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: topic, FetchMaxWait: 100 * time.Millisecond})
 	}
 	return console.DLQ{Broker: "kafka", Name: topic,
 		// `idemq console` reads the watermarks, as `idemq status` does;

@@ -110,7 +110,7 @@ type shop struct {
 	broker *memory.Broker
 	buggy  atomic.Bool
 	key    []byte // signs the dead-letter envelopes
-	dl     *dlq.DeadLetterer
+	dl     consumer.DeadLetterer
 }
 
 func (s *shop) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {

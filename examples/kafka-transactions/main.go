@@ -42,7 +42,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/brokers/franz"
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
@@ -130,7 +129,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		for i := from; i < to; i++ {
 			id := fmt.Sprintf("payment-%03d", i)
 			recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "account-%d", i%7), Value: []byte(id),
-				Headers: []kgo.RecordHeader{{Key: kafka.DefaultIDHeader, Value: []byte(id)}}})
+				Headers: []kgo.RecordHeader{{Key: "idempotency-key", Value: []byte(id)}}})
 		}
 		if err := producer.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			return err
@@ -168,7 +167,6 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		Name: "ledger", Source: src, Store: store, Concurrency: 4,
 		// Failed payments go to the dead-letter topic, topic+".dlq", on
 		// the Source's own client, before their offsets may be committed.
-		DeadLetterer: src.DeadLetterer(),
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if !strings.HasPrefix(string(m.Body), "payment-") {
 				markers.Add(1) // a transaction marker or an aborted record: never happens

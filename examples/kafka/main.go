@@ -191,15 +191,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	// the dead-letter topic (<topic>.dlq) before the original's offset
 	// may be committed.
 	rt, err := consumer.New(consumer.Config{
-		Name:         "orders",
-		Source:       src,
-		Store:        store,
-		Handler:      handle,
-		BatchSize:    o.batch,
-		DeadLetterer: src.DeadLetterer(), // the Source owns it: the runtime closes both
-		Concurrency:  o.concurrency,
-		Retry:        consumer.RetryConfig{MaxAttempts: 3, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		Logger:       logger,
+		Name:        "orders",
+		Source:      src,
+		Store:       store,
+		Handler:     handle,
+		BatchSize:   o.batch,
+		Concurrency: o.concurrency,
+		Retry:       consumer.RetryConfig{MaxAttempts: 3, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Logger:      logger,
 	})
 	if err != nil {
 		_ = src.Close()
@@ -242,7 +241,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	// What is in the dead-letter topic, read without a group: nothing is
 	// committed.
-	browser, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: dlqTopic, DisableFallbackID: true})
+	browser, err := kafka.NewBrowser(ctx, kafka.BrowserConfig{Brokers: brokers, Topic: dlqTopic})
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func main() {
 func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	natsURL := os.Getenv("NATS_URL")
 	if natsURL == "" {
-		natsURL = natsjs.DefaultURL
+		natsURL = nats.DefaultURL
 	}
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
@@ -152,11 +152,10 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}
 
 	rt, err := consumer.New(consumer.Config{
-		Name:         consumerName,
-		Store:        store,
-		Source:       src,
-		DeadLetterer: src.DeadLetterer(),
-		Concurrency:  2,
+		Name:        consumerName,
+		Store:       store,
+		Source:      src,
+		Concurrency: 2,
 		Handler: consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p Payment) error {
 			tag, err := tx.Exec(ctx, `UPDATE `+accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
 			if err != nil {

@@ -12,13 +12,14 @@ import (
 	"testing"
 	"time"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/nats-io/nats.go"
+
 	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/internal/testdb"
 )
 
 func TestMain(m *testing.M) {
-	_ = natstest.EnsureAnchor(natsjs.DefaultURL) // see natstest
+	_ = natstest.EnsureAnchor(nats.DefaultURL) // see natstest
 	os.Exit(m.Run())
 }
 

@@ -153,11 +153,10 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}
 
 	rt, err := consumer.New(consumer.Config{
-		Name:         consumerName,
-		Source:       src,
-		Store:        store,
-		DeadLetterer: src.DeadLetterer(),
-		Concurrency:  2,
+		Name:        consumerName,
+		Source:      src,
+		Store:       store,
+		Concurrency: 2,
 		Handler: consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p Payment) error {
 			tag, err := tx.Exec(ctx, `UPDATE `+accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
 			if err != nil {

@@ -178,14 +178,13 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		len(w.msgs), queue, o.payments, w.duplicates, w.poison)
 
 	rt, err := consumer.New(consumer.Config{
-		Name:         "ledger",
-		Source:       src,
-		Store:        store,
-		Handler:      handle,
-		DeadLetterer: src.DeadLetterer(), // the Source owns it: the runtime closes both
-		Concurrency:  o.concurrency,
-		Retry:        consumer.RetryConfig{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		Logger:       logger,
+		Name:        "ledger",
+		Source:      src,
+		Store:       store,
+		Handler:     handle,
+		Concurrency: o.concurrency,
+		Retry:       consumer.RetryConfig{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Logger:      logger,
 	})
 	if err != nil {
 		return err

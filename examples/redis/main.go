@@ -150,20 +150,19 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 
 	src, err := redisstream.NewSource(ctx, redisstream.Config{
 		URL: redisURL, Stream: *stream, Group: consumerName,
-		// An entry without an idempotency-key is dead-lettered, rather
-		// than deduplicated by its entry id only.
-		DisableFallbackID: true,
 	})
 	if err != nil {
 		return err
 	}
 	rt, err := consumer.New(consumer.Config{
-		Name:         consumerName,
-		Store:        store,
-		Source:       src,
-		DeadLetterer: src.DeadLetterer(),
-		Concurrency:  2,
-		Logger:       logger,
+		Name:   consumerName,
+		Store:  store,
+		Source: src,
+		// An entry without an idempotency-key is dead-lettered, rather
+		// than deduplicated by its entry id only.
+		MessageID:   consumer.IDFromHeader("idempotency-key"),
+		Concurrency: 2,
+		Logger:      logger,
 		Handler: consumer.JSON(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, p Payment) error {
 			tag, err := tx.Exec(ctx, `UPDATE `+accounts+` SET balance_cents = balance_cents + $2 WHERE id = $1`, p.Account, p.AmountCents)
 			if err != nil {

@@ -21,8 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 )
@@ -48,7 +48,7 @@ const (
 	// ModeDefault is the idemq runtime with its default configuration and
 	// the per-message Handler: deliveries already waiting when a lane
 	// begins a transaction are grouped into it (up to
-	// consumer.DefaultGroupSize), with no added wait.
+	// 32, the runtime's default), with no added wait.
 	ModeDefault Mode = "idemq-default"
 	// ModeBatch is the idemq runtime in batch mode with the same
 	// per-message Handler as ModeIdemq (one ledger INSERT per message,
@@ -76,8 +76,8 @@ const (
 const (
 	DefaultMessages     = 20_000
 	DefaultDupRate      = 0.2
-	DefaultConcurrency  = consumer.DefaultConcurrency
-	DefaultBatchSize    = consumer.DefaultBatchSize
+	DefaultConcurrency  = 8   // the runtime's default
+	DefaultBatchSize    = 100 // the runtime's default with a BatchHandler
 	DefaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultDatabaseURL  = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultModeTimeout  = 10 * time.Minute
@@ -115,8 +115,8 @@ type Config struct {
 	Concurrency int
 	// BatchSize is the batch modes' BatchSize. Defaults to 100.
 	BatchSize int
-	// BatchWait is the batch modes' BatchWait. Defaults to
-	// consumer.DefaultBatchWait, 5ms.
+	// BatchWait is the batch modes' BatchWait. Defaults to 5ms,
+	// the runtime's default with a BatchHandler.
 	BatchWait time.Duration
 	// Preload publishes the whole workload before consuming starts,
 	// instead of concurrently. Latencies then include the wait in the
@@ -180,7 +180,7 @@ type Config struct {
 	// Defaults to Concurrency.
 	KafkaPartitions int
 	// NATSURL is the NATS server's URL (JetStream enabled). Defaults to
-	// natsjs.DefaultURL, nats://127.0.0.1:4222.
+	// nats.DefaultURL, nats://127.0.0.1:4222.
 	NATSURL string
 	// RedisURL is the Redis server's URL. Defaults to
 	// redisstream.DefaultURL, redis://127.0.0.1:6379/0.
@@ -234,7 +234,7 @@ func (c Config) withDefaults() Config {
 		c.BatchSize = DefaultBatchSize
 	}
 	if c.BatchWait == 0 {
-		c.BatchWait = consumer.DefaultBatchWait
+		c.BatchWait = 5 * time.Millisecond
 	}
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = DefaultDatabaseURL
@@ -246,7 +246,7 @@ func (c Config) withDefaults() Config {
 		c.KafkaPartitions = c.Concurrency
 	}
 	if c.NATSURL == "" {
-		c.NATSURL = natsjs.DefaultURL
+		c.NATSURL = nats.DefaultURL
 	}
 	if c.RedisURL == "" {
 		c.RedisURL = redisstream.DefaultURL

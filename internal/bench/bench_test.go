@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/internal/testdb"
@@ -20,7 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	_ = natstest.EnsureAnchor(natsjs.DefaultURL) // see natstest
+	_ = natstest.EnsureAnchor(nats.DefaultURL) // see natstest
 	goleak.VerifyTestMain(m, testdb.LeakOptions()...)
 }
 

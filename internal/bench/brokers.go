@@ -429,7 +429,7 @@ func (t *kafkaTarget) consume(ctx context.Context, m Mode, workers int, handle r
 				var id, at string
 				for _, h := range m.Headers {
 					switch h.Key {
-					case kafka.DefaultIDHeader:
+					case "idempotency-key": // the id header the kafka Publisher writes
 						id = string(h.Value)
 					case HeaderPublishedAt:
 						at = string(h.Value)

@@ -19,12 +19,13 @@ import (
 // Nats-Msg-Id: JetStream discards a message whose Nats-Msg-Id it stored
 // within its duplicate window (2 minutes), so the workload's duplicates
 // would never reach the consumer, and dedup would not be measured. The
-// Publisher sets no Nats-Msg-Id for a Message without ID; the Source reads
-// the id from this header (Config.MessageIDHeader).
+// Publisher sets no Nats-Msg-Id for a Message without ID; the runtime reads
+// the id from this header (consumer.Config.MessageID).
 const natsIDHeader = "bench-msg-id"
 
-// natsAckWait is the AckWait of the raw consumers (the Source's default).
-const natsAckWait = natsjs.DefaultAckWait
+// natsAckWait is the AckWait of the raw consumers (the Source's default,
+// 30s).
+const natsAckWait = 30 * time.Second
 
 // --- NATS JetStream ---
 
@@ -118,11 +119,10 @@ func (t *natsTarget) publish(ctx context.Context, msgs []*consumer.Message) erro
 // runtime's window, which consumer.New passes to Configure.
 func (t *natsTarget) source(ctx context.Context, m Mode) (consumer.Source, error) {
 	return natsjs.NewSource(ctx, natsjs.Config{
-		URL:             t.e.cfg.NATSURL,
-		Stream:          t.stream,
-		Subject:         t.subject,
-		Durable:         "bench-" + string(m),
-		MessageIDHeader: natsIDHeader,
+		URL:     t.e.cfg.NATSURL,
+		Stream:  t.stream,
+		Subject: t.subject,
+		Durable: "bench-" + string(m),
 	})
 }
 

@@ -118,7 +118,7 @@ func (t *redisTarget) consume(ctx context.Context, m Mode, workers int, handle r
 				case e = <-entries:
 				}
 				str := func(k string) string { s, _ := e.Values[k].(string); return s }
-				if err := handle(ctx, str(redisstream.DefaultIDField), []byte(str(redisstream.DefaultBodyField)), str(HeaderPublishedAt)); err != nil {
+				if err := handle(ctx, str("idempotency-key"), []byte(str("body")), str(HeaderPublishedAt)); err != nil {
 					return // ctx is done; the entry stays pending
 				}
 				_ = rdb.XAck(ctx, t.stream, group, e.ID).Err()

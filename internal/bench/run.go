@@ -119,6 +119,9 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 				Hooks:  []consumer.Hook{trackerHook{t: tr}},
 				Logger: r.log,
 			}
+			if cfg.Broker == BrokerNATS {
+				rcfg.MessageID = consumer.IDFromHeader(natsIDHeader)
+			}
 			switch m {
 			case ModeIdemq:
 				rcfg.Handler = r.handler(ledger)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"regexp"
 	"time"
-
-	"github.com/idemq/idemq/consumer"
 )
 
 // Scenario is one workload run against one broker under a set of faults.
@@ -39,7 +37,7 @@ type Scenario struct {
 	// Concurrency is each runtime's Concurrency. Defaults to 4.
 	Concurrency int
 	// BatchSize is the runtime's BatchSize in ModeBatch. Defaults to 16;
-	// consumer.DefaultGroupSize in ModeDefault, 1 in ModeMessage.
+	// the runtime's default (32) in ModeDefault, 1 in ModeMessage.
 	BatchSize int
 	// Prefetch is the RabbitMQ prefetch, or the Kafka source's
 	// MaxInFlight per partition. Defaults to 2*Concurrency per message,
@@ -206,7 +204,7 @@ func (s Scenario) withDefaults() Scenario {
 			s.BatchSize = 16
 		}
 	case ModeDefault:
-		s.BatchSize = consumer.DefaultGroupSize
+		s.BatchSize = 32 // the runtime's default with a Handler
 	default:
 		s.BatchSize = 1
 	}

@@ -39,7 +39,8 @@ const (
 // HeaderID carries the message id on NATS instead of Nats-Msg-Id: the
 // stream would discard a producer duplicate published within its
 // duplicate window (2 minutes), so the consumers' dedup would never see
-// one. The Publisher sets no Nats-Msg-Id for a Message without ID.
+// one. The Publisher sets no Nats-Msg-Id for a Message without ID; the
+// workers read the id with the runtime's Config.MessageID (see messageID).
 const HeaderID = "x-chaos-id"
 
 // Timings of the NATS and Redis workers: a killed worker's messages come
@@ -365,9 +366,7 @@ func streamSource(ctx context.Context, cfg WorkerConfig) (consumer.Source, error
 				AckWait: NATSAckWait,
 				// Fixed, so that it is the bound on what one
 				// process holds (the durable's, shared by all).
-				MaxAckPending:   cfg.Prefetch,
-				MessageIDHeader: HeaderID,
-				Logger:          debugLogger(),
+				MaxAckPending: cfg.Prefetch,
 			})
 		}
 		return redisstream.NewSource(ctx, redisstream.Config{
@@ -382,7 +381,6 @@ func streamSource(ctx context.Context, cfg WorkerConfig) (consumer.Source, error
 			Block:         redisBlock,
 			RequireAOF:    true,
 			DialTimeout:   2 * time.Second,
-			Logger:        debugLogger(),
 		})
 	}
 	for {

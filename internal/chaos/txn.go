@@ -6,7 +6,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -67,7 +66,7 @@ func (p *txnProducer) publish(ctx context.Context, msgs []*consumer.Message, abo
 	recs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
 		r := &kgo.Record{Key: []byte(m.ID), Value: m.Body,
-			Headers: []kgo.RecordHeader{{Key: kafka.DefaultIDHeader, Value: []byte(m.ID)}}}
+			Headers: []kgo.RecordHeader{{Key: "idempotency-key", Value: []byte(m.ID)}}}
 		for k, v := range m.Headers {
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 		}

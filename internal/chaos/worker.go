@@ -190,6 +190,7 @@ func (l *dlog) line(kind string, fields ...string) {
 
 // workerHooks implements the consumer hooks the worker needs.
 type workerHooks struct {
+	id func(*consumer.Message) (string, error)
 	consumer.HookDefaults
 	log       *dlog
 	applied   atomic.Int64
@@ -203,7 +204,8 @@ func (h *workerHooks) OnReceived(_ context.Context, msg *consumer.Message) {
 	if msg.Redelivered {
 		red = "1"
 	}
-	h.log.line(logReceived, nonEmpty(msg.Header(HeaderCopy)), nonEmpty(msg.ID), red)
+	id, _ := h.id(msg)
+	h.log.line(logReceived, nonEmpty(msg.Header(HeaderCopy)), nonEmpty(id), red)
 }
 
 // OnApplied runs after the message's transaction committed and before its
@@ -320,7 +322,8 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return err
 	}
 
-	hooks := &workerHooks{log: log, killAfter: int64(cfg.KillAfterCommits), dropEvery: int64(cfg.AMQPDropEvery)}
+	msgID := messageID(cfg.Broker)
+	hooks := &workerHooks{id: msgID, log: log, killAfter: int64(cfg.KillAfterCommits), dropEvery: int64(cfg.AMQPDropEvery)}
 	var src consumer.Source
 	switch cfg.Broker {
 	case BrokerRabbitMQ:
@@ -389,7 +392,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 				RebalanceTimeout:  4 * time.Second,
 				FetchMaxWait:      100 * time.Millisecond,
 				Options:           []kgo.Opt{kgo.ClientID(fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation))},
-				Logger:            debugLogger(),
 			})
 			if err != nil {
 				return fmt.Errorf("franz source: %w", err)
@@ -413,7 +415,6 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 			// tell a group member whose process has exited.
 			Dialer: &kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true,
 				ClientID: fmt.Sprintf(kafkaClientID, cfg.Slot, cfg.Incarnation)},
-			Logger: debugLogger(),
 		})
 		if err != nil {
 			return fmt.Errorf("kafka source: %w", err)
@@ -437,11 +438,15 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 				return ctx.Err()
 			}
 		}
-		if cfg.Sabotage == SabotageEffectOutsideTx {
-			_, err := pool.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+		id, err := msgID(msg)
+		if err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, insertEffect, msg.ID, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+		if cfg.Sabotage == SabotageEffectOutsideTx {
+			_, err := pool.Exec(ctx, insertEffect, id, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
+			return err
+		}
+		_, err = tx.Exec(ctx, insertEffect, id, msg.Header(HeaderCopy), cfg.Slot, cfg.Incarnation)
 		return err
 	}
 	rcfg := consumer.Config{
@@ -449,12 +454,13 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		Source:          src,
 		Store:           store,
 		Handler:         handler,
+		MessageID:       msgID,
 		DeadLetterer:    &tableDeadLetterer{pool: pool, schema: cfg.Schema},
 		Concurrency:     cfg.Concurrency,
 		ShutdownTimeout: 10 * time.Second,
 		Retry:           consumer.RetryConfig{MaxAttempts: 10, InitialInterval: 20 * time.Millisecond, MaxInterval: 500 * time.Millisecond, MaxElapsed: 30 * time.Second},
 		Hooks:           []consumer.Hook{hooks},
-		Logger:          slog.New(slog.DiscardHandler),
+		Logger:          debugLogger(), // the Sources' logger too, through Configure
 	}
 	if cfg.Partitioned {
 		// The janitor rotates the generations every half retention;
@@ -501,8 +507,18 @@ type tableDeadLetterer struct {
 
 func (d *tableDeadLetterer) DeadLetter(ctx context.Context, msg *consumer.Message, f consumer.Failure) error {
 	_, err := d.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.dead_letters (msg_id, class, reason) VALUES ($1, $2, $3)`,
-		pgx.Identifier{d.schema}.Sanitize()), msg.ID, string(f.Class), fmt.Sprint(f.Err))
+		pgx.Identifier{d.schema}.Sanitize()), f.MessageID, string(f.Class), fmt.Sprint(f.Err))
 	return err
+}
+
+// messageID is a worker's dedup id, for the runtime's Config.MessageID and
+// for what the handler and hooks record: on NATS the id travels in
+// HeaderID, elsewhere it is the broker's message id.
+func messageID(broker string) func(*consumer.Message) (string, error) {
+	if broker == BrokerNATS {
+		return consumer.IDFromHeader(HeaderID)
+	}
+	return func(m *consumer.Message) (string, error) { return m.ID, nil }
 }
 
 // debugLogger logs at debug level to stderr (the scenario's workers.stderr)

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/redisstream"
 )
 
@@ -40,9 +39,9 @@ type streamServers struct {
 }
 
 func dialStreamServers() (*streamServers, error) {
-	nc, err := nats.Connect(envOr("NATS_URL", natsjs.DefaultURL), nats.Timeout(10*time.Second))
+	nc, err := nats.Connect(envOr("NATS_URL", nats.DefaultURL), nats.Timeout(10*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("the tour needs NATS with JetStream (NATS_URL, default %s): %w", natsjs.DefaultURL, err)
+		return nil, fmt.Errorf("the tour needs NATS with JetStream (NATS_URL, default %s): %w", nats.DefaultURL, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

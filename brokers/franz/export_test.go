@@ -1,0 +1,4 @@
+package franz
+
+// DefaultMaxInFlight is Config.MaxInFlight's default.
+const DefaultMaxInFlight = defaultMaxInFlight
