@@ -11,15 +11,15 @@ import (
 // test fails when a package grows past it, or when one shrinks (lower the
 // budget then, so that the room is not taken back unnoticed).
 var budget = map[string]int{
-	"brokers/brokertest":       14,
-	"brokers/franz":            11,
-	"brokers/kafka":            30,
-	"brokers/memory":           11,
-	"brokers/nats":             36,
-	"brokers/rabbitmq":         34,
-	"brokers/redisstream":      32,
-	"consumer":                 83,
-	"dlq":                      40,
+	"brokers/brokertest":       12,
+	"brokers/franz":            4,
+	"brokers/kafka":            12,
+	"brokers/memory":           10,
+	"brokers/nats":             27,
+	"brokers/rabbitmq":         26,
+	"brokers/redisstream":      21,
+	"consumer":                 59,
+	"dlq":                      39,
 	"httpidem":                 11,
 	"idemqtest":                12,
 	"keys":                     6,
@@ -31,7 +31,7 @@ var budget = map[string]int{
 
 // totalBudget is the most exported top-level names of all public packages
 // together.
-const totalBudget = 360
+const totalBudget = 300
 
 // TestSurfaceBudget counts the exported top-level names (functions, types,
 // variables, constants; not methods or fields) of every public package
@@ -75,7 +75,7 @@ func TestExportedCountsOnlyTopLevelNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"ConfigTables", "Exported", "Public"}; !slices.Equal(names, want) {
+	if want := []string{"BrokenDocLinks", "ConfigTables", "Exported", "Public"}; !slices.Equal(names, want) {
 		t.Errorf("names %v, want %v", names, want)
 	}
 }
