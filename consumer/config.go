@@ -128,11 +128,11 @@ type Config struct {
 	// HorizonMargin, skips the purge while the source cannot tell, and
 	// warns when the horizon is older than the retention. It also records
 	// the ages of the duplicates it sees, and what it purged, in the Store
-	// if the Store is a RetentionRecorder (see processed), for `idemq
+	// if the Store has a RecordRetention method (see Store), for `idemq
 	// status` to weigh the retention against.
 	Retention time.Duration
 	// JanitorInterval is the time between purges, and between the
-	// Store's upkeep (Maintainer: on the partitioned layout of the dedup
+	// Store's upkeep (its Maintain method: on the partitioned layout of the dedup
 	// table, retiring and rotating its generations). Defaults to 10m.
 	JanitorInterval time.Duration
 	// HorizonMargin is how much older than the Source's redelivery horizon

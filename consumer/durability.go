@@ -9,7 +9,7 @@ import (
 
 // Durability is what an ack rests on: how many database servers hold a
 // message's commit when its COMMIT returns, which is when the runtime acks.
-// A Store that is a DurabilityReporter reads it; Run logs it when it
+// A Store with a Durability method (see Store) reads it; Run logs it when it
 // starts, with a warning when a failover can lose acked messages, and
 // `idemq status` prints it (its String).
 type Durability struct {
@@ -45,9 +45,9 @@ type Durability struct {
 	Unknown int
 }
 
-// DurabilityReporter is a Store that reads the Durability of its commits;
-// processed.Store implements it. Run reads it once, when it starts.
-type DurabilityReporter interface {
+// durabilityReporter is a Store that reads the Durability of its commits
+// (see Store).
+type durabilityReporter interface {
 	Durability(ctx context.Context) (Durability, error)
 }
 
@@ -119,7 +119,7 @@ func (d Durability) warnings() []string {
 // logs it: a warning for each way a failover can lose acked messages, or
 // commits stall.
 func (r *Runtime) checkDurability(ctx context.Context) {
-	ds, ok := r.cfg.Store.(DurabilityReporter)
+	ds, ok := r.cfg.Store.(durabilityReporter)
 	if !ok || ctx.Err() != nil {
 		return
 	}

@@ -41,17 +41,14 @@ type RetentionReport struct {
 	Purged int64
 }
 
-// Maintainer is a Store with upkeep of its own, which the janitor runs
-// every JanitorInterval before it purges, whether or not it purges then;
-// processed.Store implements it (on the partitioned layout: retiring and
-// rotating the generations).
-type Maintainer interface {
+// maintainer is a Store with upkeep of its own (see Store).
+type maintainer interface {
 	Maintain(ctx context.Context) error
 }
 
-// RetentionRecorder is a Store that keeps the janitor's reports, one per
-// JanitorInterval; processed.Store implements it.
-type RetentionRecorder interface {
+// retentionRecorder is a Store that keeps the janitor's reports (see
+// Store).
+type retentionRecorder interface {
 	RecordRetention(ctx context.Context, r RetentionReport) error
 }
 
@@ -136,8 +133,8 @@ func (r *Runtime) purgeAge(ctx context.Context) (time.Duration, time.Time, strin
 func (r *Runtime) janitor(ctx context.Context) {
 	t := time.NewTicker(r.cfg.JanitorInterval)
 	defer t.Stop()
-	rec, _ := r.cfg.Store.(RetentionRecorder)
-	maint, _ := r.cfg.Store.(Maintainer)
+	rec, _ := r.cfg.Store.(retentionRecorder)
+	maint, _ := r.cfg.Store.(maintainer)
 	var warnOnce sync.Once
 	start := time.Now()
 	for {

@@ -78,6 +78,22 @@ type ClaimResult struct {
 // runs as SQL fail (processed does both, with a token per transaction and
 // a deferred trigger).
 //
+// A Store may also have these methods, which the runtime finds when New
+// is called (processed.Store has all three):
+//
+//	// Maintain runs the Store's own upkeep (on processed's partitioned
+//	// layout: retiring and rotating the generations). The janitor calls
+//	// it every JanitorInterval before it purges, whether or not it
+//	// purges then.
+//	Maintain(ctx context.Context) error
+//	// RecordRetention keeps the janitor's report, one per
+//	// JanitorInterval, for `idemq status` to weigh the retention against.
+//	RecordRetention(ctx context.Context, r RetentionReport) error
+//	// Durability reads how many servers hold a commit when it returns;
+//	// Run reads it once, when it starts, and logs it (a warning for
+//	// each way a failover can lose acked messages).
+//	Durability(ctx context.Context) (Durability, error)
+//
 // [processed.Open]: https://pkg.go.dev/github.com/idemq/idemq/processed#Open
 type Store interface {
 	// BeginClaim begins a transaction and claims every element of claims

@@ -8,9 +8,8 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-var _ consumer.DurabilityReporter = (*Store)(nil)
-
-// Durability implements consumer.DurabilityReporter: it reads how many
+// Durability is the optional Store method of that name (see
+// consumer.Store): it reads how many
 // servers hold a claim's commit when its COMMIT returns, which is when the
 // runtime acks. It reads whether the server is a standby
 // (pg_is_in_recovery), the synchronous_commit the claims commit with (the

@@ -11,13 +11,12 @@ import (
 	"github.com/idemq/idemq/internal/dupage"
 )
 
-var _ consumer.RetentionRecorder = (*Store)(nil)
-
 func (s *Store) retentionTable(st *statements) string {
 	return pgx.Identifier{st.schema, s.cfg.Table + retentionSuffix}.Sanitize()
 }
 
-// RecordRetention implements consumer.RetentionRecorder: it writes the
+// RecordRetention is the optional Store method of that name (see
+// consumer.Store): it writes the
 // janitor's report as a row of Table+"_retention" (migration 0002), and
 // deletes the consumer's reports older than 35 days. The runtime's role
 // needs INSERT and DELETE on that table.

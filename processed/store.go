@@ -161,10 +161,14 @@ type statements struct {
 	horizons, recordHorizon string
 }
 
-var (
-	_ consumer.Store      = (*Store)(nil)
-	_ consumer.Maintainer = (*Store)(nil)
-)
+// Store is a consumer.Store with the three optional methods consumer.Store
+// lists.
+var _ interface {
+	consumer.Store
+	Maintain(ctx context.Context) error
+	RecordRetention(ctx context.Context, r consumer.RetentionReport) error
+	Durability(ctx context.Context) (consumer.Durability, error)
+} = (*Store)(nil)
 
 // New returns a store for the table cfg names, over db: a *pgxpool.Pool (the
 // caller keeps owning it: Close does not close it) or a *pgx.Conn, which is
@@ -709,7 +713,8 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	return names, nil
 }
 
-// Maintain implements consumer.Maintainer, the upkeep the runtime's janitor
+// Maintain is the optional Store method of that name (see consumer.Store),
+// the upkeep the runtime's janitor
 // runs every JanitorInterval. On the partitioned layout it rotates the
 // generations when the current one is due and every consumer with rows in
 // the oldest allows its retirement, then empties the retired one (see

@@ -18,7 +18,7 @@ var budget = map[string]int{
 	"brokers/nats":             27,
 	"brokers/rabbitmq":         26,
 	"brokers/redisstream":      21,
-	"consumer":                 59,
+	"consumer":                 56,
 	"dlq":                      39,
 	"httpidem":                 11,
 	"idemqtest":                12,
