@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -56,7 +57,7 @@ type attemptResult struct {
 	err      error
 	failed   int  // for outHandlerErr: the failing item, or -1
 	timedOut bool // the failing handler ran over HandlerTimeout
-	claims   []ClaimResult
+	claims   []dedup.ClaimResult
 	handler  []time.Duration // per item: its handler call (the batch handler's, with BatchHandler)
 	commit   time.Duration
 	dur      time.Duration // the whole transaction
@@ -66,7 +67,7 @@ type attemptResult struct {
 type item struct {
 	del   Delivery
 	msg   *Message
-	claim Claim
+	claim dedup.Claim
 	log   *slog.Logger
 }
 
@@ -111,7 +112,7 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
 		return it, false
 	}
-	claim := Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
+	claim := dedup.Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
 		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset}
 	return item{del: del, msg: msg, claim: claim, log: log}, true
 }
@@ -174,7 +175,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 	if r.cfg.BatchHandler != nil && len(items) > 1 {
 		var msgs []*Message
 		for i, it := range items {
-			if claims[i].Outcome == ClaimNew {
+			if claims[i].Outcome == dedup.ClaimNew {
 				it.msg.Attempt = attemptNo
 				msgs = append(msgs, it.msg)
 			}
@@ -196,7 +197,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		}
 	} else {
 		for i, it := range items {
-			if claims[i].Outcome != ClaimNew {
+			if claims[i].Outcome != dedup.ClaimNew {
 				continue
 			}
 			it.msg.Attempt = attemptNo
@@ -216,7 +217,7 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 	res.out = outApplied
 	applied := 0
 	for _, c := range claims {
-		if c.Outcome == ClaimNew {
+		if c.Outcome == dedup.ClaimNew {
 			applied++
 		}
 	}
@@ -515,7 +516,7 @@ func (b errBatch) Tx() pgx.Tx                       { return nil }
 // transaction, and what runs next would be autocommitted without a claim
 // (guardTx refuses it); this is permanent, whatever the handler returned.
 // A transaction the handler ended and began anew with SQL is still open
-// here: the Store's commit refuses it (see Store).
+// here: the Store's commit refuses it (see dedup.Store).
 func handlerMisuse(tx *handlerTx, err error) error {
 	if tx.ended {
 		return Permanent(errTxEnded)
@@ -568,7 +569,7 @@ func classifyCommitErr(err error) attemptResult {
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "25"):
 		// Invalid transaction state: the Store refused to commit a
 		// transaction other than the one it began (a handler ended it
-		// with SQL and began another; see Store). Nothing was committed.
+		// with SQL and began another; see dedup.Store). Nothing was committed.
 		return attemptResult{out: outHandlerErr, err: Permanent(fmt.Errorf("commit: %w: %w", errTxEndedBySQL, err)), failed: -1}
 	case errors.As(err, &pgErr):
 		// The server answered: the transaction definitely rolled back
@@ -601,9 +602,9 @@ func connLost(tx pgx.Tx) bool {
 // one order. A repeated id in a group is a duplicate of its first occurrence
 // (or a mismatch, if the payload differs). A non-nil tx must be rolled back by
 // the caller, also when err is not nil.
-func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []ClaimResult, error) {
+func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []dedup.ClaimResult, error) {
 	if len(items) == 1 {
-		tx, got, err := r.cfg.Store.BeginClaim(ctx, []Claim{items[0].claim})
+		tx, got, err := r.cfg.Store.BeginClaim(ctx, []dedup.Claim{items[0].claim})
 		if err == nil {
 			err = checkResults(got, 1)
 		}
@@ -621,7 +622,7 @@ func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []Clai
 		}
 	}
 	slices.SortFunc(unique, func(a, b int) int { return cmp.Compare(items[a].claim.MessageID, items[b].claim.MessageID) })
-	claims := make([]Claim, len(unique))
+	claims := make([]dedup.Claim, len(unique))
 	for j, i := range unique {
 		claims[j] = items[i].claim
 	}
@@ -632,7 +633,7 @@ func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []Clai
 	if err != nil {
 		return tx, nil, fmt.Errorf("begin and claim batch: %w", err)
 	}
-	out := make([]ClaimResult, len(items))
+	out := make([]dedup.ClaimResult, len(items))
 	for j, i := range unique {
 		out[i] = got[j]
 	}
@@ -641,22 +642,22 @@ func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []Clai
 		if f == i {
 			continue
 		}
-		out[i] = ClaimResult{Outcome: ClaimDuplicate, ProcessedAt: out[f].ProcessedAt}
-		if it.claim.Fingerprint != items[f].claim.Fingerprint || out[f].Outcome == ClaimMismatch {
-			out[i].Outcome = ClaimMismatch
+		out[i] = dedup.ClaimResult{Outcome: dedup.ClaimDuplicate, ProcessedAt: out[f].ProcessedAt}
+		if it.claim.Fingerprint != items[f].claim.Fingerprint || out[f].Outcome == dedup.ClaimMismatch {
+			out[i].Outcome = dedup.ClaimMismatch
 		}
 	}
 	return tx, out, nil
 }
 
 // checkResults checks a Store's answer to n claims.
-func checkResults(got []ClaimResult, n int) error {
+func checkResults(got []dedup.ClaimResult, n int) error {
 	if len(got) != n {
 		return fmt.Errorf("%d results for %d claims", len(got), n)
 	}
 	for _, res := range got {
 		switch res.Outcome {
-		case ClaimNew, ClaimDuplicate, ClaimMismatch:
+		case dedup.ClaimNew, dedup.ClaimDuplicate, dedup.ClaimMismatch:
 		default:
 			return fmt.Errorf("unknown claim outcome %d", res.Outcome)
 		}

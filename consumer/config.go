@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/idemq/idemq/consumer/dedup"
 )
 
 // Config configures a Runtime. The zero value of every optional field selects
@@ -36,7 +38,7 @@ type Config struct {
 	// URL needs default_query_exec_mode=exec (or simple_protocol): with
 	// pgx's default, cached prepared statements, Run stops with the error
 	// of StatementCacheError.
-	Store Store
+	Store dedup.Store
 	// Handler applies a message's effect. Set exactly one of Handler and
 	// BatchHandler.
 	Handler Handler
@@ -128,7 +130,7 @@ type Config struct {
 	// HorizonMargin, skips the purge while the source cannot tell, and
 	// warns when the horizon is older than the retention. It also records
 	// the ages of the duplicates it sees, and what it purged, in the Store
-	// if the Store has a RecordRetention method (see Store), for `idemq
+	// if the Store has a RecordRetention method (see dedup.Store), for `idemq
 	// status` to weigh the retention against.
 	Retention time.Duration
 	// JanitorInterval is the time between purges, and between the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -20,7 +21,7 @@ func (nopSource) Close() error                                  { return nil }
 // nopStore is a Store with conns connections (0: unknown) and no database.
 type nopStore struct{ conns int }
 
-func (nopStore) BeginClaim(context.Context, []Claim) (pgx.Tx, []ClaimResult, error) {
+func (nopStore) BeginClaim(context.Context, []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
 	return nil, nil, errors.New("nop")
 }
 func (nopStore) Ping(context.Context) error                                  { return nil }

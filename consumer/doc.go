@@ -6,7 +6,7 @@
 //
 //  1. begins a transaction (raising synchronous_commit to on if it is off
 //     or local; a stronger setting is kept);
-//  2. claims the message id in the dedup store ([Store].BeginClaim, an
+//  2. claims the message id in the dedup store ([dedup.Store].BeginClaim, an
 //     INSERT ... ON CONFLICT DO NOTHING); a duplicate skips the handler;
 //  3. runs the handler in that same transaction;
 //  4. commits, and only then acks the delivery.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testlog"
 )
 
@@ -16,24 +17,24 @@ import (
 func TestDurabilityString(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		d    Durability
+		d    dedup.Durability
 		want string
 	}{
-		{Durability{Nodes: 1, SynchronousCommit: "on"},
+		{dedup.Durability{Nodes: 1, SynchronousCommit: "on"},
 			"a commit is on 1 node before the ack (this server; no standby streams from it)"},
-		{Durability{Nodes: 1, SynchronousCommit: "remote_apply", Asynchronous: []string{"a", "b"}},
+		{dedup.Durability{Nodes: 1, SynchronousCommit: "remote_apply", Asynchronous: []string{"a", "b"}},
 			"a commit is on 1 node before the ack (this primary; 2 standbys stream asynchronously, a, b: a failover to one of them can lose acked messages)"},
-		{Durability{Nodes: 2, SynchronousCommit: "remote_write", Synchronous: []string{"s1"}, Asynchronous: []string{"s2"}},
+		{dedup.Durability{Nodes: 2, SynchronousCommit: "remote_write", Synchronous: []string{"s1"}, Asynchronous: []string{"s2"}},
 			"a commit is on 2 nodes before the ack (this primary and 1 synchronous standby, s1; synchronous_commit=remote_write: they have written it, not flushed it; " +
 				"1 standby streams asynchronously, s2: a failover to it can lose acked messages)"},
-		{Durability{Nodes: 2, Quorum: true, SynchronousCommit: "on", Synchronous: []string{"s1", "s2", "s3"}},
+		{dedup.Durability{Nodes: 2, Quorum: true, SynchronousCommit: "on", Synchronous: []string{"s1", "s2", "s3"}},
 			"a commit is on 2 nodes before the ack (this primary and any 1 of the quorum standbys s1, s2, s3, so a failover must promote the most advanced; synchronous_commit=on)"},
-		{Durability{Nodes: 3, SynchronousCommit: "on", Synchronous: []string{"s1", "s2"}},
+		{dedup.Durability{Nodes: 3, SynchronousCommit: "on", Synchronous: []string{"s1", "s2"}},
 			"a commit is on 3 nodes before the ack (this primary and 2 synchronous standbys, s1, s2; synchronous_commit=on)"},
-		{Durability{Nodes: 2, SynchronousCommit: "on"},
+		{dedup.Durability{Nodes: 2, SynchronousCommit: "on"},
 			"a commit is on 2 nodes before the ack (this primary and 1 synchronous standby; synchronous_commit=on; " +
 				"only 0 of the 1 synchronous standbys a COMMIT waits for are connected: COMMITs wait until enough are)"},
-		{Durability{Standby: true, SynchronousCommit: "on"},
+		{dedup.Durability{Standby: true, SynchronousCommit: "on"},
 			"none: this server is a standby (in recovery), where no claim can commit; the database URL must reach the primary"},
 	} {
 		if got := c.d.String(); got != c.want {
@@ -45,11 +46,11 @@ func TestDurabilityString(t *testing.T) {
 // durableStore is a Store that reports a Durability, or fails to.
 type durableStore struct {
 	nopStore
-	d   Durability
+	d   dedup.Durability
 	err error
 }
 
-func (s durableStore) Durability(context.Context) (Durability, error) { return s.d, s.err }
+func (s durableStore) Durability(context.Context) (dedup.Durability, error) { return s.d, s.err }
 
 // TestRunLogsDurability: Run reads a DurabilityReporter's Durability when
 // it starts and logs it, at Info when a failover loses nothing and commits
@@ -58,15 +59,15 @@ func (s durableStore) Durability(context.Context) (Durability, error) { return s
 func TestRunLogsDurability(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		store Store
+		store dedup.Store
 		want  []string
 	}{
-		{durableStore{d: Durability{Nodes: 2, SynchronousCommit: "on", Synchronous: []string{"s1"}}},
+		{durableStore{d: dedup.Durability{Nodes: 2, SynchronousCommit: "on", Synchronous: []string{"s1"}}},
 			[]string{`level=INFO msg="idemq: durability: a commit is on 2 nodes before the ack (this primary and 1 synchronous standby, s1; synchronous_commit=on)" consumer=payments nodes=2`}},
-		{durableStore{d: Durability{Nodes: 2, SynchronousCommit: "on", Asynchronous: []string{"s2"}}},
+		{durableStore{d: dedup.Durability{Nodes: 2, SynchronousCommit: "on", Asynchronous: []string{"s2"}}},
 			[]string{`level=WARN msg="idemq: 1 standby streams asynchronously, s2: a failover to it can lose acked messages"`,
 				`level=WARN msg="idemq: only 0 of the 1 synchronous standbys a COMMIT waits for are connected: COMMITs wait until enough are"`}},
-		{durableStore{d: Durability{Standby: true}},
+		{durableStore{d: dedup.Durability{Standby: true}},
 			[]string{`level=WARN msg="idemq: the store's database is a standby (in recovery): no claim can commit there until it is promoted"`, "target_session_attrs=read-write"}},
 		{durableStore{err: errors.New("no answer")},
 			[]string{`level=WARN msg="idemq: cannot read the database's replication state, so cannot tell how many nodes hold a commit before its ack" consumer=payments error="no answer"`}},

@@ -8,48 +8,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/dupage"
 )
 
-// RetentionReport is what the janitor saw in one JanitorInterval: the ages
-// of the duplicates it skipped (the evidence for the retention), the
-// source's horizon, and what it purged.
-type RetentionReport struct {
-	Consumer               string
-	WindowStart, WindowEnd time.Time
-	// Duplicates is the number of duplicates in the window; Buckets[i]
-	// counts those whose age (now minus the original's processed_at) was
-	// at most the i-th bound of the runtime's fixed bucket bounds (1s to
-	// 30 days), the last bucket those older than every
-	// bound. MaxAge is the oldest.
-	Duplicates int64
-	Buckets    []int64
-	MaxAge     time.Duration
-	// Retention is Config.Retention.
-	Retention time.Duration
-	// Horizon is the source's redelivery horizon, zero if none.
-	Horizon time.Time
-	// HorizonState says what the horizon did to the purge: "none" (the
-	// source has no RedeliveryHorizon), "clear" (nothing redeliverable),
-	// "within" (the horizon is within the retention), "held" (the purge
-	// was held back to the horizon), "unknown" or "error" (no purge).
-	HorizonState string
-	// PurgedOlderThan is the age the janitor purged by: Retention, or
-	// longer when the horizon held it back; 0 if it did not purge.
-	PurgedOlderThan time.Duration
-	// Purged counts the rows purged.
-	Purged int64
-}
-
-// maintainer is a Store with upkeep of its own (see Store).
+// maintainer is a Store with upkeep of its own (see dedup.Store).
 type maintainer interface {
 	Maintain(ctx context.Context) error
 }
 
 // retentionRecorder is a Store that keeps the janitor's reports (see
-// Store).
+// dedup.Store).
 type retentionRecorder interface {
-	RecordRetention(ctx context.Context, r RetentionReport) error
+	RecordRetention(ctx context.Context, r dedup.RetentionReport) error
 }
 
 // dupAges is the runtime's duplicate-age histogram: a HookDuplicate the
@@ -161,7 +132,7 @@ func (r *Runtime) janitor(ctx context.Context) {
 		if rec != nil && ctx.Err() == nil {
 			end := time.Now()
 			buckets, dups, maxAge := r.dupAges.take()
-			rep := RetentionReport{Consumer: r.cfg.Name, WindowStart: start, WindowEnd: end,
+			rep := dedup.RetentionReport{Consumer: r.cfg.Name, WindowStart: start, WindowEnd: end,
 				Duplicates: dups, Buckets: buckets, MaxAge: maxAge, Retention: r.cfg.Retention,
 				Horizon: h, HorizonState: state, PurgedOlderThan: older, Purged: n}
 			if err := r.upkeep("Store.RecordRetention", func() error { return rec.RecordRetention(ctx, rep) }); err != nil && ctx.Err() == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
 )
@@ -183,7 +184,7 @@ func (p *panickyUpkeep) Purge(ctx context.Context, name string, olderThan time.D
 	return p.Store.Purge(ctx, name, olderThan)
 }
 
-func (p *panickyUpkeep) RecordRetention(ctx context.Context, r consumer.RetentionReport) error {
+func (p *panickyUpkeep) RecordRetention(ctx context.Context, r dedup.RetentionReport) error {
 	if p.recorded.Add(1) == 1 {
 		panic("store: record retention")
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -245,14 +246,14 @@ func TestStatementCacheErrorInHandlerStopsRun(t *testing.T) {
 // cacheFailingStore is a store whose claims, or purges, fail with the
 // statement-cache error a PgBouncer in transaction mode gives.
 type cacheFailingStore struct {
-	consumer.Store
+	dedup.Store
 	claims, purges bool
 }
 
 var errAlreadyExists = fmt.Errorf("processed: claim: begin and insert on x.processed_messages: %w",
 	&pgconn.PgError{Severity: "ERROR", Code: "42P05", Message: `prepared statement "stmtcache_0123456789abcdef0123456789abcdef0123456789abcdef" already exists`})
 
-func (s cacheFailingStore) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+func (s cacheFailingStore) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
 	if s.claims {
 		return nil, nil, errAlreadyExists
 	}
@@ -273,10 +274,10 @@ func TestStatementCacheErrorInStoreStopsRun(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
-		store func(consumer.Store) consumer.Store
+		store func(dedup.Store) dedup.Store
 	}{
-		{"claim", func(s consumer.Store) consumer.Store { return cacheFailingStore{Store: s, claims: true} }},
-		{"purge", func(s consumer.Store) consumer.Store { return cacheFailingStore{Store: s, purges: true} }},
+		{"claim", func(s dedup.Store) dedup.Store { return cacheFailingStore{Store: s, claims: true} }},
+		{"purge", func(s dedup.Store) dedup.Store { return cacheFailingStore{Store: s, purges: true} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

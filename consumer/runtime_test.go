@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
@@ -484,7 +485,7 @@ func TestHardStopLosesNothingAcksNothingUncommitted(t *testing.T) {
 // lyingStore commits the first transactions of each run but reports a
 // network failure, as a connection reset during COMMIT would.
 type lyingStore struct {
-	consumer.Store
+	dedup.Store
 	lies atomic.Int32
 }
 
@@ -493,7 +494,7 @@ type lyingTx struct {
 	db *lyingStore
 }
 
-func (d *lyingStore) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+func (d *lyingStore) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
 	tx, res, err := d.Store.BeginClaim(ctx, claims)
 	if tx != nil {
 		tx = lyingTx{tx, d}

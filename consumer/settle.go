@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/idemq/idemq/consumer/dedup"
 )
 
 // This file is the one retry-and-settle loop both modes use: it runs
@@ -207,21 +208,21 @@ func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptRe
 	for i, it := range items {
 		c := res.claims[i]
 		switch c.Outcome {
-		case ClaimNew:
+		case dedup.ClaimNew:
 			applied++
 			r.stats.applied.Add(1)
 			for _, h := range r.hooks.applied {
 				r.hook("OnApplied", func() { h.OnApplied(ctx, it.msg, res.handler[i], res.commit) })
 			}
 			ack = append(ack, it.del)
-		case ClaimDuplicate:
+		case dedup.ClaimDuplicate:
 			r.stats.duplicates.Add(1)
 			it.log.Debug("idemq: duplicate skipped", "processed_at", c.ProcessedAt)
 			for _, h := range r.hooks.duplicate {
 				r.hook("OnDuplicate", func() { h.OnDuplicate(ctx, it.msg, c.ProcessedAt) })
 			}
 			ack = append(ack, it.del)
-		case ClaimMismatch:
+		case dedup.ClaimMismatch:
 			at, when := c.ProcessedAt, "earlier in the same batch"
 			if at.IsZero() {
 				at = time.Now() // the original committed with this batch

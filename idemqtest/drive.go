@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/processed"
 )
@@ -276,19 +277,19 @@ func (r *consumerRun) deadLetters() []consumer.Failure {
 
 // faultStore makes the first COMMIT of each message id fail.
 type faultStore struct {
-	consumer.Store
+	dedup.Store
 	mu     sync.Mutex
 	failed map[string]bool
 }
 
-func (s *faultStore) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+func (s *faultStore) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
 	tx, res, err := s.Store.BeginClaim(ctx, claims)
 	if err != nil || tx == nil {
 		return tx, res, err
 	}
 	var ids []string
 	for i, c := range claims {
-		if i < len(res) && res[i].Outcome == consumer.ClaimNew {
+		if i < len(res) && res[i].Outcome == dedup.ClaimNew {
 			ids = append(ids, c.MessageID)
 		}
 	}

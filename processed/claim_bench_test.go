@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -26,8 +26,8 @@ func benchStore(b *testing.B, cfg processed.Config) *processed.Store {
 	return store
 }
 
-func benchClaim(id string) consumer.Claim {
-	return consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Source: "q", Partition: -1, Offset: -1}
+func benchClaim(id string) dedup.Claim {
+	return dedup.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Source: "q", Partition: -1, Offset: -1}
 }
 
 // BenchmarkClaim measures one transaction per claim, the per-message path:
@@ -40,10 +40,10 @@ func BenchmarkClaim(b *testing.B) {
 		name := map[bool]string{false: "plain", true: "partitioned"}[layout.Partitioned]
 		ctx := context.Background()
 		store := benchStore(b, layout)
-		run := func(b *testing.B, id func(i int) string, want consumer.ClaimOutcome) {
+		run := func(b *testing.B, id func(i int) string, want dedup.ClaimOutcome) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				tx, res, err := store.BeginClaim(ctx, []consumer.Claim{benchClaim(id(i))})
+				tx, res, err := store.BeginClaim(ctx, []dedup.Claim{benchClaim(id(i))})
 				if err != nil || res[0].Outcome != want {
 					b.Fatalf("claim: %v %v, want %v", res, err, want)
 				}
@@ -55,17 +55,17 @@ func BenchmarkClaim(b *testing.B) {
 		}
 		b.Run(name+"/new", func(b *testing.B) {
 			prefix := "new-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // fresh per round (-count)
-			run(b, func(i int) string { return prefix + strconv.Itoa(i) }, consumer.ClaimNew)
+			run(b, func(i int) string { return prefix + strconv.Itoa(i) }, dedup.ClaimNew)
 		})
 		b.Run(name+"/duplicate", func(b *testing.B) {
-			tx, _, err := store.BeginClaim(ctx, []consumer.Claim{benchClaim("dup")}) // new, or a duplicate already
+			tx, _, err := store.BeginClaim(ctx, []dedup.Claim{benchClaim("dup")}) // new, or a duplicate already
 			if err == nil {
 				err = tx.Commit(ctx)
 			}
 			if err != nil {
 				b.Fatalf("claim dup: %v", err)
 			}
-			run(b, func(int) string { return "dup" }, consumer.ClaimDuplicate)
+			run(b, func(int) string { return "dup" }, dedup.ClaimDuplicate)
 		})
 	}
 }
@@ -86,7 +86,7 @@ func BenchmarkClaimBatch(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				b.ReportAllocs()
-				claims := make([]consumer.Claim, size)
+				claims := make([]dedup.Claim, size)
 				var next int
 				for i := 0; b.Loop(); i++ {
 					for j := range claims {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -86,39 +87,39 @@ func into(s *processed.Store, cfg processed.Config) string {
 func contractNewDuplicateMismatch(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
 	c := claimOf("billing", "m-1", "pay 10")
 	c.Partition, c.Offset = 3, 42
-	if got := claim(t, s, c)[0]; got.Outcome != consumer.ClaimNew || !got.ProcessedAt.IsZero() {
+	if got := claim(t, s, c)[0]; got.Outcome != dedup.ClaimNew || !got.ProcessedAt.IsZero() {
 		t.Fatalf("first claim: %+v, want new with zero ProcessedAt", got)
 	}
 	rec, err := s.Lookup(ctx(t), "billing", "m-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dup := claim(t, s, c)[0]; dup.Outcome != consumer.ClaimDuplicate || !dup.ProcessedAt.Equal(rec.ProcessedAt) {
+	if dup := claim(t, s, c)[0]; dup.Outcome != dedup.ClaimDuplicate || !dup.ProcessedAt.Equal(rec.ProcessedAt) {
 		t.Fatalf("second claim: %+v, want duplicate at %v", dup, rec.ProcessedAt)
 	}
-	if mis := claim(t, s, claimOf("billing", "m-1", "pay 1000"))[0]; mis.Outcome != consumer.ClaimMismatch || !mis.ProcessedAt.Equal(rec.ProcessedAt) {
+	if mis := claim(t, s, claimOf("billing", "m-1", "pay 1000"))[0]; mis.Outcome != dedup.ClaimMismatch || !mis.ProcessedAt.Equal(rec.ProcessedAt) {
 		t.Fatalf("different payload: %+v, want mismatch at %v", mis, rec.ProcessedAt)
 	}
 	if rec2, err := s.Lookup(ctx(t), "billing", "m-1"); err != nil || string(rec2.Fingerprint) != string(c.Fingerprint[:]) {
 		t.Fatalf("row after mismatch: %+v, %v; want it unchanged", rec2, err)
 	}
 	// The consumer is the dedup scope.
-	if got := claim(t, s, claimOf("shipping", "m-1", "pay 10"))[0]; got.Outcome != consumer.ClaimNew {
+	if got := claim(t, s, claimOf("shipping", "m-1", "pay 10"))[0]; got.Outcome != dedup.ClaimNew {
 		t.Fatalf("other consumer, same id: %v, want new", got.Outcome)
 	}
 	// A batch answers each claim.
 	res := claim(t, s, claimOf("billing", "m-1", "pay 10"), claimOf("billing", "m-2", "x"), claimOf("billing", "m-3", "x"))
-	if res[0].Outcome != consumer.ClaimDuplicate || res[1].Outcome != consumer.ClaimNew || res[2].Outcome != consumer.ClaimNew {
+	if res[0].Outcome != dedup.ClaimDuplicate || res[1].Outcome != dedup.ClaimNew || res[2].Outcome != dedup.ClaimNew {
 		t.Fatalf("batch: %+v", res)
 	}
 	res = claim(t, s, claimOf("billing", "m-2", "y"), claimOf("billing", "m-3", "x"), claimOf("billing", "m-4", "x"))
-	if res[0].Outcome != consumer.ClaimMismatch || res[1].Outcome != consumer.ClaimDuplicate || res[2].Outcome != consumer.ClaimNew {
+	if res[0].Outcome != dedup.ClaimMismatch || res[1].Outcome != dedup.ClaimDuplicate || res[2].Outcome != dedup.ClaimNew {
 		t.Fatalf("batch of a mismatch, a duplicate and a new id: %+v", res)
 	}
 }
 
 func contractRejectsBadClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
-	for name, cs := range map[string][]consumer.Claim{
+	for name, cs := range map[string][]dedup.Claim{
 		"none":           nil,
 		"no consumer":    {claimOf("", "m", "x")},
 		"no id":          {claimOf("c", "", "x")},
@@ -134,8 +135,8 @@ func contractRejectsBadClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 
 func contractRolledBack(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
 	c := claimOf("billing", "m-rb", "x")
-	tx, res, err := s.BeginClaim(ctx(t), []consumer.Claim{c})
-	if err != nil || res[0].Outcome != consumer.ClaimNew {
+	tx, res, err := s.BeginClaim(ctx(t), []dedup.Claim{c})
+	if err != nil || res[0].Outcome != dedup.ClaimNew {
 		t.Fatalf("BeginClaim: %+v, %v", res, err)
 	}
 	if err := tx.Rollback(ctx(t)); err != nil {
@@ -144,7 +145,7 @@ func contractRolledBack(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ pro
 	if _, err := s.Lookup(ctx(t), "billing", "m-rb"); !errors.Is(err, processed.ErrNotFound) {
 		t.Fatalf("Lookup after rollback: %v, want ErrNotFound", err)
 	}
-	if got := claim(t, s, c)[0]; got.Outcome != consumer.ClaimNew {
+	if got := claim(t, s, c)[0]; got.Outcome != dedup.ClaimNew {
 		t.Fatalf("claim after rollback: %v, want new", got.Outcome)
 	}
 }
@@ -164,7 +165,7 @@ func contractConcurrentClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				cs := []consumer.Claim{claimOf("c", id, "x")}
+				cs := []dedup.Claim{claimOf("c", id, "x")}
 				if w%2 == 1 { // in a batch, with an id of its own
 					cs = append(cs, claimOf("c", fmt.Sprintf("%s-%d", id, w), "x"))
 				}
@@ -182,9 +183,9 @@ func contractConcurrentClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 					t.Errorf("worker %d: commit: %v", w, err)
 					return
 				}
-				if res[0].Outcome == consumer.ClaimNew {
+				if res[0].Outcome == dedup.ClaimNew {
 					news.Add(1)
-				} else if res[0].Outcome != consumer.ClaimDuplicate {
+				} else if res[0].Outcome != dedup.ClaimDuplicate {
 					t.Errorf("worker %d: %v", w, res[0].Outcome)
 				}
 			}()
@@ -198,7 +199,7 @@ func contractConcurrentClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 }
 
 type claimAnswer struct {
-	res consumer.ClaimResult
+	res dedup.ClaimResult
 	err error
 }
 
@@ -229,8 +230,8 @@ func waitUntilBlocked(t *testing.T, pool *pgxpool.Pool, pid uint32) {
 func contractWaitsForUncommitted(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
 	for _, firstCommits := range []bool{true, false} {
 		c := claimOf("billing", fmt.Sprintf("m-race-%v", firstCommits), "x")
-		txA, res, err := s.BeginClaim(ctx(t), []consumer.Claim{c})
-		if err != nil || res[0].Outcome != consumer.ClaimNew {
+		txA, res, err := s.BeginClaim(ctx(t), []dedup.Claim{c})
+		if err != nil || res[0].Outcome != dedup.ClaimNew {
 			t.Fatalf("A: %+v, %v", res, err)
 		}
 		conn, err := pool.Acquire(ctx(t))
@@ -245,7 +246,7 @@ func contractWaitsForUncommitted(t *testing.T, s *processed.Store, pool *pgxpool
 		answer := make(chan claimAnswer, 1)
 		go func() {
 			defer conn.Release()
-			tx, res, err := onConn.BeginClaim(ctx(t), []consumer.Claim{c})
+			tx, res, err := onConn.BeginClaim(ctx(t), []dedup.Claim{c})
 			if tx != nil {
 				defer func() { _ = tx.Rollback(context.Background()) }()
 			}
@@ -273,9 +274,9 @@ func contractWaitsForUncommitted(t *testing.T, s *processed.Store, pool *pgxpool
 		case <-time.After(10 * time.Second):
 			t.Fatal("B still blocked after A finished")
 		}
-		want := consumer.ClaimDuplicate
+		want := dedup.ClaimDuplicate
 		if !firstCommits {
-			want = consumer.ClaimNew
+			want = dedup.ClaimNew
 		}
 		if a.err != nil || a.res.Outcome != want {
 			t.Fatalf("first commits %v: B answered %+v, %v; want %v", firstCommits, a.res, a.err, want)
@@ -312,7 +313,7 @@ func contractExecModes(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg pr
 		for i := range 2 { // twice: cached statements the second time
 			c := claimOf("billing", fmt.Sprintf("%s-%d", name, i), "pay 10")
 			c.Partition, c.Offset = 2, 7
-			if got := claim(t, on, c)[0]; got.Outcome != consumer.ClaimNew {
+			if got := claim(t, on, c)[0]; got.Outcome != dedup.ClaimNew {
 				t.Fatalf("%s: first claim: %+v", name, got)
 			}
 			rec, err := on.Lookup(ctx(t), "billing", c.MessageID)
@@ -320,10 +321,10 @@ func contractExecModes(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg pr
 				t.Fatalf("%s: row %+v, %v", name, rec, err)
 			}
 			res := claim(t, on, c, claimOf("billing", c.MessageID+"-b", "x"))
-			if res[0].Outcome != consumer.ClaimDuplicate || !res[0].ProcessedAt.Equal(rec.ProcessedAt) || res[1].Outcome != consumer.ClaimNew {
+			if res[0].Outcome != dedup.ClaimDuplicate || !res[0].ProcessedAt.Equal(rec.ProcessedAt) || res[1].Outcome != dedup.ClaimNew {
 				t.Fatalf("%s: batch %+v", name, res)
 			}
-			if got := claim(t, on, claimOf("billing", c.MessageID, "pay 1000"))[0]; got.Outcome != consumer.ClaimMismatch {
+			if got := claim(t, on, claimOf("billing", c.MessageID, "pay 1000"))[0]; got.Outcome != dedup.ClaimMismatch {
 				t.Fatalf("%s: other payload: %+v", name, got)
 			}
 		}
@@ -372,7 +373,7 @@ func contractRowVanishes(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := claim(t, on, c, claimOf("billing", "m-w", "x")); got[0].Outcome != consumer.ClaimNew || got[1].Outcome != consumer.ClaimNew {
+	if got := claim(t, on, c, claimOf("billing", "m-w", "x")); got[0].Outcome != dedup.ClaimNew || got[1].Outcome != dedup.ClaimNew {
 		t.Fatalf("claim of a row purged in between: %+v, want new", got)
 	}
 	if db.after != nil {
@@ -412,7 +413,7 @@ func contractAcrossBoundaries(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 						if w == 0 && pass == 0 && i == ids/4 {
 							close(started)
 						}
-						cs := []consumer.Claim{claimOf(name, fmt.Sprintf("id-%02d", j), "x")}
+						cs := []dedup.Claim{claimOf(name, fmt.Sprintf("id-%02d", j), "x")}
 						if (i+w)%3 == 0 && j+1 < ids {
 							cs = append(cs, claimOf(name, fmt.Sprintf("id-%02d", j+1), "x"))
 						}
@@ -428,7 +429,7 @@ func contractAcrossBoundaries(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 							return
 						}
 						for k, c := range cs {
-							if res[k].Outcome == consumer.ClaimNew {
+							if res[k].Outcome == dedup.ClaimNew {
 								var n int
 								fmt.Sscanf(c.MessageID, "id-%d", &n)
 								news[n].Add(1)
@@ -494,7 +495,7 @@ func contractPurgeRacingClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool
 			defer wg.Done()
 			for i := 0; c.Err() == nil; i++ {
 				id := fmt.Sprintf("id-%d", (i+w)%50)
-				tx, _, err := s.BeginClaim(c, []consumer.Claim{claimOf("p", id, "x"), claimOf("p", id+"-b", "x")})
+				tx, _, err := s.BeginClaim(c, []dedup.Claim{claimOf("p", id, "x"), claimOf("p", id+"-b", "x")})
 				if err == nil {
 					err = tx.Commit(c)
 				}
@@ -529,13 +530,13 @@ VALUES ($1, $2, $3, now() + $4::interval)`, c.Consumer, c.MessageID, c.Fingerpri
 	check := func(when string) {
 		t.Helper()
 		for id := range dated {
-			for _, batch := range [][]consumer.Claim{{claimOf("c", id, "x")}, {claimOf("c", id, "x"), claimOf("c", id+"-new-"+when, "x")}} {
+			for _, batch := range [][]dedup.Claim{{claimOf("c", id, "x")}, {claimOf("c", id, "x"), claimOf("c", id+"-new-"+when, "x")}} {
 				tx, res, err := s.BeginClaim(ctx(t), batch)
 				if err != nil {
 					t.Fatal(err)
 				}
 				_ = tx.Rollback(ctx(t))
-				if res[0].Outcome != consumer.ClaimDuplicate {
+				if res[0].Outcome != dedup.ClaimDuplicate {
 					t.Errorf("%s: claim of the row dated %s (batch of %d): %v, want duplicate", when, dated[id], len(batch), res[0].Outcome)
 				}
 			}
@@ -592,7 +593,7 @@ func contractTwoConsumers(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg
 		t.Fatalf("the keeper has %d rows after the other consumer's purges, want 5", n)
 	}
 	for i := range 5 {
-		if r := claim(t, s, claimOf("keeper", fmt.Sprintf("k-%d", i), "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+		if r := claim(t, s, claimOf("keeper", fmt.Sprintf("k-%d", i), "x"))[0]; r.Outcome != dedup.ClaimDuplicate {
 			t.Fatalf("keeper's k-%d: %v, want duplicate", i, r.Outcome)
 		}
 	}
@@ -635,7 +636,7 @@ func contractOnlyRuntimeCommits(t *testing.T, s *processed.Store, pool *pgxpool.
 	}
 	effect := `INSERT INTO ` + pgx.Identifier{s.Schema(), "effects"}.Sanitize() + ` VALUES ('e')`
 	for _, end := range []string{"COMMIT", "END"} {
-		tx, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "sql-"+end, "x")})
+		tx, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "sql-"+end, "x")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -650,7 +651,7 @@ func contractOnlyRuntimeCommits(t *testing.T, s *processed.Store, pool *pgxpool.
 			t.Errorf("after %s: the claim was committed (%v)", end, err)
 		}
 	}
-	tx, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "restart", "x")})
+	tx, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "restart", "x")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +680,7 @@ func contractNotMigrated(t *testing.T, _ *processed.Store, pool *pgxpool.Pool, c
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func() error{
-		"BeginClaim": func() error { _, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("a", "1", "x")}); return err },
+		"BeginClaim": func() error { _, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("a", "1", "x")}); return err },
 		"Lookup":     func() error { _, err := s.Lookup(ctx(t), "a", "1"); return err },
 		"Purge":      func() error { _, err := s.Purge(ctx(t), "a", time.Hour); return err },
 		"Maintain":   func() error { return s.Maintain(ctx(t)) },
@@ -741,7 +742,7 @@ func TestDateStyleAndTimeZone(t *testing.T) {
 						t.Fatal(err)
 					}
 					for i := 0; i <= round; i++ {
-						if r := claim(t, s, claimOf("c", fmt.Sprintf("id-%d", i), "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+						if r := claim(t, s, claimOf("c", fmt.Sprintf("id-%d", i), "x"))[0]; r.Outcome != dedup.ClaimDuplicate {
 							t.Fatalf("round %d: id-%d is %v, want duplicate", round, i, r.Outcome)
 						}
 					}
@@ -810,7 +811,7 @@ func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 			defer wg.Done()
 			for i := 0; c.Err() == nil; i++ {
 				j := (i*7 + w) % len(news)
-				tx, res, err := s.BeginClaim(c, []consumer.Claim{claimOf("new", fmt.Sprintf("n-%d", j), "x")})
+				tx, res, err := s.BeginClaim(c, []dedup.Claim{claimOf("new", fmt.Sprintf("n-%d", j), "x")})
 				if err == nil {
 					err = tx.Commit(c)
 				}
@@ -823,7 +824,7 @@ func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 					}
 					return
 				}
-				if res[0].Outcome == consumer.ClaimNew {
+				if res[0].Outcome == dedup.ClaimNew {
 					news[j].Add(1)
 				}
 			}

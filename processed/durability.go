@@ -5,11 +5,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 )
 
 // Durability is the optional Store method of that name (see
-// consumer.Store): it reads how many
+// dedup.Store): it reads how many
 // servers hold a claim's commit when its COMMIT returns, which is when the
 // runtime acks. It reads whether the server is a standby
 // (pg_is_in_recovery), the synchronous_commit the claims commit with (the
@@ -23,8 +23,8 @@ import (
 //
 // It is the view from the server the store's connections reach, now: a
 // failover, or a change of synchronous_standby_names, changes it.
-func (s *Store) Durability(ctx context.Context) (consumer.Durability, error) {
-	var d consumer.Durability
+func (s *Store) Durability(ctx context.Context) (dedup.Durability, error) {
+	var d dedup.Durability
 	if err := s.db.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), current_setting('synchronous_standby_names')`).
 		Scan(&d.Standby, &d.SynchronousCommit, &d.SynchronousStandbyNames); err != nil {
 		return d, s.wrap("read the replication state", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/internal/testlog"
 	"github.com/idemq/idemq/processed"
@@ -53,9 +54,9 @@ func TestDurability(t *testing.T) {
 	// Asynchronous.
 	const async = "a commit is on 1 node before the ack (this primary; 1 standby streams asynchronously, s1: a failover to it can lose acked messages)"
 	d := durability(t, store, nil)
-	wantDurability(t, "asynchronous", d, consumer.Durability{Nodes: 1, SynchronousCommit: "on", Asynchronous: []string{"s1"}}, async)
+	wantDurability(t, "asynchronous", d, dedup.Durability{Nodes: 1, SynchronousCommit: "on", Asynchronous: []string{"s1"}}, async)
 	wantDurability(t, "asynchronous, as a limited role", durability(t, limited, nil),
-		consumer.Durability{Nodes: 1, SynchronousCommit: "on", Asynchronous: []string{"s1"}}, async)
+		dedup.Durability{Nodes: 1, SynchronousCommit: "on", Asynchronous: []string{"s1"}}, async)
 	log := runLog(t, store, "idemq: 1 standby streams asynchronously")
 	if !strings.Contains(log, `level=WARN msg="idemq: 1 standby streams asynchronously, s1: a failover to it can lose acked messages"`) {
 		t.Errorf("Run's log with an asynchronous standby:\n%s", log)
@@ -64,17 +65,17 @@ func TestDurability(t *testing.T) {
 	// Synchronous.
 	primary.Set(t, "synchronous_standby_names", "FIRST 1 (s1)")
 	const sync = "a commit is on 2 nodes before the ack (this primary and 1 synchronous standby, s1; synchronous_commit=on)"
-	d = durability(t, store, func(d consumer.Durability) bool {
+	d = durability(t, store, func(d dedup.Durability) bool {
 		return d.SynchronousStandbyNames == "FIRST 1 (s1)" && len(d.Synchronous) == 1
 	})
-	wantDurability(t, "synchronous", d, consumer.Durability{Nodes: 2, SynchronousCommit: "on",
+	wantDurability(t, "synchronous", d, dedup.Durability{Nodes: 2, SynchronousCommit: "on",
 		SynchronousStandbyNames: "FIRST 1 (s1)", Synchronous: []string{"s1"}}, sync)
 	log = runLog(t, store, "idemq: durability")
 	if !strings.Contains(log, `level=INFO msg="idemq: durability: `+sync+`"`) || strings.Contains(log, "level=WARN") {
 		t.Errorf("Run's log with a synchronous standby:\n%s", log)
 	}
 	wantDurability(t, "synchronous, as a limited role", durability(t, limited, nil),
-		consumer.Durability{Nodes: 2, SynchronousCommit: "on", SynchronousStandbyNames: "FIRST 1 (s1)", Unknown: 1},
+		dedup.Durability{Nodes: 2, SynchronousCommit: "on", SynchronousStandbyNames: "FIRST 1 (s1)", Unknown: 1},
 		"a commit is on 2 nodes before the ack (this primary and 1 synchronous standby; synchronous_commit=on; "+
 			"1 standby streams whose sync_state this role cannot read (grant it pg_read_all_stats))")
 
@@ -87,25 +88,25 @@ func TestDurability(t *testing.T) {
 	q.Set("synchronous_commit", "remote_apply")
 	u.RawQuery = q.Encode()
 	wantDurability(t, "remote_apply", durability(t, open(u.String()), nil),
-		consumer.Durability{Nodes: 2, SynchronousCommit: "remote_apply", SynchronousStandbyNames: "FIRST 1 (s1)", Synchronous: []string{"s1"}},
+		dedup.Durability{Nodes: 2, SynchronousCommit: "remote_apply", SynchronousStandbyNames: "FIRST 1 (s1)", Synchronous: []string{"s1"}},
 		"a commit is on 2 nodes before the ack (this primary and 1 synchronous standby, s1; synchronous_commit=remote_apply: they have applied it)")
 
 	// A quorum.
 	primary.Set(t, "synchronous_standby_names", "ANY 1 (s1, s2)")
-	d = durability(t, store, func(d consumer.Durability) bool {
+	d = durability(t, store, func(d dedup.Durability) bool {
 		return d.SynchronousStandbyNames == "ANY 1 (s1, s2)" && len(d.Synchronous) == 1
 	})
-	wantDurability(t, "quorum", d, consumer.Durability{Nodes: 2, Quorum: true, SynchronousCommit: "on",
+	wantDurability(t, "quorum", d, dedup.Durability{Nodes: 2, Quorum: true, SynchronousCommit: "on",
 		SynchronousStandbyNames: "ANY 1 (s1, s2)", Synchronous: []string{"s1"}},
 		"a commit is on 2 nodes before the ack (this primary and any 1 of the quorum standbys s1; synchronous_commit=on)")
 
 	// More synchronous standbys than are connected: COMMITs wait.
 	primary.Set(t, "synchronous_standby_names", "FIRST 2 (s1, s2)")
-	d = durability(t, store, func(d consumer.Durability) bool {
+	d = durability(t, store, func(d dedup.Durability) bool {
 		return d.SynchronousStandbyNames == "FIRST 2 (s1, s2)" && len(d.Synchronous) == 1
 	})
 	const waits = "only 1 of the 2 synchronous standbys a COMMIT waits for is connected: COMMITs wait until enough are"
-	wantDurability(t, "waiting", d, consumer.Durability{Nodes: 3, SynchronousCommit: "on",
+	wantDurability(t, "waiting", d, dedup.Durability{Nodes: 3, SynchronousCommit: "on",
 		SynchronousStandbyNames: "FIRST 2 (s1, s2)", Synchronous: []string{"s1"}},
 		"a commit is on 3 nodes before the ack (this primary and 2 synchronous standbys, s1; synchronous_commit=on; "+waits+")")
 	if log := runLog(t, store, waits); !strings.Contains(log, `level=WARN msg="idemq: `+waits+`"`) {
@@ -114,7 +115,7 @@ func TestDurability(t *testing.T) {
 
 	// The standby.
 	onStandby := open(standby.URL())
-	wantDurability(t, "standby", durability(t, onStandby, nil), consumer.Durability{Standby: true, SynchronousCommit: "on"},
+	wantDurability(t, "standby", durability(t, onStandby, nil), dedup.Durability{Standby: true, SynchronousCommit: "on"},
 		"none: this server is a standby (in recovery), where no claim can commit; the database URL must reach the primary")
 	if log := runLog(t, onStandby, "is a standby"); !strings.Contains(log, `level=WARN msg="idemq: the store's database is a standby (in recovery)`) {
 		t.Errorf("Run's log on a standby:\n%s", log)
@@ -123,7 +124,7 @@ func TestDurability(t *testing.T) {
 
 // durability reads s's Durability until ok accepts it (nil accepts any):
 // a reloaded configuration takes a moment to show.
-func durability(t *testing.T, s *processed.Store, ok func(consumer.Durability) bool) consumer.Durability {
+func durability(t *testing.T, s *processed.Store, ok func(dedup.Durability) bool) dedup.Durability {
 	t.Helper()
 	// A standby's sync_state changes when the walsender next hears from
 	// it: on new WAL, or every wal_receiver_status_interval (10 s) on an
@@ -147,7 +148,7 @@ func durability(t *testing.T, s *processed.Store, ok func(consumer.Durability) b
 	}
 }
 
-func wantDurability(t *testing.T, what string, got, want consumer.Durability, line string) {
+func wantDurability(t *testing.T, what string, got, want dedup.Durability, line string) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s: Durability\n%+v, want\n%+v", what, got, want)

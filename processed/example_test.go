@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -56,7 +56,7 @@ func ExampleStore_BeginClaim() {
 	defer cleanup()
 
 	claim := func(id, body string) {
-		tx, res, err := store.BeginClaim(ctx, []consumer.Claim{{
+		tx, res, err := store.BeginClaim(ctx, []dedup.Claim{{
 			Consumer:    "billing",
 			MessageID:   id,
 			Fingerprint: sha256.Sum256([]byte(body)),
@@ -72,7 +72,7 @@ func ExampleStore_BeginClaim() {
 			return
 		}
 		fmt.Println(id, res[0].Outcome)
-		// ... apply the effect in tx only if the outcome is consumer.ClaimNew ...
+		// ... apply the effect in tx only if the outcome is dedup.ClaimNew ...
 		if err := tx.Commit(ctx); err != nil {
 			fmt.Println(err)
 		}
@@ -89,8 +89,8 @@ func ExampleStore_BeginClaim() {
 }
 
 // commitClaim claims c alone and commits it.
-func commitClaim(ctx context.Context, store *processed.Store, c consumer.Claim) error {
-	tx, _, err := store.BeginClaim(ctx, []consumer.Claim{c})
+func commitClaim(ctx context.Context, store *processed.Store, c dedup.Claim) error {
+	tx, _, err := store.BeginClaim(ctx, []dedup.Claim{c})
 	if tx != nil {
 		defer func() { _ = tx.Rollback(ctx) }()
 	}
@@ -109,7 +109,7 @@ func ExampleStore_Lookup() {
 	}
 	defer cleanup()
 
-	err = commitClaim(ctx, store, consumer.Claim{
+	err = commitClaim(ctx, store, dedup.Claim{
 		Consumer: "billing", MessageID: "m-1", Fingerprint: sha256.Sum256([]byte("x")),
 		Source: "payments", Partition: 2, Offset: 1234,
 	})
@@ -141,7 +141,7 @@ func ExampleStore_Purge() {
 	}
 	defer cleanup()
 
-	if err := commitClaim(ctx, store, consumer.Claim{Consumer: "billing", MessageID: "m-1", Partition: -1, Offset: -1}); err != nil {
+	if err := commitClaim(ctx, store, dedup.Claim{Consumer: "billing", MessageID: "m-1", Partition: -1, Offset: -1}); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -180,10 +181,10 @@ func TestCustomNames(t *testing.T) {
 	if v, err := s.Version(ctx(t)); err != nil || v != processed.LatestVersion() {
 		t.Fatalf("Version: %d, %v", v, err)
 	}
-	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != consumer.ClaimNew {
+	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != dedup.ClaimNew {
 		t.Fatalf("claim: %v", got.Outcome)
 	}
-	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != consumer.ClaimDuplicate {
+	if got := claim(t, s, claimOf("a", "1", "x"))[0]; got.Outcome != dedup.ClaimDuplicate {
 		t.Fatalf("claim again: %v", got.Outcome)
 	}
 	var names []string
@@ -242,7 +243,7 @@ func TestMigrateFromEarlierPartitionedLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "x", "x")}); !errors.Is(err, consumer.ErrNotMigrated) {
+	if _, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "x", "x")}); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("claim before Migrate: %v, want ErrNotMigrated", err)
 	}
 	if err := s.Migrate(ctx(t)); err != nil {
@@ -260,7 +261,7 @@ WHERE n.nspname = $1 AND c.relname IN ('processed_messages_sealed', 'processed_m
 		t.Fatalf("%d tables of the earlier layout left (%v)", left, err)
 	}
 	for _, id := range []string{"in-january", "recent", "twice"} {
-		if r := claim(t, s, claimOf("c", id, "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+		if r := claim(t, s, claimOf("c", id, "x"))[0]; r.Outcome != dedup.ClaimDuplicate {
 			t.Fatalf("%s after Migrate: %v, want duplicate", id, r.Outcome)
 		}
 	}
@@ -272,7 +273,7 @@ WHERE n.nspname = $1 AND c.relname IN ('processed_messages_sealed', 'processed_m
 		t.Fatal(err)
 	}
 	for _, id := range []string{"in-january", "recent"} {
-		if r := claim(t, part, claimOf("c", id, "x"))[0]; r.Outcome != consumer.ClaimDuplicate {
+		if r := claim(t, part, claimOf("c", id, "x"))[0]; r.Outcome != dedup.ClaimDuplicate {
 			t.Fatalf("%s after the conversion to generations: %v, want duplicate", id, r.Outcome)
 		}
 	}

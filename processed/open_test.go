@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -26,7 +27,7 @@ func withParam(t *testing.T, key, value string) string {
 
 // TestOpenOwnsASizedPool: Open makes a pool of DefaultMaxConns unless
 // Config.MaxConns or the URL's pool_max_conns says otherwise, refuses both
-// at once, serves the runtime through consumer.Store, and Close closes it.
+// at once, serves the runtime through dedup.Store, and Close closes it.
 func TestOpenOwnsASizedPool(t *testing.T) {
 	t.Parallel()
 	schema := testdb.Schema(t)
@@ -45,15 +46,15 @@ func TestOpenOwnsASizedPool(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		var store consumer.Store = s
+		var store dedup.Store = s
 		if got := store.MaxConns(); got != tc.want {
 			t.Errorf("%s: MaxConns %d, want %d", tc.name, got, tc.want)
 		}
 		if err := s.Migrate(ctx(t)); err != nil {
 			t.Fatal(err)
 		}
-		tx, res, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", tc.name, "x")})
-		if err != nil || res[0].Outcome != consumer.ClaimNew {
+		tx, res, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", tc.name, "x")})
+		if err != nil || res[0].Outcome != dedup.ClaimNew {
 			t.Fatalf("%s: BeginClaim %+v, %v", tc.name, res, err)
 		}
 		if err := tx.Commit(ctx(t)); err != nil {
@@ -119,7 +120,7 @@ func TestSchemaFromSearchPath(t *testing.T) {
 	if err := s.Migrate(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	tx, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m-1", "x")})
+	tx, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m-1", "x")})
 	if err != nil {
 		t.Fatal(err)
 	}

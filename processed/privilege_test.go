@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -270,8 +271,8 @@ func TestHostileIdentifiersRejected(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate with table name select: %v", err)
 	}
-	tx, res, err := s.BeginClaim(ctx, []consumer.Claim{{Consumer: "c", MessageID: "'; DROP TABLE x; --", Partition: -1, Offset: -1}})
-	if err != nil || res[0].Outcome != consumer.ClaimNew {
+	tx, res, err := s.BeginClaim(ctx, []dedup.Claim{{Consumer: "c", MessageID: "'; DROP TABLE x; --", Partition: -1, Offset: -1}})
+	if err != nil || res[0].Outcome != dedup.ClaimNew {
 		t.Fatalf("BeginClaim: %+v, %v", res, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -312,8 +313,8 @@ func TestLeastPrivilegeRolePartitioned(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		body string
-		want consumer.ClaimOutcome
-	}{{"x", consumer.ClaimNew}, {"x", consumer.ClaimDuplicate}, {"y", consumer.ClaimMismatch}} {
+		want dedup.ClaimOutcome
+	}{{"x", dedup.ClaimNew}, {"x", dedup.ClaimDuplicate}, {"y", dedup.ClaimMismatch}} {
 		if got := claim(t, store, claimOf("c", "m", tc.body), claimOf("c", "m-"+tc.body+tc.want.String(), "z"))[0]; got.Outcome != tc.want {
 			t.Fatalf("claim as the limited role: %v, want %v", got.Outcome, tc.want)
 		}

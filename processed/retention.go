@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/dupage"
 )
 
@@ -16,11 +17,11 @@ func (s *Store) retentionTable(st *statements) string {
 }
 
 // RecordRetention is the optional Store method of that name (see
-// consumer.Store): it writes the
+// dedup.Store): it writes the
 // janitor's report as a row of Table+"_retention" (migration 0002), and
 // deletes the consumer's reports older than 35 days. The runtime's role
 // needs INSERT and DELETE on that table.
-func (s *Store) RecordRetention(ctx context.Context, r consumer.RetentionReport) error {
+func (s *Store) RecordRetention(ctx context.Context, r dedup.RetentionReport) error {
 	st, err := s.statements(ctx)
 	if err != nil {
 		return err

@@ -79,6 +79,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
@@ -116,7 +117,7 @@ const (
 )
 
 // Store is the Postgres dedup store and the runtime's database handle: it
-// implements consumer.Store, so a consumer.Config takes it as its one
+// implements dedup.Store, so a consumer.Config takes it as its one
 // Postgres field, and the same Store serves migrations, lookups, stats and
 // purges. It is safe for concurrent use, except when made with New over a
 // *pgx.Conn, which is one connection.
@@ -161,13 +162,13 @@ type statements struct {
 	horizons, recordHorizon string
 }
 
-// Store is a consumer.Store with the three optional methods consumer.Store
+// Store is a dedup.Store with the three optional methods dedup.Store
 // lists.
 var _ interface {
-	consumer.Store
+	dedup.Store
 	Maintain(ctx context.Context) error
-	RecordRetention(ctx context.Context, r consumer.RetentionReport) error
-	Durability(ctx context.Context) (consumer.Durability, error)
+	RecordRetention(ctx context.Context, r dedup.RetentionReport) error
+	Durability(ctx context.Context) (dedup.Durability, error)
 } = (*Store)(nil)
 
 // New returns a store for the table cfg names, over db: a *pgxpool.Pool (the
@@ -346,7 +347,7 @@ func (s *Store) Pool() *pgxpool.Pool {
 	return p
 }
 
-// MaxConns implements consumer.Store: the pool's MaxConns, 1 for a
+// MaxConns implements dedup.Store: the pool's MaxConns, 1 for a
 // *pgx.Conn, 0 if unknown.
 func (s *Store) MaxConns() int {
 	switch db := s.db.(type) {
@@ -358,7 +359,7 @@ func (s *Store) MaxConns() int {
 	return 0
 }
 
-// Ping implements consumer.Store: it reports whether the database answers.
+// Ping implements dedup.Store: it reports whether the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if p, ok := s.db.(interface{ Ping(context.Context) error }); ok {
 		return p.Ping(ctx)
@@ -396,7 +397,7 @@ func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
 		CommitQuery: "SELECT " + raiseSyncCommit + ", " + st.commitCheck + "('" + token + "'); COMMIT"}
 }
 
-// BeginClaim implements consumer.Store: it begins a READ COMMITTED
+// BeginClaim implements dedup.Store: it begins a READ COMMITTED
 // transaction whose commit is synchronous (the runtime acks once it
 // returns; see the package's doc: a stronger synchronous_commit than on is
 // kept) and claims every element of claims in it, which must share a
@@ -413,8 +414,8 @@ func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
 // one round trip; ids that conflicted cost one more, which reads their
 // rows. A non-nil tx must be rolled back by the caller if it does not
 // commit, also when err is not nil. Only the runtime's Commit of tx
-// commits: see consumer.Store.
-func (s *Store) BeginClaim(ctx context.Context, claims []consumer.Claim) (pgx.Tx, []consumer.ClaimResult, error) {
+// commits: see dedup.Store.
+func (s *Store) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
 	b, err := newBatch(claims)
 	if err != nil {
 		return nil, nil, err
@@ -465,18 +466,18 @@ type batch struct {
 	// token is its transaction's (see txOptions).
 	token   string
 	name    string
-	claims  []consumer.Claim
+	claims  []dedup.Claim
 	index   map[string]int
-	results []consumer.ClaimResult
+	results []dedup.ClaimResult
 }
 
 // newBatch checks claims and prepares their claim.
-func newBatch(claims []consumer.Claim) (*batch, error) {
+func newBatch(claims []dedup.Claim) (*batch, error) {
 	if len(claims) == 0 {
 		return nil, errors.New("processed: claim: no claims")
 	}
 	b := &batch{name: claims[0].Consumer, claims: claims, index: make(map[string]int, len(claims)),
-		results: make([]consumer.ClaimResult, len(claims))}
+		results: make([]dedup.ClaimResult, len(claims))}
 	for i, c := range claims {
 		if c.Consumer != b.name || c.Consumer == "" || c.MessageID == "" {
 			return nil, fmt.Errorf("processed: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
@@ -491,7 +492,7 @@ func newBatch(claims []consumer.Claim) (*batch, error) {
 
 // args are the arguments of the single claim's INSERT; a negative
 // partition or offset is stored as NULL.
-func (b *batch) args(c consumer.Claim) []any {
+func (b *batch) args(c dedup.Claim) []any {
 	var partition, offset any // nil is NULL
 	if c.Partition >= 0 {
 		partition = c.Partition
@@ -504,7 +505,7 @@ func (b *batch) args(c consumer.Claim) []any {
 
 // insertArgs are the arguments of the claim INSERT for pending; a negative
 // partition or offset is stored as NULL.
-func (b *batch) insertArgs(pending []consumer.Claim) []any {
+func (b *batch) insertArgs(pending []dedup.Claim) []any {
 	ids := make([]string, len(pending))
 	fps := make([][]byte, len(pending))
 	srcs := make([]string, len(pending))
@@ -520,13 +521,13 @@ func (b *batch) insertArgs(pending []consumer.Claim) []any {
 // finish records the ids the INSERT inserted, reads the rows the others
 // conflicted with, and claims afresh the ids whose rows were purged in
 // between, until every claim has its answer.
-func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx, inserted []string) ([]consumer.ClaimResult, error) {
+func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx, inserted []string) ([]dedup.ClaimResult, error) {
 	pending := b.claims
 	for attempt := 1; ; attempt++ {
 		claimed := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
 			claimed[id] = true
-			b.results[b.index[id]] = consumer.ClaimResult{Outcome: consumer.ClaimNew}
+			b.results[b.index[id]] = dedup.ClaimResult{Outcome: dedup.ClaimNew}
 		}
 		if len(inserted) == len(pending) {
 			return b.results, nil
@@ -563,7 +564,7 @@ func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx,
 }
 
 // insert claims pending again in tx and returns the ids it inserted.
-func (b *batch) insert(ctx context.Context, tx pgx.Tx, st *statements, pending []consumer.Claim) ([]string, error) {
+func (b *batch) insert(ctx context.Context, tx pgx.Tx, st *statements, pending []dedup.Claim) ([]string, error) {
 	if len(pending) == 1 {
 		tag, err := tx.Exec(ctx, st.insertOne, b.args(pending[0])...)
 		if err != nil || tag.RowsAffected() == 0 {
@@ -589,11 +590,11 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 	)
 	record := func() error {
 		i := b.index[id]
-		out := consumer.ClaimDuplicate
+		out := dedup.ClaimDuplicate
 		if !bytes.Equal(fp, b.claims[i].Fingerprint[:]) {
-			out = consumer.ClaimMismatch
+			out = dedup.ClaimMismatch
 		}
-		b.results[i] = consumer.ClaimResult{Outcome: out, ProcessedAt: at}
+		b.results[i] = dedup.ClaimResult{Outcome: out, ProcessedAt: at}
 		found[id] = true
 		return nil
 	}
@@ -631,7 +632,7 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 	return missing, nil
 }
 
-// Purge implements consumer.Store: it purges consumerName's rows processed
+// Purge implements dedup.Store: it purges consumerName's rows processed
 // more than olderThan ago (by the database's clock), and never another
 // consumer's, and returns how many rows went.
 //
@@ -713,7 +714,7 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL`)
 	return names, nil
 }
 
-// Maintain is the optional Store method of that name (see consumer.Store),
+// Maintain is the optional Store method of that name (see dedup.Store),
 // the upkeep the runtime's janitor
 // runs every JanitorInterval. On the partitioned layout it rotates the
 // generations when the current one is due and every consumer with rows in

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -40,8 +41,8 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-func claimOf(consumerName, id, body string) consumer.Claim {
-	return consumer.Claim{
+func claimOf(consumerName, id, body string) dedup.Claim {
+	return dedup.Claim{
 		Consumer:    consumerName,
 		MessageID:   id,
 		Fingerprint: sha256.Sum256([]byte(body)),
@@ -52,7 +53,7 @@ func claimOf(consumerName, id, body string) consumer.Claim {
 }
 
 // claim claims cs with BeginClaim, the runtime's path, and commits.
-func claim(t *testing.T, s *processed.Store, cs ...consumer.Claim) []consumer.ClaimResult {
+func claim(t *testing.T, s *processed.Store, cs ...dedup.Claim) []dedup.ClaimResult {
 	t.Helper()
 	tx, res, err := s.BeginClaim(ctx(t), cs)
 	if tx != nil {
@@ -169,7 +170,7 @@ func TestLayoutMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := part.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m", "x")}); !errors.Is(err, consumer.ErrNotMigrated) ||
+	if _, _, err := part.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")}); !errors.Is(err, consumer.ErrNotMigrated) ||
 		!strings.Contains(err.Error(), "Migrate converts it") {
 		t.Fatalf("partitioned store over a plain table: %v, want ErrNotMigrated", err)
 	}
@@ -178,10 +179,10 @@ func TestLayoutMismatch(t *testing.T) {
 	}
 	// The plain store read its layout before the conversion: it stops
 	// (ErrNotMigrated) rather than claim into the view.
-	if _, _, err := plain.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m", "x")}); !errors.Is(err, consumer.ErrNotMigrated) {
+	if _, _, err := plain.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")}); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("plain store after the conversion: %v, want ErrNotMigrated", err)
 	}
-	if r := claim(t, part, claimOf("c", "before", "x")); r[0].Outcome != consumer.ClaimDuplicate {
+	if r := claim(t, part, claimOf("c", "before", "x")); r[0].Outcome != dedup.ClaimDuplicate {
 		t.Fatalf("the plain table's row after the conversion: %v, want duplicate", r[0].Outcome)
 	}
 	fresh, err := processed.New(pool, processed.Config{Schema: plain.Schema()})
@@ -342,7 +343,7 @@ func TestEarlierMigrationsRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tx, _, err := fresh.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "m", "x")})
+			tx, _, err := fresh.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")})
 			if tx != nil {
 				_ = tx.Rollback(ctx(t))
 			}
@@ -361,7 +362,7 @@ func TestRotationPostponedByALongTransaction(t *testing.T) {
 	t.Parallel()
 	s, pool := setup(t, processed.Config{Partitioned: true})
 	claim(t, s, claimOf("c", "a", "x"))
-	long, _, err := s.BeginClaim(ctx(t), []consumer.Claim{claimOf("c", "held", "x")})
+	long, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "held", "x")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -80,7 +80,7 @@ func TestClaimKeepsStrongerSynchronousCommit(t *testing.T) {
 					{"duplicate", []string{prefix + "a"}},
 					{"duplicate and new", []string{prefix + "b", prefix + "d"}},
 				} {
-					var claims []consumer.Claim
+					var claims []dedup.Claim
 					for _, id := range p.ids {
 						claims = append(claims, claimOf("sync", id, "x"))
 					}
@@ -129,7 +129,7 @@ CREATE CONSTRAINT TRIGGER record AFTER INSERT ON `+seen+` DEFERRABLE INITIALLY D
 		{"local", "on"},
 		{"remote_apply", "remote_apply"},
 	} {
-		tx, _, err := s.BeginClaim(ctx, []consumer.Claim{claimOf("sync", "h-"+c.handler, "x")})
+		tx, _, err := s.BeginClaim(ctx, []dedup.Claim{claimOf("sync", "h-"+c.handler, "x")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/kafkatest"
 	"github.com/idemq/idemq/internal/testdb"
@@ -258,7 +259,7 @@ func TestConsoleReadOnlyCommand(t *testing.T) {
 func TestConsolePartitioned(t *testing.T) {
 	t.Parallel()
 	store, dbArgs := migrated(t)
-	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-1", Source: "payments", Partition: -1, Offset: -1})
+	claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "m-1", Source: "payments", Partition: -1, Offset: -1})
 	want(t, idemq(t, append([]string{"migrate", "--partitioned"}, dbArgs...)...), exitOK, "converted to the partitioned layout", "")
 	base, _ := startConsole(t, nil, append(dbArgs, "--read-only")...)
 	b := newBrowser(t, base)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/kafkatest"
 )
@@ -105,7 +106,7 @@ func TestDLQInspectAndReplayKafka(t *testing.T) {
 		}
 	}
 	fp := (&consumer.Message{Body: []byte(`{"n":4}`)}).Fingerprint()
-	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: 1, Offset: 44})
+	claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: 1, Offset: 44})
 
 	r := idemq(t, append([]string{"dlq", "inspect"}, kargs...)...)
 	want(t, r, 0, "5 dead-lettered messages in 2 groups", "")

@@ -20,6 +20,7 @@ import (
 	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 )
 
@@ -208,7 +209,7 @@ func TestDLQInspectAndReplayStreams(t *testing.T) {
 				f.deadLetter(ctx, t, id, bodies[id], fl)
 			}
 			fp := (&consumer.Message{Body: []byte(`{"n":4}`)}).Fingerprint()
-			claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: -1, Offset: -1})
+			claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: -1, Offset: -1})
 
 			// The broker follows from --subject or --stream-key.
 			r := idemq(t, append([]string{"dlq", "inspect"}, f.args...)...)
@@ -291,7 +292,7 @@ func TestDLQReplayRedisFields(t *testing.T) {
 	for i := range 3 {
 		f.deadLetter(ctx, t, fmt.Sprint("o-", i), fmt.Sprint(`{"o":`, i, `}`), consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("bug")})
 	}
-	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "o-2", Fingerprint: (&consumer.Message{Body: []byte(`{"o":2}`)}).Fingerprint(), Partition: -1, Offset: -1})
+	claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "o-2", Fingerprint: (&consumer.Message{Body: []byte(`{"o":2}`)}).Fingerprint(), Partition: -1, Offset: -1})
 	args := append([]string{"dlq", "replay", "--stream-key", f.dead, "--redis-body-field", "payload", "--retention", "72h"}, dbArgs...)
 	want(t, idemq(t, append(args, "--dry-run")...), exitOK, "2 will apply, 1 already applied, 0 fingerprint mismatch", "")
 	want(t, idemq(t, args...), exitOK, "republished 2 (the consumer applies them once); skipped 1 already applied", "")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 )
 
@@ -110,7 +111,7 @@ func TestDLQInspectAndReplayRabbitMQ(t *testing.T) {
 		}
 	}
 	fp := (&consumer.Message{Body: []byte(`{"n":4}`)}).Fingerprint()
-	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: -1, Offset: -1})
+	claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "m-4", Fingerprint: fp, Partition: -1, Offset: -1})
 
 	r := idemq(t, "dlq", "inspect", "--queue", dead)
 	want(t, r, 0, "5 dead-lettered messages in 2 groups", "")

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
@@ -69,14 +69,14 @@ func migrated(t *testing.T) (*processed.Store, []string) {
 
 // claim claims c in s with BeginClaim, the runtime's path, and commits;
 // the claim must be new.
-func claim(t *testing.T, s *processed.Store, c consumer.Claim) {
+func claim(t *testing.T, s *processed.Store, c dedup.Claim) {
 	t.Helper()
 	ctx := context.Background()
-	tx, res, err := s.BeginClaim(ctx, []consumer.Claim{c})
+	tx, res, err := s.BeginClaim(ctx, []dedup.Claim{c})
 	if tx != nil {
 		defer func() { _ = tx.Rollback(ctx) }()
 	}
-	if err != nil || res[0].Outcome != consumer.ClaimNew {
+	if err != nil || res[0].Outcome != dedup.ClaimNew {
 		t.Fatalf("BeginClaim(%s/%s): %+v, %v", c.Consumer, c.MessageID, res, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -114,8 +114,8 @@ func TestProcessedShow(t *testing.T) {
 	t.Parallel()
 	s, args := migrated(t)
 	fp := sha256.Sum256([]byte("pay 10"))
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: 4, Offset: 99})
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m 2", Fingerprint: fp, Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: 4, Offset: 99})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m 2", Fingerprint: fp, Partition: -1, Offset: -1})
 
 	r := idemq(t, append([]string{"processed", "show", "billing", "m-1"}, args...)...)
 	for _, line := range []string{"consumer:     billing", "message id:   m-1", "sha256:" + hex.EncodeToString(fp[:]),
@@ -155,8 +155,8 @@ func TestProcessedPurge(t *testing.T) {
 	t.Parallel()
 	s, args := migrated(t)
 	for i := range 7 {
-		claim(t, s, consumer.Claim{Consumer: "c", MessageID: fmt.Sprint(i), Partition: -1, Offset: -1})
-		claim(t, s, consumer.Claim{Consumer: "d", MessageID: fmt.Sprint(i), Partition: -1, Offset: -1})
+		claim(t, s, dedup.Claim{Consumer: "c", MessageID: fmt.Sprint(i), Partition: -1, Offset: -1})
+		claim(t, s, dedup.Claim{Consumer: "d", MessageID: fmt.Sprint(i), Partition: -1, Offset: -1})
 	}
 	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
 	backdate := func(age string, ids ...string) {
@@ -226,7 +226,7 @@ func horizons(t *testing.T, s *processed.Store) []string {
 func TestProcessedPurgePartitioned(t *testing.T) {
 	t.Parallel()
 	s, args := migrated(t)
-	for _, c := range []consumer.Claim{{Consumer: "a", MessageID: "a-1"}, {Consumer: "a", MessageID: "a-2"}, {Consumer: "b", MessageID: "b-1"}} {
+	for _, c := range []dedup.Claim{{Consumer: "a", MessageID: "a-1"}, {Consumer: "a", MessageID: "a-2"}, {Consumer: "b", MessageID: "b-1"}} {
 		c.Partition, c.Offset = -1, -1
 		claim(t, s, c)
 	}
@@ -235,7 +235,7 @@ func TestProcessedPurgePartitioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim(t, part, consumer.Claim{Consumer: "a", MessageID: "a-3", Partition: -1, Offset: -1})
+	claim(t, part, dedup.Claim{Consumer: "a", MessageID: "a-3", Partition: -1, Offset: -1})
 	rows := func(name string) int64 {
 		t.Helper()
 		st, err := part.Stats(context.Background(), name)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/dupage"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
@@ -25,7 +25,7 @@ func TestMigratePartitionedAndStatus(t *testing.T) {
 	t.Parallel()
 	s, args := migrated(t)
 	fp := sha256.Sum256([]byte("x"))
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
 	// The range-partitioned layout's flag is gone.
 	want(t, idemq(t, append([]string{"migrate", "--partitioned", "--partition-interval", "1h"}, args...)...), exitUsage, "", "flag provided but not defined: -partition-interval")
 	r := idemq(t, append([]string{"migrate", "--partitioned"}, args...)...)
@@ -50,14 +50,14 @@ func TestMigratePartitionedAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim(t, part, consumer.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, part, dedup.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
 	want(t, idemq(t, append([]string{"processed", "show"}, append(args, "billing", "m-1")...)...), exitOK, "m-1", "")
 
 	// One janitor report: duplicates up to 4h old, retention 72h.
 	b := make([]int64, dupage.Buckets)
 	b[0], b[8] = 998, 2 // within 1s; within 4h
 	now := time.Now()
-	if err := part.RecordRetention(context.Background(), consumer.RetentionReport{Consumer: "billing",
+	if err := part.RecordRetention(context.Background(), dedup.RetentionReport{Consumer: "billing",
 		WindowStart: now.Add(-10 * time.Minute), WindowEnd: now, Duplicates: 1000, Buckets: b, MaxAge: 3*time.Hour + 40*time.Minute,
 		Retention: 72 * time.Hour, HorizonState: "clear", PurgedOlderThan: 72 * time.Hour}); err != nil {
 		t.Fatal(err)
@@ -113,8 +113,8 @@ func TestMigrateEarlierPartitionedLayout(t *testing.T) {
 	t.Parallel()
 	s, args := migrated(t)
 	fp := sha256.Sum256([]byte("x"))
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
 	// Back to the earlier layout: the table range-partitioned on
 	// processed_at, and only migrations 1 and 2 applied (the later ones'
 	// objects removed).

@@ -128,7 +128,7 @@ type statusReport struct {
 	Durability statusDurability `json:"durability"`
 }
 
-// statusDurability is consumer.Durability, read by processed.Store's
+// statusDurability is dedup.Durability, read by processed.Store's
 // Durability: how many servers hold a commit when its COMMIT returns,
 // which is when the runtime acks.
 type statusDurability struct {

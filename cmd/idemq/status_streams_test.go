@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 )
 
@@ -96,7 +97,7 @@ func TestConsoleNATSAndRedis(t *testing.T) {
 		nf.deadLetter(ctx, t, fmt.Sprintf("d-%d", i), `{"n":1}`, consumer.Failure{Class: consumer.ClassPermanent, Err: fmt.Errorf("account %d unknown", 100+i)})
 	}
 	// One of them was applied meanwhile: the replay removes it.
-	claim(t, store, consumer.Claim{Consumer: "billing", MessageID: "d-2", Fingerprint: (&consumer.Message{Body: []byte(`{"n":1}`)}).Fingerprint(), Partition: -1, Offset: -1})
+	claim(t, store, dedup.Claim{Consumer: "billing", MessageID: "d-2", Fingerprint: (&consumer.Message{Body: []byte(`{"n":1}`)}).Fingerprint(), Partition: -1, Offset: -1})
 	for i := range 2 {
 		rf.deadLetter(ctx, t, fmt.Sprintf("o-%d", i), "o", consumer.Failure{Consumer: "shipping", Class: consumer.ClassTimeout, Err: errors.New("handler timed out")})
 	}

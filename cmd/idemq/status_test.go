@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/kafkatest"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
@@ -30,9 +31,9 @@ func statusFixture(t *testing.T) (*processed.Store, []string) {
 	t.Helper()
 	s, args := migrated(t)
 	fp := sha256.Sum256([]byte("x"))
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
-	claim(t, s, consumer.Claim{Consumer: "shipping", MessageID: "x-1", Fingerprint: fp, Source: "orders", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-1", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-2", Fingerprint: fp, Source: "payments", Partition: -1, Offset: -1})
+	claim(t, s, dedup.Claim{Consumer: "shipping", MessageID: "x-1", Fingerprint: fp, Source: "orders", Partition: -1, Offset: -1})
 	tbl := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
 	_, err := testdb.Pool(t).Exec(context.Background(), `
 UPDATE `+tbl+` SET processed_at = now() - CASE message_id
@@ -40,7 +41,7 @@ UPDATE `+tbl+` SET processed_at = now() - CASE message_id
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim(t, s, consumer.Claim{Consumer: "billing", MessageID: "m-3", Fingerprint: fp, Source: "payments", Partition: 2, Offset: 7})
+	claim(t, s, dedup.Claim{Consumer: "billing", MessageID: "m-3", Fingerprint: fp, Source: "payments", Partition: 2, Offset: 7})
 	return s, args
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -39,9 +40,9 @@ func TestLeavesDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &consumer.Message{Body: []byte("the quickstart's payload")}
-	var claims []consumer.Claim
+	var claims []dedup.Claim
 	for _, id := range []string{"pay-00010", "pay-00011"} {
-		claims = append(claims, consumer.Claim{Consumer: consumerName, MessageID: id, Fingerprint: m.Fingerprint(), Partition: -1, Offset: -1})
+		claims = append(claims, dedup.Claim{Consumer: consumerName, MessageID: id, Fingerprint: m.Fingerprint(), Partition: -1, Offset: -1})
 	}
 	tx, _, err := store.BeginClaim(ctx, claims)
 	if err == nil {

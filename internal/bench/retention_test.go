@@ -42,7 +42,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -160,7 +160,7 @@ func claimLoad(ctx context.Context, s *processed.Store, conc int, prefix string,
 					return
 				default:
 				}
-				claims := make([]consumer.Claim, 0, rbGroup)
+				claims := make([]dedup.Claim, 0, rbGroup)
 				seen := map[string]bool{}
 				for len(claims) < rbGroup {
 					id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
@@ -170,7 +170,7 @@ func claimLoad(ctx context.Context, s *processed.Store, conc int, prefix string,
 					i++
 					if !seen[id] {
 						seen[id] = true
-						claims = append(claims, consumer.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Partition: -1, Offset: -1})
+						claims = append(claims, dedup.Claim{Consumer: "bench", MessageID: id, Fingerprint: sha256.Sum256([]byte(id)), Partition: -1, Offset: -1})
 					}
 				}
 				sort.Slice(claims, func(a, b int) bool { return claims[a].MessageID < claims[b].MessageID })

@@ -32,6 +32,7 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/kafkatest"
 	"github.com/idemq/idemq/internal/natstest"
 	"github.com/idemq/idemq/processed"
@@ -669,7 +670,7 @@ func (r *run) setupDB(ctx context.Context) error {
 	if r.s.Partitioned {
 		// The holder: a row of a consumer that never purges, in the
 		// generation the workers start in (see Scenario.Partitioned).
-		tx, _, err := store.BeginClaim(ctx, []consumer.Claim{{Consumer: "chaos-holder", MessageID: "holder", Partition: -1, Offset: -1}})
+		tx, _, err := store.BeginClaim(ctx, []dedup.Claim{{Consumer: "chaos-holder", MessageID: "holder", Partition: -1, Offset: -1}})
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
