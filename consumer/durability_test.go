@@ -97,3 +97,11 @@ func TestRunLogsDurability(t *testing.T) {
 		}
 	}
 }
+
+// TestAgeBucketsMatchDedup: the runtime's histogram has one bucket per
+// dedup.AgeBounds bound and one for older ages.
+func TestAgeBucketsMatchDedup(t *testing.T) {
+	if n := len(dedup.AgeBounds()) + 1; n != ageBuckets {
+		t.Fatalf("ageBuckets %d, want %d", ageBuckets, n)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer/dedup"
-	"github.com/idemq/idemq/internal/dupage"
 )
 
 // maintainer is a Store with upkeep of its own (see dedup.Store).
@@ -23,11 +22,15 @@ type retentionRecorder interface {
 	RecordRetention(ctx context.Context, r dedup.RetentionReport) error
 }
 
+// ageBuckets is the number of a RetentionReport's duplicate-age buckets:
+// one per dedup.AgeBounds, and one for older ones (a test checks it).
+const ageBuckets = 18
+
 // dupAges is the runtime's duplicate-age histogram: a HookDuplicate the
 // runtime installs with a Retention.
 type dupAges struct {
 	HookDefaults
-	buckets [dupage.Buckets]atomic.Int64
+	buckets [ageBuckets]atomic.Int64
 	maxAge  atomic.Int64
 }
 
@@ -39,7 +42,7 @@ func (d *dupAges) OnDuplicate(_ context.Context, _ *Message, processedAt time.Ti
 		return
 	}
 	age := max(time.Since(processedAt), 0)
-	d.buckets[dupage.Bucket(age)].Add(1)
+	d.buckets[dedup.AgeBucket(age)].Add(1)
 	for {
 		cur := d.maxAge.Load()
 		if int64(age) <= cur || d.maxAge.CompareAndSwap(cur, int64(age)) {

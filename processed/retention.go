@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dedup"
-	"github.com/idemq/idemq/internal/dupage"
 )
 
 func (s *Store) retentionTable(st *statements) string {
@@ -26,8 +25,9 @@ func (s *Store) RecordRetention(ctx context.Context, r dedup.RetentionReport) er
 	if err != nil {
 		return err
 	}
-	bounds := make([]int64, len(dupage.Bounds))
-	for i, b := range dupage.Bounds {
+	ageBounds := dedup.AgeBounds()
+	bounds := make([]int64, len(ageBounds))
+	for i, b := range ageBounds {
 		bounds[i] = b.Milliseconds()
 	}
 	ms := func(d time.Duration) *int64 {
@@ -37,7 +37,7 @@ func (s *Store) RecordRetention(ctx context.Context, r dedup.RetentionReport) er
 		v := d.Milliseconds()
 		return &v
 	}
-	q := func(p float64) *int64 { return ms(dupage.Quantile(r.Buckets, p, r.MaxAge)) }
+	q := func(p float64) *int64 { return ms(r.Quantile(p)) }
 	var horizon *time.Time
 	if !r.Horizon.IsZero() {
 		horizon = &r.Horizon
@@ -68,7 +68,7 @@ type RetentionSummary struct {
 	From    time.Time
 	// Duplicates counts the duplicates; P50, P99, P999 and Max are their
 	// ages (quantiles rounded up to a bucket bound, see
-	// dupage.Bounds).
+	// dedup.AgeBounds).
 	Duplicates          int64
 	P50, P99, P999, Max time.Duration
 	// Retention is the latest report's retention.
@@ -134,8 +134,7 @@ FROM `+s.retentionTable(st)+` WHERE consumer = $1 AND window_end >= $2 ORDER BY 
 	if err != nil {
 		return RetentionSummary{}, s.wrap("read the janitor's reports", err)
 	}
-	sum.P50 = dupage.Quantile(buckets, 0.5, sum.Max)
-	sum.P99 = dupage.Quantile(buckets, 0.99, sum.Max)
-	sum.P999 = dupage.Quantile(buckets, 0.999, sum.Max)
+	all := dedup.RetentionReport{Buckets: buckets, MaxAge: sum.Max}
+	sum.P50, sum.P99, sum.P999 = all.Quantile(0.5), all.Quantile(0.99), all.Quantile(0.999)
 	return sum, nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/consumer/dedup"
-	"github.com/idemq/idemq/internal/dupage"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -54,7 +53,7 @@ func TestMigratePartitionedAndStatus(t *testing.T) {
 	want(t, idemq(t, append([]string{"processed", "show"}, append(args, "billing", "m-1")...)...), exitOK, "m-1", "")
 
 	// One janitor report: duplicates up to 4h old, retention 72h.
-	b := make([]int64, dupage.Buckets)
+	b := make([]int64, len(dedup.AgeBounds())+1)
 	b[0], b[8] = 998, 2 // within 1s; within 4h
 	now := time.Now()
 	if err := part.RecordRetention(context.Background(), dedup.RetentionReport{Consumer: "billing",

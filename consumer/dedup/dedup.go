@@ -227,6 +227,30 @@ func (d Durability) Warnings() []string {
 	return w
 }
 
+// ageBounds are the upper bounds of a RetentionReport's duplicate-age
+// buckets (see AgeBounds).
+var ageBounds = []time.Duration{
+	time.Second, 10 * time.Second, time.Minute, 5 * time.Minute, 15 * time.Minute, 30 * time.Minute,
+	time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour, 12 * time.Hour, 24 * time.Hour,
+	48 * time.Hour, 72 * time.Hour, 7 * 24 * time.Hour, 14 * 24 * time.Hour, 30 * 24 * time.Hour,
+}
+
+// AgeBounds returns the upper bounds of a RetentionReport's duplicate-age
+// buckets, 1s to 30 days: Buckets[i] counts the duplicates whose age was at
+// most AgeBounds()[i], and the last bucket, Buckets[len(AgeBounds())],
+// those older than every bound.
+func AgeBounds() []time.Duration { return append([]time.Duration(nil), ageBounds...) }
+
+// AgeBucket returns the index of the bucket that counts a duplicate of age
+// age.
+func AgeBucket(age time.Duration) int {
+	i := 0
+	for i < len(ageBounds) && age > ageBounds[i] {
+		i++
+	}
+	return i
+}
+
 // RetentionReport is what the runtime's janitor saw in one JanitorInterval: the ages
 // of the duplicates it skipped (the evidence for the retention), the
 // source's horizon, and what it purged.
@@ -275,4 +299,31 @@ func standbyList(ns []string, sep string) string {
 		return ""
 	}
 	return sep + strings.Join(ns, ", ")
+}
+
+// Quantile returns the duplicate age below which about q (0 to 1) of the
+// report's duplicates fell: the bound of the bucket that holds the q-th
+// one, or MaxAge when that is lower or the bucket has no bound. It is 0
+// for a report without duplicates.
+func (r RetentionReport) Quantile(q float64) time.Duration {
+	var total int64
+	for _, n := range r.Buckets {
+		total += n
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := int64(q*float64(total) + 0.999999)
+	rank = max(1, min(rank, total))
+	var seen int64
+	for i, n := range r.Buckets {
+		seen += n
+		if seen >= rank {
+			if i < len(ageBounds) && (r.MaxAge == 0 || ageBounds[i] < r.MaxAge) {
+				return ageBounds[i]
+			}
+			return r.MaxAge
+		}
+	}
+	return r.MaxAge
 }

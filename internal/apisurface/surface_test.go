@@ -19,7 +19,7 @@ var budget = map[string]int{
 	"brokers/rabbitmq":         26,
 	"brokers/redisstream":      21,
 	"consumer":                 47,
-	"consumer/dedup":           9,
+	"consumer/dedup":           11,
 	"dlq":                      39,
 	"httpidem":                 11,
 	"idemqtest":                12,
