@@ -15,7 +15,7 @@ import (
 // lookuper finds a message's dedup row: the Store of ClassifyConfig and
 // RequeueConfig. *processed.Store implements it.
 type lookuper = interface {
-	Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+	Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
 }
 
 // Verdict is what a replay would do with one message.
@@ -82,7 +82,7 @@ type ClassifyConfig struct {
 	// Store answers whether an id was applied: the live consumer's
 	// *processed.Store. Required.
 	Store interface {
-		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+		Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
 	}
 	// Consumer is the dedup scope to check. Defaults to each message's
 	// x-idemq-consumer.

@@ -28,7 +28,7 @@ type RequeueConfig struct {
 	// is republished, which is still safe: the consumer dedupes. Use the
 	// live consumer's *processed.Store.
 	Store interface {
-		Lookup(ctx context.Context, consumerName, messageID string) (processed.Record, error)
+		Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
 	}
 	// Consumer is the dedup scope for Store. Defaults to each message's
 	// x-idemq-consumer.

@@ -167,8 +167,8 @@ func (emptyBrowser) Close() error                                    { return ni
 
 type nopLookuper struct{}
 
-func (nopLookuper) Lookup(context.Context, string, string) (processed.Record, error) {
-	return processed.Record{}, processed.ErrNotFound
+func (nopLookuper) Lookup(context.Context, string, string) (processed.Row, error) {
+	return processed.Row{}, processed.ErrNotFound
 }
 
 // TestReplayVerifiesSignatures: with VerifyKeys, replay applies only the

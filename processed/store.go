@@ -730,8 +730,8 @@ func (s *Store) Maintain(ctx context.Context) error {
 	return err
 }
 
-// Record is one row of the dedup table.
-type Record struct {
+// Row is one row of the dedup table.
+type Row struct {
 	Consumer    string
 	MessageID   string
 	Fingerprint []byte
@@ -744,19 +744,19 @@ type Record struct {
 
 // Lookup returns the row for consumerName and id, or an error wrapping
 // ErrNotFound.
-func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Record, error) {
+func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Row, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
-		return Record{}, err
+		return Row{}, err
 	}
-	var r Record
+	var r Row
 	err = s.db.QueryRow(ctx, st.lookup, consumerName, id).Scan(
 		&r.Consumer, &r.MessageID, &r.Fingerprint, &r.ProcessedAt, &r.Source, &r.Partition, &r.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Record{}, fmt.Errorf("%w: consumer %q, message id %q in %s", ErrNotFound, consumerName, id, s)
+		return Row{}, fmt.Errorf("%w: consumer %q, message id %q in %s", ErrNotFound, consumerName, id, s)
 	}
 	if err != nil {
-		return Record{}, s.wrap("lookup", err)
+		return Row{}, s.wrap("lookup", err)
 	}
 	return r, nil
 }

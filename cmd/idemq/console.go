@@ -327,7 +327,7 @@ func consoleStatus(ctx context.Context, store *processed.Store, name string, ret
 		st.Oldest = *rep.OldestProcessedAt
 	}
 	if l := rep.LastApplied; l != nil {
-		st.LastApplied = &processed.Record{Consumer: name, MessageID: l.MessageID, ProcessedAt: l.ProcessedAt,
+		st.LastApplied = &processed.Row{Consumer: name, MessageID: l.MessageID, ProcessedAt: l.ProcessedAt,
 			Source: l.Source, Partition: l.Partition, Offset: l.Offset}
 	}
 	return st, nil

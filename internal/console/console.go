@@ -60,7 +60,7 @@ type ConsumerStatus struct {
 	Oldest   time.Time
 	// PurgeEligible is nil without a retention.
 	PurgeEligible *int64
-	LastApplied   *processed.Record
+	LastApplied   *processed.Row
 }
 
 // Token is one operator's token: Name is what the audit records.

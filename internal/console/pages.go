@@ -398,7 +398,7 @@ type lookupView struct {
 	Consumer, ID string
 	Consumers    []string
 	Searched     bool
-	Row          *processed.Record
+	Row          *processed.Row
 	NotFound     bool
 	Copies       []groupRow
 	Error        string
