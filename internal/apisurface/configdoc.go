@@ -5,7 +5,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path"
 	"path/filepath"
 	"sort"
@@ -57,22 +56,13 @@ type configField struct{ name, doc string }
 // configTypes returns the Config and Options structs of the package in
 // dir, sorted by name, each with its exported fields in source order.
 func configTypes(dir string) ([]configType, error) {
-	entries, err := os.ReadDir(dir)
+	_, files, err := parseDir(dir, parser.ParseComments)
 	if err != nil {
 		return nil, err
 	}
-	fset := token.NewFileSet()
 	var out []configType
-	for _, e := range entries {
-		n := e.Name()
-		if e.IsDir() || !strings.HasSuffix(n, ".go") || strings.HasSuffix(n, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, parser.ParseComments|parser.SkipObjectResolution)
-		if err != nil {
-			return nil, fmt.Errorf("apisurface: %w", err)
-		}
-		for _, decl := range f.Decls {
+	for _, gf := range files {
+		for _, decl := range gf.f.Decls {
 			gd, ok := decl.(*ast.GenDecl)
 			if !ok || gd.Tok != token.TYPE {
 				continue

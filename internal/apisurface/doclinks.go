@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"go/ast"
 	"go/parser"
-	"go/token"
-	"os"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -49,20 +47,12 @@ func BrokenDocLinks(root, module string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		fset := token.NewFileSet()
-		entries, err := os.ReadDir(filepath.Join(root, dir))
+		fset, files, err := parseDir(filepath.Join(root, dir), parser.ParseComments)
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range entries {
-			n := e.Name()
-			if e.IsDir() || !strings.HasSuffix(n, ".go") || strings.HasSuffix(n, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(fset, filepath.Join(root, dir, n), nil, parser.ParseComments|parser.SkipObjectResolution)
-			if err != nil {
-				return nil, fmt.Errorf("apisurface: %w", err)
-			}
+		for _, gf := range files {
+			f, n := gf.f, gf.name
 			imports := fileImports(f)
 			for _, cg := range f.Comments {
 				for _, m := range docLink.FindAllStringSubmatch(cg.Text(), -1) {
@@ -126,27 +116,18 @@ func fileImports(f *ast.File) map[string]string {
 
 func readNames(dir string) (*pkgNames, error) {
 	p := &pkgNames{top: map[string]bool{}, members: map[string]map[string]bool{}}
-	entries, err := os.ReadDir(dir)
+	_, files, err := parseDir(dir, 0)
 	if err != nil {
 		return p, err
 	}
-	fset := token.NewFileSet()
 	member := func(typ, name string) {
 		if p.members[typ] == nil {
 			p.members[typ] = map[string]bool{}
 		}
 		p.members[typ][name] = true
 	}
-	for _, e := range entries {
-		n := e.Name()
-		if e.IsDir() || !strings.HasSuffix(n, ".go") || strings.HasSuffix(n, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, parser.SkipObjectResolution)
-		if err != nil {
-			return p, fmt.Errorf("apisurface: %w", err)
-		}
-		for _, decl := range f.Decls {
+	for _, gf := range files {
+		for _, decl := range gf.f.Decls {
 			switch d := decl.(type) {
 			case *ast.FuncDecl:
 				if d.Recv == nil {

@@ -46,26 +46,46 @@ func Public(root string) ([]string, error) {
 	return dirs, err
 }
 
-// Exported returns the exported top-level names (functions, types,
-// variables and constants; not methods or fields) of the package in dir,
-// from its non-test files, sorted.
-func Exported(dir string) ([]string, error) {
+// goFile is one parsed non-test file of a package.
+type goFile struct {
+	name string // the file's base name
+	f    *ast.File
+}
+
+// parseDir parses the non-test Go files of the package in dir, with
+// comments if mode asks for them, into one file set.
+func parseDir(dir string, mode parser.Mode) (*token.FileSet, []goFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fset := token.NewFileSet()
-	var names []string
+	var files []goFile
 	for _, e := range entries {
 		n := e.Name()
 		if e.IsDir() || !strings.HasSuffix(n, ".go") || strings.HasSuffix(n, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, mode|parser.SkipObjectResolution)
 		if err != nil {
-			return nil, fmt.Errorf("apisurface: %w", err)
+			return nil, nil, fmt.Errorf("apisurface: %w", err)
 		}
-		for _, decl := range f.Decls {
+		files = append(files, goFile{name: n, f: f})
+	}
+	return fset, files, nil
+}
+
+// Exported returns the exported top-level names (functions, types,
+// variables and constants; not methods or fields) of the package in dir,
+// from its non-test files, sorted.
+func Exported(dir string) ([]string, error) {
+	_, files, err := parseDir(dir, 0)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, gf := range files {
+		for _, decl := range gf.f.Decls {
 			switch d := decl.(type) {
 			case *ast.FuncDecl:
 				if d.Recv == nil && d.Name.IsExported() {
