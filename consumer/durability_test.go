@@ -52,7 +52,7 @@ type durableStore struct {
 
 func (s durableStore) Durability(context.Context) (dedup.Durability, error) { return s.d, s.err }
 
-// TestRunLogsDurability: Run reads a DurabilityReporter's Durability when
+// TestRunLogsDurability: Run reads a Store's Durability method when
 // it starts and logs it, at Info when a failover loses nothing and commits
 // do not wait, with a warning for each risk otherwise, and a warning when
 // it cannot read it.

@@ -25,11 +25,12 @@ var (
 	// ErrInvalidConfig is wrapped by every configuration validation error,
 	// and by the error of StatementCacheError, on which Run stops.
 	ErrInvalidConfig = errors.New("idemq: invalid config")
-	// ErrNotMigrated is wrapped by store errors caused by a dedup table that
-	// does not exist. The runtime does not retry it: Run returns it, since
-	// no message can be applied until the migrations have run.
-	// processed.ErrNotMigrated wraps it.
-	ErrNotMigrated = errors.New("idemq: dedup table does not exist (run migrations)")
+	// ErrNotMigrated is wrapped by the errors of idemq's Postgres
+	// components (processed, outbox, httpidem) caused by a table that does
+	// not exist, each with the operation and the table. The runtime does
+	// not retry it: Run returns it, since no message can be applied until
+	// the migrations have run.
+	ErrNotMigrated = errors.New("idemq: table does not exist (run migrations)")
 	// ErrMessageTooLarge is wrapped by a publish that the broker, or its
 	// client, refused for the message's size (body and headers, as the
 	// broker counts them): publishing it again as it is fails again. The

@@ -171,7 +171,7 @@ func (r *Runtime) Stats() Stats {
 // URL). A Runtime runs once at a time.
 //
 // When it starts, before it receives, Run reads the Store's Durability if
-// the Store is a DurabilityReporter (processed.Store is) and logs it: a
+// the Store has that optional method (processed.Store has) and logs it: a
 // warning if a standby streams asynchronously (a failover to it can lose
 // acked messages), if COMMITs wait for synchronous standbys that are not
 // connected, or if the database is a standby.

@@ -81,6 +81,6 @@ func ExampleSource_DeadLetterer() {
 	if err != nil {
 		log.Fatal(err) // a *consumer.ConfigError for an illegal DeadLetter too
 	}
-	defer src.Close()                                                  // the runtime closes it too: Close is idempotent
-	_ = consumer.Config{Source: src, DeadLetterer: src.DeadLetterer()} // and the rest
+	defer src.Close()                // the runtime closes it too: Close is idempotent
+	_ = consumer.Config{Source: src} // and the rest: the runtime dead-letters through src.DeadLetterer()
 }
