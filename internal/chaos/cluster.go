@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -152,7 +153,7 @@ func (r *run) clusterFaults(ctx context.Context, c clusterOps) {
 func (r *run) pickNode(ctx context.Context, c clusterOps, f nodeFault) (int, string, error) {
 	if f == faultPartition {
 		if c.partitionable < 0 {
-			return 0, "", fmt.Errorf("no node of the cluster can be partitioned")
+			return 0, "", errors.New("no node of the cluster can be partitioned")
 		}
 		return c.partitionable, "the node in a network namespace of its own", nil
 	}
@@ -197,7 +198,7 @@ func (r *run) pickNode(ctx context.Context, c clusterOps, f nodeFault) (int, str
 		v := others[r.intn(len(others))]
 		return v, describe(v) + ", no worker connected anywhere", nil
 	}
-	return 0, "", fmt.Errorf("no running node but the leader's")
+	return 0, "", errors.New("no running node but the leader's")
 }
 
 // workerConns counts, in names, the connections of chaos workers.
@@ -205,7 +206,7 @@ func workerConns(names []string) int {
 	n := 0
 	for _, name := range names {
 		var slot, inc int
-		if _, err := fmt.Sscanf(name, amqpConnName, &slot, &inc); err == nil {
+		if _, err := fmt.Sscanf(name, workerConnName, &slot, &inc); err == nil {
 			n++
 		}
 	}

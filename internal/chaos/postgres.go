@@ -44,16 +44,9 @@ func StartPGCluster(ctx context.Context, bin string) (*PGCluster, error) {
 	c := &PGCluster{bin: bin, dir: dir, data: filepath.Join(dir, "data"), logFile: filepath.Join(dir, "postgres.log")}
 	if os.Geteuid() == 0 {
 		// initdb refuses to run as root: run as postgres.
-		u, err := user.Lookup("postgres")
-		if err != nil {
+		if err := giveToPostgres(dir); err != nil {
 			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("chaos: running as root needs a postgres user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("chaos: %w", err)
+			return nil, err
 		}
 		c.asPostgres = true
 	}
@@ -70,6 +63,21 @@ func StartPGCluster(ctx context.Context, bin string) (*PGCluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// giveToPostgres makes user postgres own dir, for the server binaries that
+// refuse to run as root.
+func giveToPostgres(dir string) error {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return fmt.Errorf("chaos: running as root needs a postgres user: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	return nil
 }
 
 func (c *PGCluster) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
@@ -204,14 +212,8 @@ func StartPGPair(ctx context.Context, bin string, async bool) (_ *PGPair, err er
 	s := &PGCluster{bin: pr.bin, dir: dir, data: filepath.Join(dir, "data"), logFile: filepath.Join(dir, "postgres.log"), asPostgres: pr.asPostgres}
 	p.Standby = s
 	if s.asPostgres {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("chaos: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, fmt.Errorf("chaos: %w", err)
+		if err := giveToPostgres(dir); err != nil {
+			return nil, err
 		}
 	}
 	if s.port, err = freePort(); err != nil {

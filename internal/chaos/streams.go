@@ -359,7 +359,7 @@ func streamSource(ctx context.Context, cfg WorkerConfig) (consumer.Source, error
 		if cfg.Broker == BrokerNATS {
 			return natsjs.NewSource(ctx, natsjs.Config{
 				URL:     cfg.NATSURL,
-				Options: []nats.Option{nats.Name(fmt.Sprintf("idemq-chaos-%d.%d", cfg.Slot, cfg.Incarnation)), nats.ReconnectWait(100 * time.Millisecond)},
+				Options: []nats.Option{nats.Name(fmt.Sprintf(workerConnName, cfg.Slot, cfg.Incarnation)), nats.ReconnectWait(100 * time.Millisecond)},
 				Stream:  cfg.Stream,
 				Subject: cfg.Subject,
 				Durable: cfg.Group,

@@ -360,7 +360,7 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 				FailoverURLs:   urls[1:],
 				Queue:          cfg.Queue,
 				Prefetch:       cfg.Prefetch,
-				ConnectionName: fmt.Sprintf(amqpConnName, cfg.Slot, cfg.Incarnation),
+				ConnectionName: fmt.Sprintf(workerConnName, cfg.Slot, cfg.Incarnation),
 				Reconnect:      reconnect,
 				DialTimeout:    5 * time.Second,
 			})
@@ -488,8 +488,9 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 	return nil
 }
 
-// amqpConnName is the AMQP connection name of worker slot.incarnation.
-const amqpConnName = "idemq-chaos-%d.%d"
+// workerConnName is the AMQP or NATS connection name of worker
+// slot.incarnation, by which the cluster faults find the workers' nodes.
+const workerConnName = "idemq-chaos-%d.%d"
 
 // kafkaClientID is the Kafka client id of worker slot.incarnation.
 const kafkaClientID = "idemq-chaos-%d.%d"
