@@ -18,8 +18,9 @@ type ReplayConfig struct {
 	Browser Browser
 	// Consumer is the live consumer's configuration: the same Name (the
 	// dedup scope), DB, Store, Handler and MessageID, and a DeadLetterer
-	// for messages that fail again (normally the same dead-letter queue).
-	// Its Source is replaced by the browser. Its Retention is the default
+	// for messages that fail again (normally the same dead-letter queue;
+	// if nil, its Source's own, as in the live consumer). Its Source is
+	// replaced by the browser. Its Retention is the default
 	// of Retention below; the replay itself runs no janitor, so nothing is
 	// purged by the replay while it runs (the live consumer's janitor
 	// keeps its own schedule).
@@ -133,6 +134,11 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 		rate:  newLimiter(cfg.Rate), verify: verify, log: log}
 
 	cc := cfg.Consumer
+	// The runtime defaults DeadLetterer to its Source's own; the replay's
+	// Source is the browser, so take the live Source's before replacing it.
+	if d, ok := cc.Source.(interface{ DeadLetterer() consumer.DeadLetterer }); ok && cc.DeadLetterer == nil {
+		cc.DeadLetterer = d.DeadLetterer()
+	}
 	cc.Source = src
 	// No janitor in the replay: it is a bounded pass, not the live
 	// consumer, and a purge now could remove the rows the guard just

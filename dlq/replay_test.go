@@ -522,3 +522,35 @@ func TestMissingIDDeadLetterNeverTakesABrokerID(t *testing.T) {
 		t.Fatalf("dead letter after replay: %+v", back)
 	}
 }
+
+// dlSource is a live Source with a dead-letterer of its own, as every
+// broker's Source but memory's has: a consumer.Config that leaves
+// DeadLetterer nil dead-letters through it.
+type dlSource struct {
+	consumer.Source
+	dl consumer.DeadLetterer
+}
+
+func (s dlSource) DeadLetterer() consumer.DeadLetterer { return s.dl }
+
+// TestReplayDeadLettersThroughTheLiveSources: a replay given the live
+// consumer's Config, whose DeadLetterer is left to default to its
+// Source's, dead-letters what fails again through that dead-letterer,
+// although the replay reads from the browser instead of the Source.
+func TestReplayDeadLettersThroughTheLiveSources(t *testing.T) {
+	t.Parallel()
+	e := newMemEnv(t)
+	e.broken.Store(true)
+	e.publish(3)
+	e.consume()
+	res := e.replay(func(c *dlq.ReplayConfig) {
+		c.Consumer.Source = dlSource{dl: e.broker.DeadLetterer(memDLQ)}
+		c.Consumer.DeadLetterer = nil
+	})
+	if res.FailedAgain != 3 || res.Applied != 0 {
+		t.Fatalf("replay: %+v", res)
+	}
+	if n := len(e.broker.Messages(memDLQ)); n != 3 {
+		t.Fatalf("DLQ holds %d, want 3", n)
+	}
+}
