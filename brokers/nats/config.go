@@ -31,9 +31,12 @@ const (
 	// defaultWindow is the window of a Source no runtime configured
 	// (Configure never called): the runtime's default Concurrency, 8.
 	defaultWindow = 8
-	// defaultConnectTimeout bounds NewSource's, NewPublisher's and
-	// NewBrowser's first connection.
-	defaultConnectTimeout = 10 * time.Second
+	// dialTimeout bounds each attempt to reach one server, and so what a
+	// server that answers nothing (cut off by a partition) costs a
+	// connection before the next server is tried: nats.go's own default.
+	// With 10 s, a Source started during a partition could wait 10 s per
+	// silent server (TestNewSourceWhileAServerIsCutOff).
+	dialTimeout = 2 * time.Second
 	// headerMsgID is JetStream's deduplication header, Nats-Msg-Id: the
 	// Publisher sets it from Message.ID and the Source reads Message.ID
 	// from it.
@@ -74,7 +77,7 @@ type Config struct {
 	URL string
 	// Options are extra connection options (credentials files, TLS, a
 	// connection name...), applied after the Source's own: reconnecting
-	// forever (nats.MaxReconnects(-1)), a 10s connect timeout, a ping
+	// forever (nats.MaxReconnects(-1)), 2 s to reach each server, a ping
 	// every 5 s with 2 outstanding at most, and writes that give up after
 	// 5 s, so that a server cut off by a partition is left within 15 s. An
 	// option that makes the client give up reconnecting makes Receive
@@ -364,7 +367,7 @@ func connect(ctx context.Context, rawURL, name string, log func() *slog.Logger, 
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.Timeout(defaultConnectTimeout),
+		nats.Timeout(dialTimeout),
 		// A server cut off by a partition answers nothing, not even a
 		// reset: the client finds the connection dead only by its pings.
 		// nats.go pings every 2 minutes; a consumer cannot wait that long.

@@ -20,7 +20,7 @@ type PublisherConfig struct {
 	// Defaults to nats://127.0.0.1:4222 (nats.DefaultURL).
 	URL string
 	// Options are extra connection options, applied after the
-	// Publisher's own (reconnecting forever, a 10s connect timeout).
+	// Publisher's own (reconnecting forever, 2 s to reach each server).
 	// Defaults to none.
 	Options []nats.Option
 	// KeyHeader, if set, carries Message.Key in this header (read it back

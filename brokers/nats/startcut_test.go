@@ -1,0 +1,138 @@
+package natsjs_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsjs "github.com/idemq/idemq/brokers/nats"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/natstest"
+	"github.com/idemq/idemq/internal/testlog"
+)
+
+// startCutBound is the longest a Source may take from NewSource to its
+// first delivery while one of its servers is cut off and the cluster
+// answers without it: the silent server costs one dial timeout (2 s)
+// before the next is tried. With a 10 s dial timeout it took 10 s.
+const startCutBound = 5 * time.Second
+
+// TestNewSourceWhileAServerIsCutOff: a Source started while one server of
+// the cluster it is given is cut off by a partition (every packet dropped)
+// receives within startCutBound once the others have elected whatever it
+// led, even when the client tries the cut-off server first.
+func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
+	t.Parallel()
+	c := natstest.StartPartitionableCluster(t, 3)
+	ctx := testCtx(t, 4*time.Minute)
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	j, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := randomHex(4)
+	stream, subject, durable := "IDEMQ_CUT_"+r, "idemq-cut."+r, "idemq-cut-"+r
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: stream, Subjects: []string{subject}, Replicas: 3},
+		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + ".dlq"}, Replicas: 3},
+	} {
+		if _, err := j.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := newPublisher(t, natsjs.PublisherConfig{URL: c.URLs()})
+	// More messages than the rounds take: each round's Source buffers a
+	// few and gives back those it did not hand out at Close.
+	const rounds, total = 6, 200
+	msgs := make([]*consumer.Message, total)
+	for i := range msgs {
+		msgs[i] = &consumer.Message{ID: fmt.Sprintf("cut-%d", i), Body: []byte("x")}
+	}
+	if err := pub.Publish(ctx, subject, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	cut := c.Node("n3")
+	cfg := natsjs.Config{URL: c.URLs(), Stream: stream, Subject: subject, Durable: durable}
+	// The worst order: the cut-off server first, tried first.
+	worst := cfg
+	worst.URL = cut.URL + "," + c.Node("n1").URL + "," + c.Node("n2").URL
+	worst.Options = []nats.Option{nats.DontRandomize()}
+	// The durable exists before the cut, as a restarted worker's does.
+	first := newSource(t, cfg)
+	d, err := first.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Close()
+
+	if err := cut.Partition(); err != nil {
+		t.Fatal(err)
+	}
+	cutAt := time.Now()
+	// The cluster's own part: whatever the cut-off server led (the meta
+	// layer, the stream, the durable) is elected again on the others.
+	live, err := nats.Connect(c.Node("n1").URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	lj, err := jetstream.New(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the durable led by a server not cut off", func() bool {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		cons, err := lj.Consumer(ictx, stream, durable)
+		if err != nil {
+			return false
+		}
+		ci := cons.CachedInfo()
+		return ci.Cluster != nil && ci.Cluster.Leader != "" && ci.Cluster.Leader != cut.Name
+	})
+	t.Logf("cut off %s; the cluster answered without it %s later", cut.Name, time.Since(cutAt).Round(time.Millisecond))
+	for i := 1; i <= rounds; i++ {
+		at := time.Since(cutAt)
+		t0 := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		rcfg := cfg
+		if i%2 == 1 {
+			rcfg = worst
+		}
+		src, err := natsjs.NewSource(sctx, rcfg)
+		if err != nil {
+			cancel()
+			t.Fatalf("round %d: NewSource after %s: %v", i, time.Since(t0).Round(time.Millisecond), err)
+		}
+		made := time.Since(t0)
+		log, buf := testlog.New(slog.LevelDebug)
+		src.Configure(consumer.SourceSettings{Logger: log})
+		d, err := src.Receive(sctx)
+		took := time.Since(t0)
+		if err == nil {
+			err = d.Ack(sctx)
+		}
+		_ = src.Close()
+		cancel()
+		t.Logf("round %d at +%s (cut-off server first: %t): NewSource %s, first delivery %s\n%s", i, at.Round(time.Millisecond),
+			i%2 == 1, made.Round(time.Millisecond), took.Round(time.Millisecond), buf)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if took > startCutBound {
+			t.Errorf("round %d: the first delivery took %s, longer than %s", i, took.Round(time.Millisecond), startCutBound)
+		}
+	}
+}
