@@ -53,36 +53,8 @@ func runClusterFault(t *testing.T, c *natstest.Cluster, srcURL string, bound tim
 	fault func(ctx context.Context, j jetstream.JetStream, stream, durable string)) {
 	t.Helper()
 	ctx := testCtx(t, 4*time.Minute)
-	nc, err := nats.Connect(c.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	j, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := randomHex(4)
-	stream, subject, durable := "IDEMQ_CLUSTER_"+r, "idemq-cluster."+r, "idemq-cluster-"+r
-	for _, sc := range []jetstream.StreamConfig{
-		{Name: stream, Subjects: []string{subject}, Replicas: 3},
-		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + ".dlq"}, Replicas: 3},
-	} {
-		if _, err := j.CreateStream(ctx, sc); err != nil {
-			t.Fatal(err)
-		}
-	}
 	const total = 3000
-	pub := newPublisher(t, natsjs.PublisherConfig{URL: c.URLs()})
-	msgs := make([]*consumer.Message, total)
-	for i := range msgs {
-		msgs[i] = &consumer.Message{ID: fmt.Sprintf("c-%04d", i), Body: []byte("x")}
-	}
-	for i := 0; i < total; i += 500 {
-		if err := pub.Publish(ctx, subject, msgs[i:i+500]...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	j, stream, subject, durable := clusterStream(ctx, t, c, total)
 
 	e := newE2E(t)
 	applied := pgx.Identifier{e.store.Schema(), "applied"}.Sanitize()
@@ -132,4 +104,41 @@ func runClusterFault(t *testing.T, c *natstest.Cluster, srcURL string, bound tim
 	if gap > bound {
 		t.Fatalf("the consumer stalled %s, longer than %s", gap.Round(time.Millisecond), bound)
 	}
+}
+
+// clusterStream creates an R3 stream on c, with the R3 stream of its dead
+// letters, and publishes total messages to it (ids c-0000 on). It returns
+// a JetStream client on c and the stream's, its subject's and a durable's
+// names.
+func clusterStream(ctx context.Context, t *testing.T, c *natstest.Cluster, total int) (j jetstream.JetStream, stream, subject, durable string) {
+	t.Helper()
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if j, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	r := randomHex(4)
+	stream, subject, durable = "IDEMQ_CLUSTER_"+r, "idemq-cluster."+r, "idemq-cluster-"+r
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: stream, Subjects: []string{subject}, Replicas: 3},
+		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + ".dlq"}, Replicas: 3},
+	} {
+		if _, err := j.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := newPublisher(t, natsjs.PublisherConfig{URL: c.URLs()})
+	msgs := make([]*consumer.Message, total)
+	for i := range msgs {
+		msgs[i] = &consumer.Message{ID: fmt.Sprintf("c-%04d", i), Body: []byte("x")}
+	}
+	for i := 0; i < total; i += 500 {
+		if err := pub.Publish(ctx, subject, msgs[i:min(i+500, total)]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return j, stream, subject, durable
 }

@@ -2,7 +2,6 @@ package natsjs_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -30,36 +29,10 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 	t.Parallel()
 	c := natstest.StartPartitionableCluster(t, 3)
 	ctx := testCtx(t, 4*time.Minute)
-	nc, err := nats.Connect(c.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	j, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := randomHex(4)
-	stream, subject, durable := "IDEMQ_CUT_"+r, "idemq-cut."+r, "idemq-cut-"+r
-	for _, sc := range []jetstream.StreamConfig{
-		{Name: stream, Subjects: []string{subject}, Replicas: 3},
-		{Name: stream + natsjs.DLQStreamSuffix, Subjects: []string{subject + ".dlq"}, Replicas: 3},
-	} {
-		if _, err := j.CreateStream(ctx, sc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pub := newPublisher(t, natsjs.PublisherConfig{URL: c.URLs()})
 	// More messages than the rounds take: each round's Source buffers a
 	// few and gives back those it did not hand out at Close.
-	const rounds, total = 6, 200
-	msgs := make([]*consumer.Message, total)
-	for i := range msgs {
-		msgs[i] = &consumer.Message{ID: fmt.Sprintf("cut-%d", i), Body: []byte("x")}
-	}
-	if err := pub.Publish(ctx, subject, msgs...); err != nil {
-		t.Fatal(err)
-	}
+	const rounds = 6
+	_, stream, subject, durable := clusterStream(ctx, t, c, 200)
 	cut := c.Node("n3")
 	cfg := natsjs.Config{URL: c.URLs(), Stream: stream, Subject: subject, Durable: durable}
 	// The worst order: the cut-off server first, tried first.
