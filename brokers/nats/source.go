@@ -128,13 +128,15 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		nc.Close()
 		return nil, fmt.Errorf("natsjs: jetstream: %w", err)
 	}
+	// Each request is sent again if it gets no answer: during an
+	// election one may be lost, and the caller's context may be long.
 	if cfg.Topology != nil {
-		if err := declare(ctx, js, cfg); err != nil {
+		if err := retryAPI(ctx, func(ctx context.Context) error { return declare(ctx, js, cfg) }); err != nil {
 			nc.Close()
 			return nil, err
 		}
 	}
-	if err := check(ctx, js, cfg); err != nil {
+	if err := retryAPI(ctx, func(ctx context.Context) error { return check(ctx, js, cfg) }); err != nil {
 		nc.Close()
 		return nil, err
 	}

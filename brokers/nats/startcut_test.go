@@ -21,10 +21,18 @@ import (
 // before the next is tried. With a 10 s dial timeout it took 10 s.
 const startCutBound = 5 * time.Second
 
+// startElectionBound is the same while the cut-off server's stream is
+// still electing a new leader: a few seconds for the election, a start
+// request lost to it sent again after 5 s, and a dial timeout. A lost
+// request used to wait out NewSource's context (a minute here).
+const startElectionBound = 20 * time.Second
+
 // TestNewSourceWhileAServerIsCutOff: a Source started while one server of
-// the cluster it is given is cut off by a partition (every packet dropped)
-// receives within startCutBound once the others have elected whatever it
-// led, even when the client tries the cut-off server first.
+// the cluster it is given is cut off by a partition (every packet
+// dropped), and that server led the stream, receives within
+// startElectionBound, and once the others have elected whatever it led,
+// within startCutBound, even when the client tries the cut-off server
+// first.
 func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 	t.Parallel()
 	c := natstest.StartPartitionableCluster(t, 3)
@@ -32,7 +40,7 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 	// More messages than the rounds take: each round's Source buffers a
 	// few and gives back those it did not hand out at Close.
 	const rounds = 6
-	_, stream, subject, durable := clusterStream(ctx, t, c, 200)
+	j, stream, subject, durable := clusterStream(ctx, t, c, 200)
 	cut := c.Node("n3")
 	cfg := natsjs.Config{URL: c.URLs(), Stream: stream, Subject: subject, Durable: durable}
 	// The worst order: the cut-off server first, tried first.
@@ -49,44 +57,20 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Close()
+	leadStream(ctx, t, j, stream, cut.Name)
 
 	if err := cut.Partition(); err != nil {
 		t.Fatal(err)
 	}
 	cutAt := time.Now()
-	// The cluster's own part: whatever the cut-off server led (the meta
-	// layer, the stream, the durable) is elected again on the others.
-	live, err := nats.Connect(c.Node("n1").URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Close()
-	lj, err := jetstream.New(live)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Minute, "the durable led by a server not cut off", func() bool {
-		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		cons, err := lj.Consumer(ictx, stream, durable)
-		if err != nil {
-			return false
-		}
-		ci := cons.CachedInfo()
-		return ci.Cluster != nil && ci.Cluster.Leader != "" && ci.Cluster.Leader != cut.Name
-	})
-	t.Logf("cut off %s; the cluster answered without it %s later", cut.Name, time.Since(cutAt).Round(time.Millisecond))
-	for i := 1; i <= rounds; i++ {
+	round := func(i int, rcfg natsjs.Config, bound time.Duration) {
+		t.Helper()
 		at := time.Since(cutAt)
 		t0 := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		rcfg := cfg
-		if i%2 == 1 {
-			rcfg = worst
-		}
+		defer cancel()
 		src, err := natsjs.NewSource(sctx, rcfg)
 		if err != nil {
-			cancel()
 			t.Fatalf("round %d: NewSource after %s: %v", i, time.Since(t0).Round(time.Millisecond), err)
 		}
 		made := time.Since(t0)
@@ -98,14 +82,71 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 			err = d.Ack(sctx)
 		}
 		_ = src.Close()
-		cancel()
 		t.Logf("round %d at +%s (cut-off server first: %t): NewSource %s, first delivery %s\n%s", i, at.Round(time.Millisecond),
-			i%2 == 1, made.Round(time.Millisecond), took.Round(time.Millisecond), buf)
+			rcfg.URL == worst.URL, made.Round(time.Millisecond), took.Round(time.Millisecond), buf)
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
-		if took > startCutBound {
-			t.Errorf("round %d: the first delivery took %s, longer than %s", i, took.Round(time.Millisecond), startCutBound)
+		if took > bound {
+			t.Errorf("round %d: the first delivery took %s, longer than %s", i, took.Round(time.Millisecond), bound)
 		}
 	}
+	// During the stream's election.
+	round(0, cfg, startElectionBound)
+
+	// The cluster's own part: whatever the cut-off server led (the meta
+	// layer, the stream, the durable) is elected again on the others.
+	live, err := nats.Connect(c.Node("n1").URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	lj, err := jetstream.New(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the stream and the durable led by servers not cut off", func() bool {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		st, err := lj.Stream(ictx, stream)
+		if err != nil {
+			return false
+		}
+		cons, err := lj.Consumer(ictx, stream, durable)
+		if err != nil {
+			return false
+		}
+		si, ci := st.CachedInfo(), cons.CachedInfo()
+		return si.Cluster != nil && si.Cluster.Leader != "" && si.Cluster.Leader != cut.Name &&
+			ci.Cluster != nil && ci.Cluster.Leader != "" && ci.Cluster.Leader != cut.Name
+	})
+	t.Logf("cut off %s; the cluster answered without it %s later", cut.Name, time.Since(cutAt).Round(time.Millisecond))
+	for i := 1; i <= rounds; i++ {
+		rcfg := cfg
+		if i%2 == 1 {
+			rcfg = worst
+		}
+		round(i, rcfg, startCutBound)
+	}
+}
+
+// leadStream steps the stream's leader down until the named server leads
+// it.
+func leadStream(ctx context.Context, t *testing.T, j jetstream.JetStream, stream, server string) {
+	t.Helper()
+	nc := j.Conn()
+	for range 20 {
+		st, err := j.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cl := st.CachedInfo().Cluster; cl != nil && cl.Leader == server {
+			return
+		}
+		if _, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("%s never came to lead stream %s", server, stream)
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -76,4 +78,48 @@ func check(ctx context.Context, js jetstream.JetStream, c Config) error {
 			"%q is captured by the Source's own stream %q, which it reads whole (Subject is empty): dead letters would be consumed again", c.DeadLetter.Subject, name))
 	}
 	return nil
+}
+
+// apiAttemptTimeout bounds one JetStream API request at start. A request
+// the server never answers (sent to a stream leader just cut off, or lost
+// in an election) is sent again after it, rather than waiting out the
+// caller's context.
+const apiAttemptTimeout = 5 * time.Second
+
+// retryAPI runs f, each attempt bounded by apiAttemptTimeout, until it
+// succeeds, fails for good, or ctx ends. f must be idempotent.
+func retryAPI(ctx context.Context, f func(context.Context) error) error {
+	wait := retryInitial
+	for {
+		actx, cancel := context.WithTimeout(ctx, apiAttemptTimeout)
+		err := f(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !transientAPIError(err) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		wait = min(2*wait, retryMax)
+	}
+}
+
+// transientAPIError reports an API error that a later attempt may not
+// meet: no answer in time, no responder, a reconnecting connection, or a
+// server that says JetStream is unavailable for now (an election).
+func transientAPIError(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 || apiErr.Code == 408
+	}
+	return false
 }
