@@ -132,6 +132,18 @@ func toText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
+// orderingKey sets msg.Key to Config.OrderingKey's result; a panic is
+// logged and leaves msg.Key as it was.
+func (r *Runtime) orderingKey(msg *Message) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.log.Error("idemq: OrderingKey function panicked; the message keeps its own key",
+				"panic", fmt.Sprint(v), "key", msg.Key, "stack", string(debug.Stack()))
+		}
+	}()
+	msg.Key = r.cfg.OrderingKey(msg)
+}
+
 // messageID runs Config.MessageID, turning a panic into an error: a
 // body-dependent panic is the message's fault, and it is dead-lettered as
 // ClassMissingID instead of crashing the process.

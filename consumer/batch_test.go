@@ -228,21 +228,7 @@ func TestBatchPerKeyOrder(t *testing.T) {
 	cfg.BatchSize = 17
 	r := start(t, cfg)
 	waitFor(t, "all applied", func() bool { return r.rt.Stats().Applied == keys*per })
-	rows, err := b.pool.Query(context.Background(), "SELECT key, message_id FROM "+b.effects+" ORDER BY seq")
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]string{}
-	for rows.Next() {
-		var key, id string
-		if err := rows.Scan(&key, &id); err != nil {
-			t.Fatal(err)
-		}
-		if id <= last[key] {
-			t.Fatalf("key %s: %s applied after %s", key, id, last[key])
-		}
-		last[key] = id
-	}
+	b.effectsByKey(t)
 	assertOnce(t, b, keys*per)
 }
 

@@ -59,6 +59,14 @@ type Config struct {
 	// MessageID extracts the dedup id. Defaults to Message.ID (the
 	// broker's message id).
 	MessageID func(*Message) (string, error)
+	// OrderingKey returns a message's ordering key (see Message.Key).
+	// Defaults to Message.Key as the Source filled it in. Set it to order
+	// by something else: a header a foreign producer writes, a NATS
+	// subject, a Kafka record key. The runtime sets Message.Key to its
+	// result as each message is received, so hooks, the handler and a
+	// dead letter see the key the message was ordered by. A panic is
+	// logged and leaves Message.Key as it was.
+	OrderingKey func(*Message) string
 	// Concurrency is the number of messages handled at once, or in batch
 	// mode the number of batches. Defaults to 8. Messages with the same Key
 	// are still handled one at a time, in order.

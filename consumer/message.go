@@ -17,18 +17,18 @@ type Message struct {
 	// Key is the ordering key, and only that: messages with the same
 	// non-empty key are handled one at a time, in delivery order; messages
 	// with an empty key are not ordered relative to each other. A broker's
-	// own record key is RecordKey. Each Source sets Key, with one option
-	// saying where from:
+	// own record key is RecordKey. Each Source fills Key in from one
+	// place, with no option:
 	//
-	//	rabbitmq     KeyHeader          a header (default: none)
-	//	nats         KeyHeader          a header, or the subject with
-	//	             KeyFromSubject     KeyFromSubject (default: none)
-	//	redisstream  KeyField           an entry field (default: none)
-	//	kafka, franz KeyFromRecordKey   "topic/partition" (default), or
-	//	                                "topic/partition/<record key>"
+	//	rabbitmq, nats  the x-idemq-key header
+	//	redisstream     the x-idemq-key entry field
+	//	kafka, franz    "topic/partition": Kafka's own order
+	//	memory          Key as published
 	//
-	// The rabbitmq, nats and redisstream Publishers write Key back with the
-	// same option (KeyHeader, KeyField); Kafka's never write it.
+	// The rabbitmq, nats and redisstream Publishers write a non-empty Key
+	// there; Kafka's never write it. To order by anything else (a header
+	// of a foreign producer, a NATS subject, a Kafka record key), set
+	// Config.OrderingKey: the one ordering knob.
 	Key string
 	// RecordKey is the broker's own record key (a Kafka record key), kept
 	// byte for byte so that a dead-lettered or republished message keeps

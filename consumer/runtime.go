@@ -309,6 +309,9 @@ func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch
 			continue
 		}
 		failures = 0
+		if r.cfg.OrderingKey != nil {
+			r.orderingKey(del.Message())
+		}
 		r.stats.received.Add(1)
 		r.stats.inFlight.Add(1)
 		for _, h := range r.hooks.received {

@@ -394,24 +394,7 @@ func TestPerKeyOrderUnderConcurrency(t *testing.T) {
 	if overlap.Load() {
 		t.Fatal("two messages with the same key ran at once")
 	}
-	rows, err := b.pool.Query(context.Background(), "SELECT key, message_id FROM "+b.effects+" ORDER BY seq")
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]string{}
-	for rows.Next() {
-		var key, id string
-		if err := rows.Scan(&key, &id); err != nil {
-			t.Fatal(err)
-		}
-		if id <= last[key] {
-			t.Fatalf("key %s: %s applied after %s", key, id, last[key])
-		}
-		last[key] = id
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
+	b.effectsByKey(t)
 }
 
 func TestSoftStopDrainsInFlight(t *testing.T) {

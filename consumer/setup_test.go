@@ -209,3 +209,30 @@ func msgs(prefix string, n int) []*consumer.Message {
 func newPool(ctx context.Context, conf *pgxpool.Config) (*pgxpool.Pool, error) {
 	return pgxpool.NewWithConfig(ctx, conf)
 }
+
+// effectsByKey returns the effects' message ids per key, in the order they
+// were applied, and fails the test if any key's ids were applied out of
+// order (ids sort in publish order).
+func (b *bundle) effectsByKey(t *testing.T) map[string][]string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), "SELECT key, message_id FROM "+b.effects+" ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	by := map[string][]string{}
+	for rows.Next() {
+		var key, id string
+		if err := rows.Scan(&key, &id); err != nil {
+			t.Fatal(err)
+		}
+		if ids := by[key]; len(ids) > 0 && id <= ids[len(ids)-1] {
+			t.Fatalf("key %s: %s applied after %s", key, id, ids[len(ids)-1])
+		}
+		by[key] = append(by[key], id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return by
+}

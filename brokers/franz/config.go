@@ -23,8 +23,7 @@ const (
 )
 
 // Config configures a Source. The zero value of every optional field selects
-// the documented default. KeyFromRecordKey means exactly what it means in
-// brokers/kafka's Config.
+// the documented default.
 type Config struct {
 	// Brokers are the bootstrap brokers' host:port addresses. Required.
 	Brokers []string
@@ -34,12 +33,6 @@ type Config struct {
 	// topic's partitions and share committed offsets. Required.
 	Group string
 
-	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
-	// "topic/partition/<record key>", so that records with different keys
-	// in one partition are handled concurrently. Defaults to false:
-	// "topic/partition", Kafka's own ordering. Message.RecordKey is the
-	// record key either way.
-	KeyFromRecordKey bool
 	// ResetToLatest makes a group without a committed offset for a
 	// partition start at its end rather than its beginning. Defaults to
 	// false: the earliest offset.

@@ -18,9 +18,9 @@
 //
 // Messages look exactly like those of brokers/kafka's Source: the id comes
 // from the same idempotency-key header with the same "topic/partition/offset"
-// fallback, Key is the ordering key ("topic/partition", or
-// "topic/partition/<record key>" with Config.KeyFromRecordKey), RecordKey
-// the record key, and Metadata carries the same "kafka.*" entries. The two Sources can take turns on one group.
+// fallback, Key is the ordering key ("topic/partition"; order by the
+// record key with consumer.Config.OrderingKey, as brokers/kafka shows),
+// RecordKey the record key, and Metadata carries the same "kafka.*" entries. The two Sources can take turns on one group.
 //
 // Offsets are committed manually and never before the record's effect is
 // durable: per partition, only up to the highest offset below which every

@@ -119,7 +119,7 @@ func NewSource(cfg Config) (*Source, error) {
 	s := &Source{
 		cfg:                 cfg,
 		explicitMaxInFlight: explicitMaxInFlight,
-		mp:                  kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey},
+		mp:                  kafkamsg.Mapping{},
 		out:                 make(chan *entry),
 		redo:                make(chan struct{}, 1),
 		room:                make(chan struct{}, 1),

@@ -253,7 +253,7 @@ func TestSourceConfig(t *testing.T) {
 		}
 	}
 	cfg := ok
-	cfg.ResetToLatest, cfg.KeyFromRecordKey = true, true
+	cfg.ResetToLatest = true
 	s, err := franz.NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)

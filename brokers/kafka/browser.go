@@ -20,8 +20,11 @@ import (
 const defaultBrowseCommitTimeout = 10 * time.Second
 
 // BrowserConfig configures a Browser. The zero value of every optional field
-// selects the documented default. The message mapping fields mean the same as
-// in Config, so a browsed record looks exactly like a consumed one.
+// selects the documented default. A browsed record looks like a consumed
+// one, except that a record without the id header has no Message.ID: the
+// Browser gives no fallback id, since a dead letter's position is not the
+// original's identity (a replay takes the dedup id from the failure
+// envelope anyway).
 type BrowserConfig struct {
 	// Brokers are the bootstrap brokers' host:port addresses. Required.
 	Brokers []string
@@ -37,13 +40,6 @@ type BrowserConfig struct {
 	// a group with live members. Defaults to none: every pass reads the
 	// topic from its earliest offset and commits nothing.
 	GroupID string
-
-	// KeyFromRecordKey chooses Message.Key, as in Config. A browsed
-	// record without the id header has no Message.ID: the Browser gives
-	// no fallback id, since a dead letter's position is not the
-	// original's identity (a replay takes the dedup id from the failure
-	// envelope anyway).
-	KeyFromRecordKey bool
 
 	// FetchMaxWait is how long a fetch waits on the broker for new
 	// records. Defaults to 500ms.
@@ -178,7 +174,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With("topic", cfg.Topic),
-		mp:        kafkamsg.Mapping{KeyFromRecordKey: cfg.KeyFromRecordKey, NoFallbackID: true},
+		mp:        kafkamsg.Mapping{NoFallbackID: true},
 		client:    &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
 		transport: transport,
 	}

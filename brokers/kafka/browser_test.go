@@ -282,18 +282,14 @@ func TestBrowserIDs(t *testing.T) {
 		want []string
 	}{
 		{"default", func(*kafka.BrowserConfig) {}, []string{"", "", "std-1"}},
-		{"record keys", func(c *kafka.BrowserConfig) { c.KeyFromRecordKey = true }, []string{"", "", "std-1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
 			for _, d := range browseAll(ctx, t, e.browser(t, tc.mod)) {
 				got = append(got, d.Message().ID)
-				if want := e.topic + "/0"; tc.name == "record keys" {
-					want += "/"
-					if d.Message().Key != want {
-						t.Errorf("key %q, want %q", d.Message().Key, want)
-					}
+				if want := e.topic + "/0"; d.Message().Key != want {
+					t.Errorf("key %q, want %q", d.Message().Key, want)
 				}
 			}
 			if !slices.Equal(got, tc.want) {

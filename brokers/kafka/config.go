@@ -36,17 +36,6 @@ type Config struct {
 	// topic's partitions and share committed offsets. Required.
 	GroupID string
 
-	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
-	// "topic/partition/<record key>": records with different keys in one
-	// partition are handled concurrently, and records with the same key
-	// stay in order (records without a key share one key per partition).
-	// Offsets are still committed only up to the highest contiguous
-	// handled offset, so a slow key holds back its partition's commit
-	// point, never past an unhandled record. Defaults to false: the key is
-	// "topic/partition", one message of a partition at a time, in offset
-	// order, which is Kafka's own ordering guarantee.
-	KeyFromRecordKey bool
-
 	// CommitInterval is how often the highest contiguous acked offset of
 	// each partition is committed. Offsets are also committed when a
 	// rebalance takes the partitions away and on Close. A crash loses at

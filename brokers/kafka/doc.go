@@ -14,10 +14,16 @@
 // commit therefore only causes records to be read again, and the runtime's
 // dedup store absorbs them.
 //
-// By default messages are keyed "topic/partition", so the runtime handles
-// each partition in order and different partitions concurrently;
-// Config.KeyFromRecordKey keys them "topic/partition/<record key>" so that different
-// record keys of one partition run concurrently too.
+// Messages are keyed "topic/partition", so the runtime handles each
+// partition in order and different partitions concurrently. To run
+// different record keys of one partition concurrently too, order by the
+// record key with the runtime's consumer.Config.OrderingKey:
+//
+//	OrderingKey: func(m *consumer.Message) string { return m.Key + "/" + string(m.RecordKey) },
+//
+// Offsets are still committed only up to the highest contiguous handled
+// offset, so a slow key holds back its partition's commit point, never
+// past an unhandled record.
 //
 // # Transactional producers
 //

@@ -19,12 +19,12 @@ import (
 // the id is the last non-empty id header or else the fallback id (or empty
 // with the fallback disabled), and the coordinates are carried over.
 func FuzzRecordMapping(f *testing.F) {
-	f.Add("orders", 0, int64(0), []byte("k"), "idempotency-key", []byte("id-1"), "x", []byte("y"), "idempotency-key", []byte(""), false, false)
-	f.Add("t", 3, int64(1<<40), []byte(nil), "", []byte(nil), "idempotency-key", []byte("\x00\xff"), "h\r\n", []byte("\x1b"), true, true)
-	f.Add("a.b_c-d", -1, int64(-2), []byte("\xff"), "idempotency-key", []byte(""), "idempotency-key", []byte("second"), "", []byte(""), false, true)
+	f.Add("orders", 0, int64(0), []byte("k"), "idempotency-key", []byte("id-1"), "x", []byte("y"), "idempotency-key", []byte(""), false)
+	f.Add("t", 3, int64(1<<40), []byte(nil), "", []byte(nil), "idempotency-key", []byte("\x00\xff"), "h\r\n", []byte("\x1b"), true)
+	f.Add("a.b_c-d", -1, int64(-2), []byte("\xff"), "idempotency-key", []byte(""), "idempotency-key", []byte("second"), "", []byte(""), false)
 	f.Fuzz(func(t *testing.T, topic string, partition int, offset int64, key []byte,
-		k1 string, v1 []byte, k2 string, v2 []byte, k3 string, v3 []byte, disable, byRecord bool) {
-		mp := kafkamsg.Mapping{NoFallbackID: disable, KeyFromRecordKey: byRecord}
+		k1 string, v1 []byte, k2 string, v2 []byte, k3 string, v3 []byte, disable bool) {
+		mp := kafkamsg.Mapping{NoFallbackID: disable}
 		rec := kafkago.Message{Topic: topic, Partition: partition, Offset: offset, Key: key, Value: v1,
 			Headers: []kafkago.Header{{Key: k1, Value: v1}, {Key: k2, Value: v2}, {Key: k3, Value: v3}}}
 		m := mp.Message(record(rec))
@@ -44,9 +44,6 @@ func FuzzRecordMapping(f *testing.F) {
 			t.Fatalf("id %q, want %q", m.ID, wantID)
 		}
 		wantKey := topic + "/" + strconv.Itoa(partition)
-		if byRecord {
-			wantKey += "/" + string(key)
-		}
 		if m.Key != wantKey || m.Source != topic || int(m.Partition) != int(int32(partition)) || m.Offset != offset ||
 			string(m.Body) != string(v1) || m.Metadata["kafka.offset"] != strconv.FormatInt(offset, 10) {
 			t.Fatalf("message %+v from record %+v", m, rec)
@@ -75,7 +72,7 @@ func FuzzPublishRoundTrip(f *testing.F) {
 		in := &consumer.Message{ID: id, Key: "ordering/key", RecordKey: []byte(key), Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		rec := p.record(topic, in)
 		rec.Partition, rec.Offset = 1, 7
-		out := kafkamsg.Mapping{KeyFromRecordKey: true}.Message(record(rec))
+		out := kafkamsg.Mapping{}.Message(record(rec))
 
 		want := maps.Clone(in.Headers)
 		if id != "" {
@@ -88,7 +85,7 @@ func FuzzPublishRoundTrip(f *testing.F) {
 		if wantID == "" {
 			wantID = kafkamsg.FallbackID(topic, 1, 7)
 		}
-		if out.ID != wantID || string(out.Body) != string(body) || out.Key != topic+"/1/"+key {
+		if out.ID != wantID || string(out.Body) != string(body) || out.Key != topic+"/1" {
 			t.Fatalf("read back id %q key %q body %q from id %q key %q body %q", out.ID, out.Key, out.Body, id, key, body)
 		}
 		if string(rec.Key) != key || rec.Key == nil || !bytes.Equal(out.RecordKey, []byte(key)) {

@@ -418,7 +418,7 @@ func (p *partition) signalRoom() {
 
 // message converts a kafka-go message, noting the generation that read it.
 func (s *Source) message(m kafkago.Message, gen *kafkago.Generation) *consumer.Message {
-	msg := kafkamsg.Mapping{KeyFromRecordKey: s.cfg.KeyFromRecordKey}.Message(record(m))
+	msg := kafkamsg.Mapping{}.Message(record(m))
 	msg.Metadata["kafka.group"] = gen.GroupID
 	msg.Metadata["kafka.generation"] = strconv.Itoa(int(gen.ID))
 	msg.Metadata["kafka.member"] = gen.MemberID

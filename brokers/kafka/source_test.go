@@ -63,18 +63,20 @@ func TestMessageFields(t *testing.T) {
 	}
 }
 
-// TestKeyRecord: per-record-key mode keys messages topic/partition/key.
+// TestKeyRecord: every record of a partition has the ordering key
+// "topic/partition", whatever its record key, which RecordKey keeps byte
+// for byte (nil for a null key).
 func TestKeyRecord(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	e := newEnv(t, 1)
 	if err := e.pub.Publish(ctx, e.topic, &consumer.Message{ID: "1", RecordKey: []byte("a"), Body: []byte("x")}, &consumer.Message{ID: "2", Body: []byte("y")}); err != nil {
 		t.Fatal(err)
 	}
-	s := e.source(t, func(c *kafka.Config) { c.KeyFromRecordKey = true })
-	for _, want := range []string{e.topic + "/0/a", e.topic + "/0/"} {
+	s := e.source(t)
+	for _, want := range []string{"a", ""} {
 		d := receive(ctx, t, s)
-		if d.Message().Key != want {
-			t.Errorf("key %q, want %q", d.Message().Key, want)
+		if m := d.Message(); m.Key != e.topic+"/0" || string(m.RecordKey) != want || (want == "") != (m.RecordKey == nil) {
+			t.Errorf("key %q, record key %q, want %q and %q", m.Key, m.RecordKey, e.topic+"/0", want)
 		}
 		_ = d.Ack(ctx)
 	}
@@ -122,8 +124,7 @@ func TestContiguousCommit(t *testing.T) {
 	e := newEnv(t, 1)
 	log := e.observeCommits(t)
 	e.publish(t, "c", 5, 1)
-	// KeyFromRecordKey hands every record out at once, as with different keys.
-	s := e.source(t, func(c *kafka.Config) { c.KeyFromRecordKey = true })
+	s := e.source(t)
 	ds := make([]consumer.Delivery, 5)
 	for i := range ds {
 		ds[i] = receive(ctx, t, s)

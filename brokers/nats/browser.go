@@ -36,11 +36,6 @@ type BrowserConfig struct {
 	// server says captures it.
 	Stream string
 
-	// KeyHeader, if set, takes Message.Key from this header. Defaults to
-	// none.
-	KeyHeader string
-	// KeyFromSubject, if set, makes the subject the Key.
-	KeyFromSubject bool
 	// Idle is how long Next waits for a message before it reports the end
 	// of the pass (io.EOF): messages deleted meanwhile leave nothing to
 	// wait for. Defaults to 2s.
@@ -67,8 +62,6 @@ func (c BrowserConfig) validate() error {
 		}
 	}
 	switch {
-	case c.KeyHeader != "" && c.KeyFromSubject:
-		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	case c.Idle < 0:
 		return configError("Idle", "negative")
 	}
@@ -133,7 +126,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 		return fail(fmt.Errorf("natsjs: browse %q: stream %q: %w", cfg.Subject, cfg.Stream, err))
 	}
 	b := &Browser{cfg: cfg, nc: nc, stream: stream,
-		m: mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject}}
+		m: mapper{}}
 	b.life, b.stop = context.WithCancel(context.Background())
 	last, err := stream.GetLastMsgForSubject(ctx, cfg.Subject)
 	switch {

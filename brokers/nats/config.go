@@ -138,13 +138,6 @@ type Config struct {
 	// the runtime gave back (Nack with requeue, at shutdown say).
 	// Defaults to 1s. Negative values are rejected.
 	NakDelay time.Duration
-
-	// KeyHeader, if set, takes Message.Key (the ordering key) from this
-	// header. Defaults to none.
-	KeyHeader string
-	// KeyFromSubject, if set, makes the message's subject its ordering
-	// key. Set at most one of KeyHeader and KeyFromSubject.
-	KeyFromSubject bool
 }
 
 // DeadLetterConfig configures the Source's dead-letterer (Config.DeadLetter,
@@ -300,8 +293,6 @@ func (c Config) validate() error {
 		return configError("MaxDeliver", "1 never redelivers: a crash would strand the message undelivered; use -1 (the default)")
 	case c.NakDelay < 0:
 		return configError("NakDelay", "negative")
-	case c.KeyHeader != "" && c.KeyFromSubject:
-		return configError("KeyFromSubject", "set at most one of KeyHeader and KeyFromSubject")
 	}
 	return checkURL(c.URL)
 }

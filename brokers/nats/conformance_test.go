@@ -9,8 +9,6 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-const keyHeader = "x-test-key"
-
 // harness publishes to and consumes from one fresh stream; its sources
 // share one durable consumer.
 type harness struct {
@@ -23,9 +21,7 @@ func (h *harness) Publish(ctx context.Context, msgs ...*consumer.Message) error 
 }
 
 func (h *harness) NewSource(t *testing.T) consumer.Source {
-	cfg := h.n.config()
-	cfg.KeyHeader = keyHeader
-	return newSource(t, cfg)
+	return newSource(t, h.n.config())
 }
 
 func TestConformance(t *testing.T) {
@@ -40,7 +36,7 @@ func TestConformance(t *testing.T) {
 			Headers:            true,
 		},
 		NewHarness: func(t *testing.T) brokertest.Harness {
-			return &harness{n: newTopology(t, 0), pub: newPublisher(t, natsjs.PublisherConfig{KeyHeader: keyHeader})}
+			return &harness{n: newTopology(t, 0), pub: newPublisher(t, natsjs.PublisherConfig{})}
 		},
 	})
 }

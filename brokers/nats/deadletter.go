@@ -37,7 +37,7 @@ func (s *Source) publishDeadLetter(ctx context.Context, m *consumer.Message) err
 	}
 	subject := s.cfg.DeadLetter.Subject
 	msgs := []*consumer.Message{m}
-	err := publishAll(ctx, s.js, []*nats.Msg{natsMsg(subject, m, "", false)}, msgs, false)
+	err := publishAll(ctx, s.js, []*nats.Msg{natsMsg(subject, m, false)}, msgs, false)
 	if err != nil {
 		if cerr := s.closedErr(); cerr != nil {
 			return fmt.Errorf("%w (%w)", cerr, err)

@@ -37,8 +37,9 @@
 //
 // Each JetStream message becomes a [consumer.Message]: ID from the
 // Nats-Msg-Id header, which [Publisher] sets (an id kept elsewhere is read
-// by the runtime's consumer.Config.MessageID), Key from [Config].KeyHeader or the subject,
-// Source the subject, Partition -1, Offset the stream sequence,
+// by the runtime's consumer.Config.MessageID), Key from the x-idemq-key
+// header, which [Publisher] writes (order by something else, the subject
+// say, with consumer.Config.OrderingKey), Source the subject, Partition -1, Offset the stream sequence,
 // Redelivered when the server counts more than one delivery, Timestamp
 // when the stream stored it, and the stream, consumer, sequences and
 // delivery count in Metadata.

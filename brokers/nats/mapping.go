@@ -7,27 +7,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // mapper turns JetStream messages into consumer.Messages. The Source and the
 // Browser share it, so a browsed message looks exactly like a consumed one.
-type mapper struct {
-	keyHeader      string
-	keyFromSubject bool
-}
+// Message.Key is the x-idemq-key header, which Publisher writes (the header
+// stays among Headers).
+type mapper struct{}
 
-func (m mapper) message(msg jetstream.Msg) *consumer.Message {
+func (mapper) message(msg jetstream.Msg) *consumer.Message {
 	headers := headerMap(msg.Headers())
-	var key string
-	switch {
-	case m.keyHeader != "":
-		key = msg.Headers().Get(m.keyHeader)
-	case m.keyFromSubject:
-		key = msg.Subject()
-	}
 	out := &consumer.Message{
 		ID:        msg.Headers().Get(headerMsgID),
-		Key:       key,
+		Key:       msg.Headers().Get(wire.KeyHeader),
 		Body:      msg.Data(),
 		Headers:   headers,
 		Source:    msg.Subject(),

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // PublisherConfig configures a Publisher. The zero value of every field
@@ -23,9 +24,6 @@ type PublisherConfig struct {
 	// Publisher's own (reconnecting forever, 2 s to reach each server).
 	// Defaults to none.
 	Options []nats.Option
-	// KeyHeader, if set, carries Message.Key in this header (read it back
-	// with Config.KeyHeader). Defaults to none: the key is not sent.
-	KeyHeader string
 	// RejectDuplicates makes Publish fail with ErrDuplicate for a message
 	// the stream discarded as a duplicate (same Nats-Msg-Id inside its
 	// duplicate window). Defaults to false: such a message counts as
@@ -71,8 +69,8 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 // has stored (acknowledged) every one of them, or an error joining one
 // *PublishError per message that failed. Message.ID becomes the Nats-Msg-Id
 // header, JetStream's deduplication id, replacing any such header in
-// Headers; Headers become the message's headers (plus Key in
-// PublisherConfig.KeyHeader, if set). The messages are sent without waiting
+// Headers; Headers become the message's headers (plus a
+// non-empty Key in the x-idemq-key header, where the Source reads it). The messages are sent without waiting
 // for each other's acknowledgements, then awaited together.
 func (p *Publisher) Publish(ctx context.Context, subject string, msgs ...*consumer.Message) error {
 	if p.closed.Load() {
@@ -86,7 +84,7 @@ func (p *Publisher) Publish(ctx context.Context, subject string, msgs ...*consum
 		if m == nil {
 			return fmt.Errorf("natsjs: publish: message %d is nil", i)
 		}
-		out[i] = natsMsg(subject, m, p.cfg.KeyHeader, true)
+		out[i] = natsMsg(subject, m, true)
 	}
 	err := publishAll(ctx, p.js, out, msgs, p.cfg.RejectDuplicates)
 	if err != nil && p.closed.Load() {
@@ -104,12 +102,13 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// natsMsg maps m to a NATS message on subject. With setID, Message.ID is
+// natsMsg maps m to a NATS message on subject, a non-empty Key in the
+// x-idemq-key header. With setID, Message.ID is
 // the Nats-Msg-Id; without (dead letters), every JetStream control header
 // (Nats-*) of the original is dropped, so that the dead-letter stream
 // neither discards a second dead letter of one id as a duplicate nor
 // obeys the original's expectations or rollups.
-func natsMsg(subject string, m *consumer.Message, keyHeader string, setID bool) *nats.Msg {
+func natsMsg(subject string, m *consumer.Message, setID bool) *nats.Msg {
 	nm := nats.NewMsg(subject)
 	nm.Data = m.Body
 	for k, v := range m.Headers {
@@ -121,8 +120,8 @@ func natsMsg(subject string, m *consumer.Message, keyHeader string, setID bool) 
 	if setID && m.ID != "" {
 		nm.Header[headerMsgID] = []string{m.ID}
 	}
-	if keyHeader != "" && m.Key != "" {
-		nm.Header[keyHeader] = []string{m.Key}
+	if m.Key != "" {
+		nm.Header[wire.KeyHeader] = []string{m.Key}
 	}
 	return nm
 }

@@ -105,7 +105,6 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cfg:    cfg,
 		window: defaultWindow,
 		held:   map[*delivery]struct{}{},
-		m:      mapper{keyHeader: cfg.KeyHeader, keyFromSubject: cfg.KeyFromSubject},
 	}
 	s.pending = s.maxAckPending(s.window)
 	var err error

@@ -50,7 +50,6 @@ func TestConfigValidation(t *testing.T) {
 		{"MaxDeliver 1", func(c *natsjs.Config) { c.MaxDeliver = 1 }, "MaxDeliver"},
 		{"MaxDeliver -2", func(c *natsjs.Config) { c.MaxDeliver = -2 }, "MaxDeliver"},
 		{"negative NakDelay", func(c *natsjs.Config) { c.NakDelay = -time.Second }, "NakDelay"},
-		{"two key sources", func(c *natsjs.Config) { c.KeyHeader = "k"; c.KeyFromSubject = true }, "KeyFromSubject"},
 		{"bad URL", func(c *natsjs.Config) { c.URL = "nats://user:secret@127.0.0.1:bad" }, "URL"},
 		{"empty URL in list", func(c *natsjs.Config) { c.URL = "nats://user:secret@127.0.0.1:4222,," }, "URL"},
 		{"bad dead-letter options", func(c *natsjs.Config) { c.DeadLetter.Options.MaxErrorBytes = 3 }, "DeadLetter.Options.MaxErrorBytes"},
@@ -172,16 +171,14 @@ func TestMessageMapping(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	n := newTopology(t, 0)
 	pub := newPublisher(t, natsjs.PublisherConfig{})
-	m := &consumer.Message{ID: "id-1", Body: []byte("b"), Headers: map[string]string{"Idem": "h-1", "x": "y"}}
+	m := &consumer.Message{ID: "id-1", Key: "k-1", Body: []byte("b"), Headers: map[string]string{"Idem": "h-1", "x": "y"}}
 	if err := pub.Publish(ctx, n.subject, m, m.Clone()); err != nil { // the second is discarded
 		t.Fatal(err)
 	}
-	cfg := n.config()
-	cfg.KeyFromSubject = true
-	src := newSource(t, cfg)
+	src := newSource(t, n.config())
 	d := brokertest.Receive(ctx, t, src)
 	got := d.Message()
-	if got.ID != "id-1" || got.Header("Idem") != "h-1" || got.Key != n.subject || got.Source != n.subject || got.Offset != 1 || got.Partition != -1 ||
+	if got.ID != "id-1" || got.Header("Idem") != "h-1" || got.Key != "k-1" || got.Header("x-idemq-key") != "k-1" || got.Source != n.subject || got.Offset != 1 || got.Partition != -1 ||
 		got.Redelivered || got.Header("x") != "y" || got.Header(jetstream.MsgIDHeader) != "id-1" || got.Timestamp.IsZero() ||
 		got.Metadata[natsjs.MetaStreamSeq] != "1" || got.Metadata[natsjs.MetaNumDelivered] != "1" || got.Metadata[natsjs.MetaConsumer] != n.durable {
 		t.Errorf("message %+v", got)

@@ -28,10 +28,6 @@ type BrowserConfig struct {
 	// to none.
 	ConnectionName string
 
-	// KeyHeader, if set, takes Message.Key from this header. Defaults to
-	// none.
-	KeyHeader string
-
 	// DialTimeout bounds the connection attempt, handshake included.
 	// Defaults to 30s.
 	DialTimeout time.Duration
@@ -144,7 +140,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 	b := &Browser{
 		cfg:       cfg,
 		log:       cfg.Logger.With(slog.String("queue", cfg.Queue)),
-		m:         mapper{queue: cfg.Queue, keyHeader: cfg.KeyHeader},
+		m:         mapper{queue: cfg.Queue},
 		conn:      conn,
 		ch:        ch,
 		depth:     st.Messages,

@@ -266,7 +266,7 @@ func TestBrowserMapping(t *testing.T) {
 	}{
 		{"property", "prop-id"},
 	} {
-		b := newBrowser(t, rabbitmq.BrowserConfig{Queue: q, KeyHeader: keyHeader})
+		b := newBrowser(t, rabbitmq.BrowserConfig{Queue: q})
 		d, err := b.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -276,7 +276,7 @@ func TestBrowserMapping(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitDepth(t, q, 1)
-		src := newSource(t, rabbitmq.Config{Queue: q, KeyHeader: keyHeader})
+		src := newSource(t, rabbitmq.Config{Queue: q})
 		sd := brokertest.Receive(ctx, t, src)
 		sm := sd.Message()
 		if err := sd.Nack(ctx, true); err != nil {

@@ -84,7 +84,7 @@ func (s *Source) publishDeadLetter(ctx context.Context, m *consumer.Message) err
 			}
 			return fmt.Errorf("rabbitmq: dead-letter to %q: %w", queue, err)
 		}
-		healthy, err := publishOn(ctx, pc, "", "", queue, msgs)
+		healthy, err := publishOn(ctx, pc, "", queue, msgs)
 		s.releaseDeadLetterChannel(pc, healthy)
 		if err != nil && s.life.Err() != nil {
 			return fmt.Errorf("%w (%w)", s.closedErr(), err)

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // FuzzHeaderString renders every AMQP field-table value type, nested
@@ -59,18 +60,18 @@ func FuzzHeaderString(f *testing.F) {
 func FuzzMessageRoundTrip(f *testing.F) {
 	f.Add("id-1", "k", []byte("body"), "h", "v", "x-idemq-history", "[", false)
 	f.Add("", "", []byte(nil), "Idempotency-Key", "from-header", "", "", true)
-	f.Add("\x00\xff", "\r\n", []byte{0}, "\x1b", "\x00", "x-key", "other", true)
+	f.Add("\x00\xff", "\r\n", []byte{0}, "\x1b", "\x00", "x-idemq-key", "other", true)
 	f.Fuzz(func(t *testing.T, id, key string, body []byte, k1, v1, k2, v2 string, idInHeader bool) {
-		const keyHeader, idHeader = "x-key", "Idempotency-Key"
+		const keyHeader, idHeader = wire.KeyHeader, "Idempotency-Key"
 		in := &consumer.Message{ID: id, Key: key, Body: body, Headers: map[string]string{k1: v1, k2: v2}}
 		if idInHeader {
 			in.Headers[idHeader] = id
 		}
-		pub := publishing(in, keyHeader)
+		pub := publishing(in)
 		if err := pub.Headers.Validate(); err != nil {
 			t.Fatalf("the publisher made an invalid table: %v", err)
 		}
-		m := mapper{queue: "q", keyHeader: keyHeader}
+		m := mapper{queue: "q"}
 		d := amqp.Delivery{Headers: pub.Headers, MessageId: pub.MessageId, Body: pub.Body, DeliveryTag: 9}
 		out := m.message(d)
 

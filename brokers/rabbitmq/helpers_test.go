@@ -20,7 +20,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// keyHeader carries Message.Key in the tests.
+// keyHeader carries Message.Key, as the package documents.
 const keyHeader = "x-idemq-key"
 
 // amqpURL is the test broker: IDEMQ_TEST_AMQP_URL, or the local default.
@@ -149,9 +149,6 @@ func newPublisher(t *testing.T, cfg rabbitmq.PublisherConfig) *rabbitmq.Publishe
 	if cfg.URL == "" {
 		cfg.URL = amqpURL()
 	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = keyHeader
-	}
 	p, err := rabbitmq.NewPublisher(testCtx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatalf("new publisher: %v", err)
@@ -168,9 +165,6 @@ func newSource(t *testing.T, cfg rabbitmq.Config) *rabbitmq.Source {
 	t.Helper()
 	if cfg.URL == "" {
 		cfg.URL = amqpURL()
-	}
-	if cfg.KeyHeader == "" {
-		cfg.KeyHeader = keyHeader
 	}
 	s, err := rabbitmq.NewSource(testCtx(t, 30*time.Second), cfg)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // defaultPublisherChannels is PublisherConfig.Channels' default.
@@ -36,9 +37,6 @@ type PublisherConfig struct {
 	// ConnectionName is shown by the broker's management tools. Defaults
 	// to none.
 	ConnectionName string
-	// KeyHeader, if set, carries Message.Key in this header (read it back
-	// with Config.KeyHeader). Defaults to none: the key is not sent.
-	KeyHeader string
 	// Channels is the most Publish calls in flight at once; each uses a
 	// channel of its own. Defaults to 4.
 	Channels int
@@ -124,7 +122,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 // publish straight to a queue.
 //
 // Message.ID becomes the AMQP MessageId, Headers the headers (plus Key in
-// PublisherConfig.KeyHeader, if set), Timestamp the timestamp; the delivery
+// a non-empty Key in the x-idemq-key header, where the Source reads it), Timestamp the timestamp; the delivery
 // mode is persistent. A message that no queue receives is an error wrapping
 // ErrUnroutable, a broker nack one wrapping ErrNacked, and a connection lost
 // before the confirm one wrapping ErrUnconfirmed. A message whose headers
@@ -151,7 +149,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, ms
 	if err != nil {
 		return err
 	}
-	healthy, err := publishOn(ctx, pc, p.cfg.KeyHeader, exchange, routingKey, msgs)
+	healthy, err := publishOn(ctx, pc, exchange, routingKey, msgs)
 	if healthy {
 		p.release(pc)
 	} else {
@@ -183,14 +181,14 @@ func checkPublish(exchange, routingKey string, msgs []*consumer.Message) error {
 // for every confirm; see Publish for the errors. healthy reports whether pc
 // may serve another call: false once its channel is closed, the broker
 // nacked on it, or confirms or returns for this call may still arrive.
-func publishOn(ctx context.Context, pc *pubChannel, keyHeader, exchange, routingKey string, msgs []*consumer.Message) (healthy bool, err error) {
+func publishOn(ctx context.Context, pc *pubChannel, exchange, routingKey string, msgs []*consumer.Message) (healthy bool, err error) {
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	// tooLarge[i], if set, is why msgs[i] is not sent: its properties do
 	// not fit one frame, and the broker would close the whole connection
 	// on it.
 	tooLarge := make([]error, len(msgs))
 	for i, m := range msgs {
-		pub := publishing(m, keyHeader)
+		pub := publishing(m)
 		if err := checkFrame(pc.conn.Config.FrameSize, pub); err != nil {
 			tooLarge[i] = err
 			continue
@@ -374,17 +372,17 @@ func (p *Publisher) release(pc *pubChannel) {
 	p.idle = append(p.idle, pc)
 }
 
-// publishing maps m to an AMQP publishing, with Key in keyHeader if both are
-// set.
-func publishing(m *consumer.Message, keyHeader string) amqp.Publishing {
+// publishing maps m to an AMQP publishing, with a non-empty Key in the
+// x-idemq-key header.
+func publishing(m *consumer.Message) amqp.Publishing {
 	var headers amqp.Table
-	if len(m.Headers) > 0 || (keyHeader != "" && m.Key != "") {
+	if len(m.Headers) > 0 || m.Key != "" {
 		headers = make(amqp.Table, len(m.Headers)+1)
 		for k, v := range m.Headers {
 			headers[k] = v
 		}
-		if keyHeader != "" && m.Key != "" {
-			headers[keyHeader] = m.Key
+		if m.Key != "" {
+			headers[wire.KeyHeader] = m.Key
 		}
 	}
 	id := m.ID

@@ -21,6 +21,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // Keys of consumer.Message.Metadata set by Source.
@@ -100,10 +101,6 @@ type Config struct {
 	// ConnectionName is shown by the broker's management tools. Defaults
 	// to none.
 	ConnectionName string
-
-	// KeyHeader, if set, takes Message.Key (the ordering key) from this
-	// header. Defaults to none: messages are not ordered by key.
-	KeyHeader string
 
 	// Reconnect paces reconnection after the connection or channel is
 	// lost.
@@ -854,17 +851,17 @@ func (s *Source) forget(sess *session, tag uint64) {
 }
 
 func (s *Source) mapper() mapper {
-	return mapper{queue: s.cfg.Queue, keyHeader: s.cfg.KeyHeader}
+	return mapper{queue: s.cfg.Queue}
 }
 
 // mapper turns AMQP deliveries from one queue into consumer.Messages. The
 // Source and the Browser share it, so a browsed message looks exactly like
 // a consumed one. Message.ID is the AMQP message-id property, which
 // Publisher writes; a consumer that keeps its id elsewhere (a header, say)
-// sets consumer.Config.MessageID.
+// sets consumer.Config.MessageID. Message.Key is the x-idemq-key header,
+// which Publisher writes (the header stays among Headers).
 type mapper struct {
-	queue     string
-	keyHeader string
+	queue string
 }
 
 func (m mapper) message(d amqp.Delivery) *consumer.Message {
@@ -872,13 +869,9 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 	for k, v := range d.Headers {
 		headers[k] = headerString(v)
 	}
-	var key string
-	if m.keyHeader != "" {
-		key = headers[m.keyHeader]
-	}
 	msg := &consumer.Message{
 		ID:          d.MessageId,
-		Key:         key,
+		Key:         headers[wire.KeyHeader],
 		Body:        d.Body,
 		Headers:     headers,
 		Source:      m.queue,

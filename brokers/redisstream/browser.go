@@ -28,11 +28,10 @@ type BrowserConfig struct {
 	// Stream is the stream to browse, typically a dead-letter stream
 	// ("<stream>.dlq"). Required.
 	Stream string
-	// BodyField and KeyField are as in Config. There is no fallback id:
-	// an entry without the id field has an empty Message.ID (a dead
-	// letter's dedup id is in its envelope).
+	// BodyField is as in Config. There is no fallback id: an entry
+	// without the id field has an empty Message.ID (a dead letter's dedup
+	// id is in its envelope).
 	BodyField string
-	KeyField  string
 	// DialTimeout bounds each connection attempt. Defaults to 5s.
 	DialTimeout time.Duration
 }
@@ -57,7 +56,7 @@ func (c BrowserConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
+	if err := validateBodyField(c.BodyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
@@ -105,7 +104,7 @@ func NewBrowser(ctx context.Context, cfg BrowserConfig) (*Browser, error) {
 		_ = rdb.Close()
 		return nil, connectErr(cfg.URL, fmt.Errorf("XREVRANGE %q: %w", cfg.Stream, err))
 	}
-	b := &Browser{cfg: cfg, rdb: rdb, mp: mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField, disableFallbackID: true}}
+	b := &Browser{cfg: cfg, rdb: rdb, mp: mapping{bodyField: cfg.BodyField, disableFallbackID: true}}
 	if len(last) == 1 {
 		b.end = last[0].ID
 		if b.depth, err = rdb.XLen(ctx, cfg.Stream).Result(); err != nil {

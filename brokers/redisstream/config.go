@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // DefaultURL is the server used when a config leaves URL empty.
@@ -126,10 +127,6 @@ type Config struct {
 
 	// BodyField is the entry field holding the body. Defaults to "body".
 	BodyField string
-	// KeyField, if set, is the entry field holding Message.Key, the
-	// runtime's ordering key. Defaults to none: messages are not ordered
-	// by key (one stream is read in order all the same).
-	KeyField string
 
 	// DeadLetter configures the Source's dead-letterer (see
 	// Source.DeadLetterer): its stream, by default DLQName(Stream), and
@@ -241,19 +238,16 @@ func (c Config) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
+	if err := validateBodyField(c.BodyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
 	return err
 }
 
-func validateMapping(bodyField, keyField string) error {
-	switch {
-	case bodyField == idField:
-		return configError("BodyField", "%q is the id field", bodyField)
-	case keyField != "" && (keyField == idField || keyField == bodyField):
-		return configError("KeyField", "%q is the id field or BodyField", keyField)
+func validateBodyField(bodyField string) error {
+	if bodyField == idField || bodyField == wire.KeyHeader {
+		return configError("BodyField", "%q is the id or the key field", bodyField)
 	}
 	return nil
 }

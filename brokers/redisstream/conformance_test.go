@@ -24,7 +24,7 @@ func (h *harness) Publish(ctx context.Context, msgs ...*consumer.Message) error 
 // NewSource returns a Source as NewSource makes it: no runtime configures
 // it, so it reads DefaultWindow entries at a time and holds twice that.
 func (h *harness) NewSource(t *testing.T) consumer.Source {
-	return newSource(t, redisstream.Config{Stream: h.stream, Group: "conformance", KeyField: "key"})
+	return newSource(t, redisstream.Config{Stream: h.stream, Group: "conformance"})
 }
 
 // TestConformance runs the shared broker suite. Redis keeps one stream in
@@ -43,7 +43,7 @@ func TestConformance(t *testing.T) {
 			Headers:            true,
 		},
 		NewHarness: func(t *testing.T) brokertest.Harness {
-			return &harness{stream: newStream(t, testURL()), pub: newPublisher(t, redisstream.PublisherConfig{KeyField: "key"})}
+			return &harness{stream: newStream(t, testURL()), pub: newPublisher(t, redisstream.PublisherConfig{})}
 		},
 	})
 }

@@ -50,8 +50,9 @@
 //
 // Message.ID comes from the "idempotency-key" entry field; [Publisher]
 // writes Message.ID there. The body is the "body" field
-// ([Config].BodyField), Message.Key the [Config].KeyField field if set, and
-// every other field, the id field included, is a header. Without the id
+// ([Config].BodyField), Message.Key the "x-idemq-key" field, which
+// [Publisher] writes from a non-empty Key, and every other field, the id
+// and key fields included, is a header. Without the id
 // field the id falls back to "<stream>/<entry id>": it deduplicates
 // redeliveries of the same entry, NOT duplicates made by producers (a
 // producer retry is a new entry with a new id, applied again). Set the

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/wire"
 )
 
 // HeaderEntryID is the header holding the id of the entry a message first
@@ -44,19 +45,20 @@ const (
 )
 
 // ErrReservedField is returned (wrapped) by Publish for a message with a
-// header named like the body or key field: it would overwrite them.
+// header named like the body field: it would overwrite the body.
 var ErrReservedField = errors.New("redisstream: header name is a reserved entry field")
 
 // mapping turns stream entries into messages and back. The Source, the
 // dead-letterer, the Publisher and the Browser share it, so an entry looks
 // the same whoever reads it.
 type mapping struct {
-	bodyField, keyField string
-	disableFallbackID   bool // the Browser's: a dead letter's entry id is not its identity
+	bodyField         string
+	disableFallbackID bool // the Browser's: a dead letter's entry id is not its identity
 }
 
-// message converts entry e of stream. Fields other than the id, body and
-// key fields become headers.
+// message converts entry e of stream. Fields other than the body field
+// become headers; the id and x-idemq-key fields are Message.ID and
+// Message.Key too.
 func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
 	headers := make(map[string]string, len(e.Values))
 	var body []byte
@@ -71,8 +73,9 @@ func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
 			// MessageID can read it without the fallback.
 			id = s
 			headers[k] = s
-		case mp.keyField != "" && k == mp.keyField:
+		case k == wire.KeyHeader:
 			key = s
+			headers[k] = s
 		default:
 			headers[k] = s
 		}
@@ -97,18 +100,18 @@ func (mp mapping) message(stream string, e redis.XMessage) *consumer.Message {
 }
 
 // values is the inverse of message: the fields XADD writes for m. The id
-// field holds Message.ID (a header of that name is dropped when the id is
-// set), the key field Message.Key if a key field is configured, the body
-// field the body, and every header a field of its own, sorted by name.
+// field holds Message.ID and the x-idemq-key field Message.Key (a header
+// of either name is dropped when the field is set), the body field the
+// body, and every header a field of its own, sorted by name.
 // RecordKey and Timestamp are not written: an entry has no record key, and
 // its id carries its time.
 func (mp mapping) values(m *consumer.Message) ([]any, error) {
 	names := make([]string, 0, len(m.Headers))
 	for k := range m.Headers {
 		switch {
-		case k == idField && m.ID != "":
+		case k == idField && m.ID != "", k == wire.KeyHeader && m.Key != "":
 			continue
-		case k == mp.bodyField || (mp.keyField != "" && k == mp.keyField):
+		case k == mp.bodyField:
 			return nil, fmt.Errorf("%w: header %q", ErrReservedField, k)
 		}
 		names = append(names, k)
@@ -118,8 +121,8 @@ func (mp mapping) values(m *consumer.Message) ([]any, error) {
 	if m.ID != "" {
 		vals = append(vals, idField, m.ID)
 	}
-	if mp.keyField != "" && m.Key != "" {
-		vals = append(vals, mp.keyField, m.Key)
+	if m.Key != "" {
+		vals = append(vals, wire.KeyHeader, m.Key)
 	}
 	for _, k := range names {
 		vals = append(vals, k, m.Headers[k])

@@ -19,9 +19,6 @@ type PublisherConfig struct {
 	URL string
 	// BodyField is the field the body is written to. Defaults to "body".
 	BodyField string
-	// KeyField, if set, is the field Message.Key is written to. Defaults
-	// to none: the key is not sent.
-	KeyField string
 	// MaxLen, if positive, caps every stream published to (XADD MAXLEN ~
 	// MaxLen): Redis then drops the oldest entries, read or not, acked or
 	// not. A dropped entry that was never acked is lost, so leave it 0
@@ -51,7 +48,7 @@ func (c PublisherConfig) validate() error {
 	case c.DialTimeout < 0:
 		return configError("DialTimeout", "negative")
 	}
-	if err := validateMapping(c.BodyField, c.KeyField); err != nil {
+	if err := validateBodyField(c.BodyField); err != nil {
 		return err
 	}
 	_, err := parseURL(c.URL)
@@ -80,7 +77,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		_ = rdb.Close()
 		return nil, connectErr(cfg.URL, err)
 	}
-	return &Publisher{cfg: cfg, mp: mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField}, rdb: rdb}, nil
+	return &Publisher{cfg: cfg, mp: mapping{bodyField: cfg.BodyField}, rdb: rdb}, nil
 }
 
 // Publish adds msgs, in order, to stream (creating it if needed), in one

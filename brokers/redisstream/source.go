@@ -115,7 +115,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:    cfg,
-		mp:     mapping{bodyField: cfg.BodyField, keyField: cfg.KeyField},
+		mp:     mapping{bodyField: cfg.BodyField},
 		ready:  make(chan struct{}, 1),
 		held:   map[string]*delivery{},
 		window: defaultWindow,

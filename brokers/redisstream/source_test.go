@@ -36,7 +36,7 @@ func TestConfigValidation(t *testing.T) {
 		{"dead letters to itself", func(c *redisstream.Config) { c.DeadLetter.Stream = "s" }, "DeadLetter.Stream"},
 		{"dead-letter maxlen negative", func(c *redisstream.Config) { c.DeadLetter.MaxLen = -1 }, "DeadLetter.MaxLen"},
 		{"body field is id field", func(c *redisstream.Config) { c.BodyField = "idempotency-key" }, "BodyField"},
-		{"key field is body field", func(c *redisstream.Config) { c.KeyField = "body" }, "KeyField"},
+		{"body field is the key field", func(c *redisstream.Config) { c.BodyField = "x-idemq-key" }, "BodyField"},
 		{"dead-letter options", func(c *redisstream.Config) { c.DeadLetter.Options.MaxErrorBytes = 3 }, "DeadLetter.Options.MaxErrorBytes"},
 		{"url scheme", func(c *redisstream.Config) { c.URL = "amqp://guest:guest@localhost/" }, "URL"},
 		{"dial timeout", func(c *redisstream.Config) { c.DialTimeout = -1 }, "DialTimeout"},
@@ -141,7 +141,7 @@ func TestMapping(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	stream := newStream(t, testURL())
 	c := client(t, testURL())
-	withID, err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"idempotency-key", "pay-1", "k", "acct-1", "h1", "v1", "body", `{"a":1}`}}).Result()
+	withID, err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"idempotency-key", "pay-1", "x-idemq-key", "acct-1", "h1", "v1", "body", `{"a":1}`}}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,13 +149,13 @@ func TestMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := newSource(t, redisstream.Config{Stream: stream, Group: "g", KeyField: "k"})
+	src := newSource(t, redisstream.Config{Stream: stream, Group: "g"})
 	m := brokertest.Receive(ctx, t, src).Message()
 	if m.ID != "pay-1" || m.Key != "acct-1" || string(m.Body) != `{"a":1}` || m.Header("h1") != "v1" || m.Source != stream {
 		t.Errorf("message %+v", m)
 	}
-	if m.Header("body") != "" || m.Header("idempotency-key") != "pay-1" || m.Header("k") != "" {
-		t.Errorf("reserved fields among the headers: %v", m.Headers)
+	if m.Header("body") != "" || m.Header("idempotency-key") != "pay-1" || m.Header("x-idemq-key") != "acct-1" {
+		t.Errorf("headers %v: want the id and key fields among them, not the body", m.Headers)
 	}
 	if m.Metadata[redisstream.MetaEntryID] != withID || m.Header(redisstream.HeaderEntryID) != withID || m.Metadata[redisstream.MetaDelivery] != "new" {
 		t.Errorf("metadata %v, headers %v; want entry id %s", m.Metadata, m.Headers, withID)
@@ -173,7 +173,7 @@ func TestMapping(t *testing.T) {
 
 	// The Publisher writes what the Source reads, and refuses a header
 	// that would overwrite the body.
-	pub := newPublisher(t, redisstream.PublisherConfig{KeyField: "k"})
+	pub := newPublisher(t, redisstream.PublisherConfig{})
 	ids, err := pub.Publish(ctx, stream, &consumer.Message{ID: "pay-2", Key: "acct-2", Body: []byte("b"), Headers: map[string]string{"x": "y"}})
 	if err != nil || len(ids) != 1 || ids[0] == "" {
 		t.Fatalf("publish: %v %v", ids, err)

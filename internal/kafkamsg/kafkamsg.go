@@ -38,9 +38,6 @@ type Record struct {
 
 // Mapping says how a record becomes a Message.
 type Mapping struct {
-	// KeyFromRecordKey makes Message.Key, the runtime's ordering key,
-	// "topic/partition/<record key>" instead of "topic/partition".
-	KeyFromRecordKey bool
 	// NoFallbackID leaves Message.ID empty for a record without IDHeader,
 	// instead of FallbackID's "topic/partition/offset". The Browsers set
 	// it: a dead letter's position is not the original's identity.
@@ -55,7 +52,7 @@ func FallbackID(topic string, partition int, offset int64) string {
 }
 
 // Message converts r. Message.ID is the IDHeader header or, unless
-// NoFallbackID, FallbackID; Key is the ordering key (see KeyFromRecordKey)
+// NoFallbackID, FallbackID; Key is the ordering key, "topic/partition",
 // and RecordKey the record's own key, byte for byte (nil for a null key);
 // Headers hold every record header, IDHeader included, so that
 // consumer.IDFromHeader(IDHeader) reads the id without the fallback;
@@ -70,9 +67,6 @@ func (mp Mapping) Message(r Record) *consumer.Message {
 		id = FallbackID(r.Topic, r.Partition, r.Offset)
 	}
 	key := r.Topic + "/" + strconv.Itoa(r.Partition)
-	if mp.KeyFromRecordKey {
-		key += "/" + string(r.Key)
-	}
 	var recordKey []byte
 	if r.Key != nil {
 		recordKey = append([]byte{}, r.Key...)
