@@ -14,19 +14,16 @@ import (
 	"github.com/idemq/idemq/consumer"
 )
 
-// PublishFunc publishes one message to the dead-letter queue or topic and
-// returns only once the broker has durably accepted it (a confirmed
-// publish, an acknowledged write).
-type PublishFunc func(ctx context.Context, msg *consumer.Message) error
-
 // deadLetterer is the consumer.DeadLetterer NewDeadLetterer makes.
 type deadLetterer struct {
-	publish PublishFunc
+	publish func(context.Context, *consumer.Message) error
 	opts    Options
 }
 
 // NewDeadLetterer returns a consumer.DeadLetterer for any broker: it wraps
-// each failed message in the envelope and publishes it with publish.
+// each failed message in the envelope and publishes it with publish, which
+// must return only once the broker has durably accepted the message (a
+// confirmed publish, an acknowledged write).
 //
 // Every Source in brokers/ makes one of its own, from its Config.DeadLetter,
 // publishing on the Source's own connection and closed with it, and the
@@ -37,7 +34,7 @@ type deadLetterer struct {
 //	dl, err := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
 //		return publisher.Publish(ctx, "", "payments.dlq", m)
 //	}, dlq.Options{})
-func NewDeadLetterer(publish PublishFunc, opts Options) (consumer.DeadLetterer, error) {
+func NewDeadLetterer(publish func(ctx context.Context, msg *consumer.Message) error, opts Options) (consumer.DeadLetterer, error) {
 	if publish == nil {
 		return nil, &consumer.ConfigError{Field: "publish", Reason: "required"}
 	}

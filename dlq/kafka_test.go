@@ -109,7 +109,7 @@ func (e *kafEnv) publisher(cfg kafka.PublisherConfig) *kafka.Publisher {
 	return pub
 }
 
-func (e *kafEnv) deadLetterer(publish dlq.PublishFunc) consumer.DeadLetterer {
+func (e *kafEnv) deadLetterer(publish func(context.Context, *consumer.Message) error) consumer.DeadLetterer {
 	e.t.Helper()
 	dl, err := dlq.NewDeadLetterer(publish, dlq.Options{})
 	if err != nil {

@@ -138,7 +138,7 @@ func rmqAdmin(t *testing.T, f func(ch *amqp.Channel) error) {
 	}
 }
 
-func (e *rmqEnv) deadLetterer(publish dlq.PublishFunc) consumer.DeadLetterer {
+func (e *rmqEnv) deadLetterer(publish func(context.Context, *consumer.Message) error) consumer.DeadLetterer {
 	e.t.Helper()
 	dl, err := dlq.NewDeadLetterer(publish, dlq.Options{})
 	if err != nil {

@@ -79,7 +79,7 @@ var (
 	rabbitSrc       *rabbitmq.Source
 	kafkaSrc        *kafka.Source
 	rabbitPublisher *rabbitmq.Publisher
-	publish         dlq.PublishFunc
+	publish         func(context.Context, *consumer.Message) error
 	b               dlq.Browser
 	cfg             consumer.Config
 	ob              *outbox.Outbox
