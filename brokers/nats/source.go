@@ -247,7 +247,11 @@ func (s *Source) iterator(ctx context.Context) (jetstream.MessagesContext, error
 	if it != nil {
 		return it, nil
 	}
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, s.cfg.Stream, s.consumerConfig(pending))
+	// Bounded like NewSource's requests: one lost in an election is
+	// retried by Receive instead of waiting out ctx.
+	actx, cancel := context.WithTimeout(ctx, apiAttemptTimeout)
+	cons, err := s.js.CreateOrUpdateConsumer(actx, s.cfg.Stream, s.consumerConfig(pending))
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %q on stream %q: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}

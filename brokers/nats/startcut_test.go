@@ -29,7 +29,8 @@ const startElectionBound = 20 * time.Second
 
 // TestNewSourceWhileAServerIsCutOff: a Source started while one server of
 // the cluster it is given is cut off by a partition (every packet
-// dropped), and that server led the stream, receives within
+// dropped), and that server led the meta layer, the stream and the
+// durable, receives within
 // startElectionBound, and once the others have elected whatever it led,
 // within startCutBound, even when the client tries the cut-off server
 // first.
@@ -57,7 +58,7 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Close()
-	leadStream(ctx, t, j, stream, cut.Name)
+	leadOn(ctx, t, c, j, stream, durable, cut.Name)
 
 	if err := cut.Partition(); err != nil {
 		t.Fatal(err)
@@ -130,23 +131,42 @@ func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
 	}
 }
 
-// leadStream steps the stream's leader down until the named server leads
-// it.
-func leadStream(ctx context.Context, t *testing.T, j jetstream.JetStream, stream, server string) {
+// leadOn steps the meta layer's leader, the stream's and the durable's
+// down until the named server leads all three.
+func leadOn(ctx context.Context, t *testing.T, c *natstest.Cluster, j jetstream.JetStream, stream, durable, server string) {
 	t.Helper()
 	nc := j.Conn()
-	for range 20 {
-		st, err := j.Stream(ctx, stream)
-		if err != nil {
-			t.Fatal(err)
+	lead := func(what, stepdown string, leader func() (string, error)) {
+		for range 30 {
+			l, err := leader()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l == server {
+				return
+			}
+			if _, err := nc.RequestWithContext(ctx, stepdown, nil); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
 		}
-		if cl := st.CachedInfo().Cluster; cl != nil && cl.Leader == server {
-			return
-		}
-		if _, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second)
+		t.Fatalf("%s never came to lead %s", server, what)
 	}
-	t.Fatalf("%s never came to lead stream %s", server, stream)
+	lead("the meta layer", "$JS.API.META.LEADER.STEPDOWN", func() (string, error) {
+		return c.Node(server).MetaLeader(ctx)
+	})
+	lead("the stream", "$JS.API.STREAM.LEADER.STEPDOWN."+stream, func() (string, error) {
+		st, err := j.Stream(ctx, stream)
+		if err != nil || st.CachedInfo().Cluster == nil {
+			return "", err
+		}
+		return st.CachedInfo().Cluster.Leader, nil
+	})
+	lead("the durable", "$JS.API.CONSUMER.LEADER.STEPDOWN."+stream+"."+durable, func() (string, error) {
+		c, err := j.Consumer(ctx, stream, durable)
+		if err != nil || c.CachedInfo().Cluster == nil {
+			return "", err
+		}
+		return c.CachedInfo().Cluster.Leader, nil
+	})
 }

@@ -247,27 +247,53 @@ func (c *Cluster) Restart(nd *Node) error {
 	}
 }
 
+// MetaLeader returns the name of the server that leads the cluster's
+// JetStream meta layer, as nd sees it (from /jsz); "" if none.
+func (nd *Node) MetaLeader(ctx context.Context) (string, error) {
+	var body struct {
+		Meta *struct {
+			Leader string `json:"leader"`
+		} `json:"meta_cluster"`
+	}
+	if err := nd.monitorGet(ctx, "/jsz", &body); err != nil {
+		return "", err
+	}
+	if body.Meta == nil {
+		return "", nil
+	}
+	return body.Meta.Leader, nil
+}
+
+// monitorGet decodes the JSON of nd's monitoring endpoint path.
+func (nd *Node) monitorGet(ctx context.Context, path string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+nd.monitor+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Close = true // no idle connection left behind (tests check for leaks)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("natstest: %s %s: %w", nd.Name, path, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("natstest: %s %s: %w", nd.Name, path, err)
+	}
+	return nil
+}
+
 // Connections returns the names of the client connections nd serves, read
 // from its monitoring endpoint (/connz).
 func (nd *Node) Connections(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+nd.monitor+"/connz?limit=4096", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("natstest: %s connz: %w", nd.Name, err)
-	}
-	defer resp.Body.Close()
 	var body struct {
 		Connections []struct {
 			Name string `json:"name"`
 		} `json:"connections"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return nil, fmt.Errorf("natstest: %s connz: %w", nd.Name, err)
+	if err := nd.monitorGet(ctx, "/connz?limit=4096", &body); err != nil {
+		return nil, err
 	}
 	names := make([]string, len(body.Connections))
 	for i, cn := range body.Connections {
