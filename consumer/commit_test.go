@@ -105,7 +105,7 @@ func TestHardStopNeverCancelsCommit(t *testing.T) {
 	var log logBuffer
 	hook := &commits{}
 	rt, err := consumer.New(consumer.Config{
-		Name: "sync", Source: sub, Store: store, DeadLetterer: broker.DeadLetterer(queue + ".dlq"),
+		Name: "sync", Source: sub, Store: store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", m.ID)
 			return err

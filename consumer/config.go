@@ -51,9 +51,10 @@ type Config struct {
 	// DeadLetterer receives messages that cannot be applied: failed
 	// messages must be stored somewhere durable before they are acked.
 	// Defaults to the Source's own dead-letterer (see Source), which every
-	// adapter in brokers/ but memory has, writing where its
-	// Config.DeadLetter says; required with any other Source. Set it only
-	// to send dead letters somewhere else (a table, say).
+	// adapter in brokers/ has, writing where its configuration says
+	// (Config.DeadLetter; memory's SubscribeOptions.DeadLetter); required
+	// with any other Source. Set it only to send dead letters somewhere
+	// else (a table, say).
 	DeadLetterer DeadLetterer
 
 	// MessageID extracts the dedup id. Defaults to Message.ID (the

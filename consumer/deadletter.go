@@ -66,8 +66,8 @@ type Failure struct {
 // retried with backoff while the original stays unacked and later messages
 // with its key wait; at shutdown the original is requeued. The broker
 // adapters' Sources have one of their own, which the runtime uses unless
-// Config.DeadLetterer is set (memory.Broker.DeadLetterer makes one for the
-// memory broker); dlq.NewDeadLetterer wraps any other confirmed publish.
+// Config.DeadLetterer is set; dlq.NewDeadLetterer wraps any other
+// confirmed publish.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, msg *Message, f Failure) error
 }

@@ -58,8 +58,7 @@ func Example() {
 			_, err := tx.Exec(ctx, `INSERT INTO idemq_example.greetings VALUES ($1)`, string(msg.Body))
 			return err
 		},
-		DeadLetterer: broker.DeadLetterer("greetings.dlq"),
-		Concurrency:  1,
+		Concurrency: 1,
 	})
 	if err != nil {
 		fmt.Println(err)

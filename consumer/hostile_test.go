@@ -148,7 +148,7 @@ func TestHostileInput(t *testing.T) {
 			t.Parallel()
 			b := newBundle(t)
 			cfg := b.config(b.decodingHandler)
-			cfg.DeadLetterer = b.broker.DeadLetterer(hostileDLQ)
+			cfg.DeadLetterer = nil // the Subscription's own, to hostileDLQ
 			cfg.MessageID = c.idFunc
 			cfg.MaxBodyBytes = 4096
 			cfg.HandlerTimeout = 100 * time.Millisecond
@@ -279,7 +279,7 @@ func TestHostileInputBatchMode(t *testing.T) {
 	t.Parallel()
 	b := newBundle(t)
 	cfg := b.config(b.decodingHandler)
-	cfg.DeadLetterer = b.broker.DeadLetterer(hostileDLQ)
+	cfg.DeadLetterer = nil // the Subscription's own, to hostileDLQ
 	cfg.MaxBodyBytes = 4096
 	cfg.HandlerTimeout = 200 * time.Millisecond
 	cfg.Retry.MaxAttempts = 2

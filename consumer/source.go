@@ -14,8 +14,8 @@ import (
 //
 // Receive and Close are required. A Source may also have any of these
 // methods, which the runtime finds by type assertion; every adapter in
-// brokers/ has the first three, every one but memory the fourth, and
-// brokertest.Run checks the first three when a Source has them:
+// brokers/ has all four, and brokertest.Run checks the first three when a
+// Source has them:
 //
 //   - Configure(s SourceSettings) (window int): takes the runtime's window
 //     and logger, so that neither is said twice. New calls it once, before

@@ -66,8 +66,8 @@ func (e *memEnv) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 
 func (e *memEnv) config(src consumer.Source) consumer.Config {
 	dl := e.dl
-	if dl == nil {
-		dl = e.broker.DeadLetterer(memDLQ)
+	if dl == nil && src == nil {
+		dl = e.deadLetterer()
 	}
 	return consumer.Config{
 		Name: "billing", Source: src, Store: e.store, Handler: e.handler,
@@ -524,8 +524,8 @@ func TestMissingIDDeadLetterNeverTakesABrokerID(t *testing.T) {
 }
 
 // dlSource is a live Source with a dead-letterer of its own, as every
-// broker's Source but memory's has: a consumer.Config that leaves
-// DeadLetterer nil dead-letters through it.
+// broker's Source has: a consumer.Config that leaves DeadLetterer nil
+// dead-letters through it.
 type dlSource struct {
 	consumer.Source
 	dl consumer.DeadLetterer
@@ -544,7 +544,7 @@ func TestReplayDeadLettersThroughTheLiveSources(t *testing.T) {
 	e.publish(3)
 	e.consume()
 	res := e.replay(func(c *dlq.ReplayConfig) {
-		c.Consumer.Source = dlSource{dl: e.broker.DeadLetterer(memDLQ)}
+		c.Consumer.Source = dlSource{dl: e.deadLetterer()}
 		c.Consumer.DeadLetterer = nil
 	})
 	if res.FailedAgain != 3 || res.Applied != 0 {
@@ -553,4 +553,15 @@ func TestReplayDeadLettersThroughTheLiveSources(t *testing.T) {
 	if n := len(e.broker.Messages(memDLQ)); n != 3 {
 		t.Fatalf("DLQ holds %d, want 3", n)
 	}
+}
+
+// deadLetterer is the dead-letterer of a subscription to the work queue,
+// which writes to memDLQ.
+func (e *memEnv) deadLetterer() consumer.DeadLetterer {
+	sub, err := e.broker.Subscribe(memQueue, memory.SubscribeOptions{DeadLetter: memDLQ})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = sub.Close() })
+	return sub.DeadLetterer()
 }

@@ -105,7 +105,10 @@ func (r *consumerRun) id(m *consumer.Message) string {
 // deadLetterer stores dead letters on the run's broker and records their
 // failures.
 func (r *consumerRun) deadLetterer() consumer.DeadLetterer {
-	dl := r.broker.DeadLetterer(dlqName)
+	// NewDeadLetterer fails only for a nil func or invalid options.
+	dl, _ := dlq.NewDeadLetterer(func(ctx context.Context, m *consumer.Message) error {
+		return r.broker.Publish(ctx, dlqName, m)
+	}, dlq.Options{})
 	return consumer.DeadLettererFunc(func(ctx context.Context, m *consumer.Message, f consumer.Failure) error {
 		err := dl.DeadLetter(ctx, m, f)
 		if err == nil {

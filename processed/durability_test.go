@@ -181,9 +181,8 @@ func runLog(t *testing.T, s *processed.Store, marker string) string {
 	logger, buf := testlog.New(slog.LevelInfo)
 	rt, err := consumer.New(consumer.Config{
 		Name: "durability", Source: sub, Store: s, Concurrency: 1,
-		Handler:      func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
-		DeadLetterer: broker.DeadLetterer("work.dlq"),
-		Logger:       logger,
+		Handler: func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+		Logger:  logger,
 	})
 	if err != nil {
 		t.Fatal(err)

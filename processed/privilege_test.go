@@ -158,7 +158,6 @@ func TestLeastPrivilegeRole(t *testing.T) {
 					_, err := tx.Exec(ctx, "INSERT INTO "+ledger+" (message_id, body) VALUES ($1, $2)", m.ID, string(m.Body))
 					return err
 				},
-				DeadLetterer:    broker.DeadLetterer("work.dlq"),
 				Concurrency:     4,
 				BatchSize:       mode.batch,
 				ShutdownTimeout: 5 * time.Second,

@@ -45,11 +45,16 @@ func Example() {
 }
 
 // Dead-letter failed messages with the failure headers the runtime's
-// DeadLetterer contract describes.
-func ExampleBroker_DeadLetterer() {
+// DeadLetterer contract describes: the runtime does it with the
+// Subscription's dead-letterer unless consumer.Config.DeadLetterer is set.
+func ExampleSubscription_DeadLetterer() {
 	ctx := context.Background()
 	b := memory.NewBroker()
-	dl := b.DeadLetterer("orders.dlq")
+	sub, err := b.Subscribe("orders", memory.SubscribeOptions{})
+	if err != nil {
+		panic(err)
+	}
+	dl := sub.DeadLetterer() // to "orders.dlq"
 
 	msg := &consumer.Message{ID: "o-1", Body: []byte("bad"), Source: "orders"}
 	_ = dl.DeadLetter(ctx, msg, consumer.Failure{

@@ -363,7 +363,11 @@ func TestDeadLettererHeaders(t *testing.T) {
 		Consumer: "billing", MessageID: "m1", Class: consumer.ClassRetryableExhausted,
 		Err: errors.New(long), Attempts: 5, FirstFailure: first, LastFailure: last,
 	}
-	if err := b.DeadLetterer("orders.dlq").DeadLetter(ctx, msg, f); err != nil {
+	sub, err := b.Subscribe("orders", memory.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.DeadLetterer().DeadLetter(ctx, msg, f); err != nil {
 		t.Fatal(err)
 	}
 	// Stored before DeadLetter returned.
@@ -406,8 +410,17 @@ func TestDeadLettererHeaders(t *testing.T) {
 
 	ctx2, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := b.DeadLetterer("orders.dlq").DeadLetter(ctx2, msg, f); !errors.Is(err, context.Canceled) {
+	if err := sub.DeadLetterer().DeadLetter(ctx2, msg, f); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled DeadLetter: %v", err)
+	}
+
+	// SubscribeOptions.DeadLetter names another queue.
+	other, err := b.Subscribe("orders", memory.SubscribeOptions{DeadLetter: "billing-failures"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.DeadLetterer().DeadLetter(ctx, msg, f); err != nil || b.Ready("billing-failures") != 1 || b.Ready("orders.dlq") != 1 {
+		t.Errorf("DeadLetter to billing-failures: %v; it holds %d, orders.dlq %d; want 1 and 1", err, b.Ready("billing-failures"), b.Ready("orders.dlq"))
 	}
 }
 

@@ -18,6 +18,10 @@ type SubscribeOptions struct {
 	// runtime consumes it, and to 64 otherwise. Negative
 	// values are invalid.
 	Prefetch int
+	// DeadLetter is the queue, on the same Broker, that the
+	// Subscription's dead-letterer writes to (see
+	// Subscription.DeadLetterer). Defaults to "<queue>.dlq".
+	DeadLetter string
 }
 
 func (o SubscribeOptions) withDefaults() SubscribeOptions {
@@ -39,8 +43,9 @@ func (o SubscribeOptions) validate() error {
 // owned by the subscription until its delivery is acked or nacked. Several
 // subscriptions on one queue compete for its messages.
 type Subscription struct {
-	b *Broker
-	q *queue
+	b  *Broker
+	q  *queue
+	dl consumer.DeadLetterer
 	// prefetch is guarded by b.mu; fixedPrefetch says the caller chose it.
 	prefetch      int
 	fixedPrefetch bool
@@ -83,11 +88,15 @@ func (b *Broker) Subscribe(queue string, opts SubscribeOptions) (*Subscription, 
 	}
 	fixed := opts.Prefetch != 0
 	opts = opts.withDefaults()
+	if opts.DeadLetter == "" {
+		opts.DeadLetter = queue + ".dlq"
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return &Subscription{
 		b:             b,
 		q:             b.queueLocked(queue),
+		dl:            b.deadLetterer(opts.DeadLetter),
 		prefetch:      opts.Prefetch,
 		fixedPrefetch: fixed,
 		done:          make(chan struct{}),

@@ -182,7 +182,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		Source:       sub,
 		Store:        store,
 		Handler:      w.handle,
-		DeadLetterer: broker.DeadLetterer(dlqQueue),
 		Concurrency:  o.concurrency,
 		MaxBodyBytes: 4 << 10,
 		Retry:        consumer.RetryConfig{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},

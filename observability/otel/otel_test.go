@@ -282,7 +282,6 @@ func TestMemoryOutcomes(t *testing.T) {
 	rt, err := consumer.New(consumer.Config{
 		Name: "ledger", Source: sub, Store: migratedStore(t), BatchSize: 1, // one process span per handler call, none repeated by a group's rollback
 		Handler: handler(&s), Middleware: []consumer.Middleware{tracing.Middleware()}, Hooks: []consumer.Hook{tracing},
-		DeadLetterer:    broker.DeadLetterer("payments.dlq"),
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 		ShutdownTimeout: 5 * time.Second,
 	})
@@ -407,7 +406,7 @@ func TestBatchLinks(t *testing.T) {
 			return nil
 		}),
 		Concurrency: 1, BatchSize: 4, BatchWait: 10 * time.Second,
-		DeadLetterer: broker.DeadLetterer("orders.dlq"), ShutdownTimeout: 5 * time.Second,
+		ShutdownTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -32,12 +32,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	rt, err := consumer.New(consumer.Config{
-		Name:         "billing",
-		Source:       sub,
-		Store:        store,
-		DeadLetterer: broker.DeadLetterer("payments.dlq"),
-		Handler:      func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error { return nil },
-		Hooks:        []consumer.Hook{metrics},
+		Name:    "billing",
+		Source:  sub,
+		Store:   store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error { return nil },
+		Hooks:   []consumer.Hook{metrics},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -55,7 +55,6 @@ func (e *env) config(name string, hooks ...consumer.Hook) consumer.Config {
 		Name:            name,
 		Source:          sub,
 		Store:           e.store,
-		DeadLetterer:    e.broker.DeadLetterer(queue + ".dlq"),
 		Retry:           consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 		ShutdownTimeout: 5 * time.Second,
 		Hooks:           hooks,
