@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
@@ -151,8 +152,11 @@ func run(ctx context.Context, out io.Writer) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	store, err := processed.Open(cctx, url, processed.Config{Schema: schema})
 	cancel()
+	if errors.As(err, new(*pgconn.ParseConfigError)) { // its text may quote the password
+		return errors.New("invalid DATABASE_URL: check its syntax and parameters")
+	}
 	if err != nil {
-		return fmt.Errorf("cannot reach Postgres (set DATABASE_URL): %w", err)
+		return fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 	}
 	defer store.Close()
 	pool := store.Pool()

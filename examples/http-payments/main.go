@@ -29,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/httpidem"
-	"github.com/idemq/idemq/internal/redact"
 )
 
 const (
@@ -63,16 +62,11 @@ func (e usageError) Unwrap() error { return e.err }
 // run serves the API until ctx is done, logging to logOut. On -h or --help
 // it prints the usage to stdout and returns flag.ErrHelp. No error it
 // returns contains the database password.
-func run(ctx context.Context, args []string, stdout, logOut io.Writer) (err error) {
+func run(ctx context.Context, args []string, stdout, logOut io.Writer) error {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	defer func() {
-		if err != nil && !errors.Is(err, flag.ErrHelp) {
-			err = redact.Error(err, dbURL)
-		}
-	}()
 	fs := flag.NewFlagSet("http-payments", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
@@ -135,12 +129,13 @@ func run(ctx context.Context, args []string, stdout, logOut io.Writer) (err erro
 	return srv.Shutdown(shutdown)
 }
 
-// connect opens a pool on url and checks it answers. Its errors show url
-// without its password.
+// connect opens a pool on url and checks it answers. Its errors name the
+// server without credentials; a parse error, whose text may quote the
+// password, is not shown.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+		return nil, errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -152,7 +147,8 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
+		c := cfg.ConnConfig
+		return nil, fmt.Errorf("cannot reach Postgres at %s:%d/%s (start it, or set DATABASE_URL): %w", c.Host, c.Port, c.Database, err)
 	}
 	return pool, nil
 }

@@ -176,10 +176,10 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 	_ = l.Close()
 	for _, c := range []struct{ url, stderr string }{
-		{"postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres at postgres://app:xxxxx@127.0.0.1:" + port + "/test"},
-		{"postgres://app@127.0.0.1:" + port + "/test?password=" + secret, "cannot reach Postgres at postgres://app@127.0.0.1:" + port + "/test?password=xxxxx"},
-		{"host=127.0.0.1 port=" + port + " user=app sslpassword=" + secret + " password=" + secret, "cannot reach Postgres at (the DSN)"},
-		{"postgres://app:" + secret + "%zz@127.0.0.1/test", "invalid DATABASE_URL (the DSN)"},
+		{"postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres at 127.0.0.1:" + port + "/test (start it, or set DATABASE_URL): "},
+		{"postgres://app@127.0.0.1:" + port + "/test?password=" + secret, "cannot reach Postgres at 127.0.0.1:" + port + "/test (start it, or set DATABASE_URL): "},
+		{"host=127.0.0.1 port=" + port + " user=app sslpassword=" + secret + " password=" + secret, "cannot reach Postgres at 127.0.0.1:" + port + "/"},
+		{"postgres://app:" + secret + "%zz@127.0.0.1/test", "invalid DATABASE_URL: check its syntax and parameters"},
 	} {
 		code, stdout, stderr := runMain(t, []string{"DATABASE_URL=" + c.url}, "-addr", "127.0.0.1:0")
 		if code != 1 || !strings.Contains(stderr, c.stderr) {

@@ -43,7 +43,6 @@ import (
 
 	"github.com/idemq/idemq/brokers/franz"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -63,17 +62,11 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, out io.Writer) (err error) {
+func run(ctx context.Context, out io.Writer) error {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	// pgx masks passwords in its errors only on a best-effort basis.
-	defer func() {
-		if err != nil {
-			err = redact.Error(err, dbURL)
-		}
-	}()
 	var brokers []string
 	for _, b := range strings.Split(os.Getenv("KAFKA_BROKERS"), ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -90,8 +83,8 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		brokers, where = cluster.ListenAddrs(), "in-process kfake"
 	}
 	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: schema})
-	if errors.As(err, new(*pgconn.ParseConfigError)) {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+	if errors.As(err, new(*pgconn.ParseConfigError)) { // its text may quote the password
+		return errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	}
 	if err == nil {
 		defer store.Close()

@@ -47,7 +47,6 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -272,7 +271,9 @@ func createTopics(ctx context.Context, admin *kafkago.Client, topics ...string) 
 }
 
 // connect opens the store on url, in the example's schema, and checks that
-// the database answers. Its errors show url without its password.
+// the database answers. Its errors never show url: processed.Open names the
+// server without credentials, and a parse error, whose text may quote the
+// password, is not shown.
 func connect(ctx context.Context, url string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -281,9 +282,9 @@ func connect(ctx context.Context, url string) (*processed.Store, error) {
 	case err == nil:
 		return store, nil
 	case errors.As(err, new(*pgconn.ParseConfigError)):
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+		return nil, errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	}
-	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
+	return nil, fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 }
 
 // setupSchema recreates the example's schema: the dedup table (migrated by

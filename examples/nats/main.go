@@ -31,19 +31,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -68,7 +69,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	natsURL := os.Getenv("NATS_URL")
 	if natsURL == "" {
 		natsURL = nats.DefaultURL
@@ -77,11 +78,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	defer func() {
-		if err != nil {
-			err = redact.Error(err, dbURL, natsURL)
-		}
-	}()
 	fs := flag.NewFlagSet("nats", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
@@ -120,7 +116,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		Topology: &natsjs.Topology{}, // <stream> on <subject>, <stream>_DLQ on <subject>.dlq
 	})
 	if err != nil {
-		return fmt.Errorf("cannot set up JetStream at %s (start nats-server -js, or set NATS_URL): %w", redact.URL(natsURL), err)
+		return fmt.Errorf("cannot set up JetStream (start nats-server -js, or set NATS_URL): %w", err)
 	}
 	defer src.Close()
 	pub, err := natsjs.NewPublisher(ctx, natsjs.PublisherConfig{URL: natsURL, RejectDuplicates: true})
@@ -245,8 +241,13 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 // table and five accounts if they are missing.
 func setupDB(ctx context.Context, dbURL, schema string) (*processed.Store, error) {
 	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: schema, MaxConns: 4})
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach Postgres (set DATABASE_URL): %w", err)
+	switch {
+	case errors.As(err, new(*pgconn.ParseConfigError)): // its text may quote the password
+		return nil, errors.New("invalid DATABASE_URL: check its syntax and parameters")
+	case errors.As(err, new(*consumer.ConfigError)): // -schema
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 	}
 	s := pgx.Identifier{schema}.Sanitize()
 	if _, err := store.Pool().Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s+`;
@@ -262,11 +263,15 @@ func setupDB(ctx context.Context, dbURL, schema string) (*processed.Store, error
 	return store, nil
 }
 
-// deleteStreams deletes the named streams, if they exist.
-func deleteStreams(ctx context.Context, url string, names ...string) error {
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+// deleteStreams deletes the named streams, if they exist. Its errors never
+// show rawURL.
+func deleteStreams(ctx context.Context, rawURL string, names ...string) error {
+	nc, err := nats.Connect(rawURL, nats.Timeout(5*time.Second))
+	if errors.As(err, new(*url.Error)) { // its text quotes rawURL, password and all
+		return errors.New("invalid NATS_URL: percent-encode reserved characters in the user names and passwords")
+	}
 	if err != nil {
-		return fmt.Errorf("cannot reach NATS at %s (start nats-server -js, or set NATS_URL): %w", redact.URL(url), err)
+		return fmt.Errorf("cannot reach NATS (start nats-server -js, or set NATS_URL): %w", err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

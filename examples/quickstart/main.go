@@ -47,7 +47,6 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/redact"
 	idemqprom "github.com/idemq/idemq/observability/prometheus"
 	"github.com/idemq/idemq/processed"
 )
@@ -100,16 +99,11 @@ type options struct {
 // run runs the quickstart, printing to out. On -h or --help it prints the
 // usage to out and returns flag.ErrHelp. No error it returns contains the
 // database password.
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
 		dbURL = defaultURL
 	}
-	defer func() {
-		if err != nil && !errors.Is(err, flag.ErrHelp) {
-			err = redact.Error(err, dbURL)
-		}
-	}()
 	var o options
 	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -272,7 +266,9 @@ func (m *metricsServer) close() {
 }
 
 // connect opens the store on url, in schema, and checks that the database
-// answers. Its errors show url without its password.
+// answers. Its errors never show url: processed.Open names the server
+// without credentials, and a parse error, whose text may quote the
+// password, is not shown.
 func connect(ctx context.Context, url, schema string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -281,11 +277,11 @@ func connect(ctx context.Context, url, schema string) (*processed.Store, error) 
 	case err == nil:
 		return store, nil
 	case errors.As(err, new(*pgconn.ParseConfigError)):
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+		return nil, errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	case errors.As(err, new(*consumer.ConfigError)): // -schema
 		return nil, err
 	}
-	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s: %w\n(start Postgres, or set DATABASE_URL to a server you can use)", redact.DSN(url), err), url)
+	return nil, fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 }
 
 // setupSchema recreates the quickstart's schema: the dedup table and the

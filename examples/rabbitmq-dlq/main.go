@@ -26,6 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -37,7 +38,6 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -63,7 +63,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	amqpURL := os.Getenv("AMQP_URL")
 	if amqpURL == "" {
 		amqpURL = rabbitmq.DefaultURL
@@ -72,11 +72,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	defer func() {
-		if err != nil {
-			err = redact.Error(err, dbURL, amqpURL)
-		}
-	}()
 	fs := flag.NewFlagSet("rabbitmq-dlq", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
@@ -101,8 +96,8 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 
 	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: *schema})
 	switch {
-	case errors.As(err, new(*pgconn.ParseConfigError)):
-		return fmt.Errorf("invalid DATABASE_URL: %w", err)
+	case errors.As(err, new(*pgconn.ParseConfigError)): // its text may quote the password
+		return errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	case errors.As(err, new(*consumer.ConfigError)): // -schema
 		return err
 	case err != nil:
@@ -120,7 +115,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	// messages are published to the queue it declared.
 	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Topology: &rabbitmq.Topology{}})
 	if err != nil {
-		return fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err)
+		return fmt.Errorf("cannot set up RabbitMQ (start it, or set AMQP_URL): %w", err)
 	}
 	defer func() { _ = src.Close() }() // the runtime closes it too; Close is idempotent
 	pub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{URL: amqpURL})
@@ -203,11 +198,15 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 }
 
 // deleteTopology deletes queue, its DLQ and its dead-letter exchange, if
-// they exist.
-func deleteTopology(url, queue string) error {
-	conn, err := amqp.Dial(url)
+// they exist. Its errors show rawURL without its password.
+func deleteTopology(rawURL, queue string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil { // its text quotes rawURL, password and all
+		return errors.New("invalid AMQP_URL: percent-encode reserved characters in the user name and password")
+	}
+	conn, err := amqp.Dial(rawURL)
 	if err != nil {
-		return redact.Error(fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err), url)
+		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", u.Redacted(), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -40,7 +41,6 @@ import (
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -89,7 +89,7 @@ type options struct {
 // run runs the example, printing to out. On -h or --help it prints the
 // usage to out and returns flag.ErrHelp. No error it returns contains the
 // database or broker password.
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	amqpURL := os.Getenv("AMQP_URL")
 	if amqpURL == "" {
 		amqpURL = rabbitmq.DefaultURL
@@ -98,11 +98,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	defer func() {
-		if err != nil && !errors.Is(err, flag.ErrHelp) {
-			err = redact.Error(err, dbURL, amqpURL)
-		}
-	}()
 	var o options
 	fs := flag.NewFlagSet("rabbitmq", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -154,7 +149,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	// the original is acked, on the Source's connection.
 	src, err := rabbitmq.NewSource(ctx, rabbitmq.Config{URL: amqpURL, Queue: queue, Topology: &rabbitmq.Topology{}})
 	if err != nil {
-		return redact.Error(fmt.Errorf("cannot set up RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(amqpURL), err), amqpURL)
+		return fmt.Errorf("cannot set up RabbitMQ (start it, or set AMQP_URL): %w", err)
 	}
 	defer func() {
 		if err := deleteTopology(amqpURL); err != nil {
@@ -227,7 +222,9 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 }
 
 // connect opens the store on url, in the example's schema, and checks that
-// the database answers. Its errors show url without its password.
+// the database answers. Its errors never show url: processed.Open names the
+// server without credentials, and a parse error, whose text may quote the
+// password, is not shown.
 func connect(ctx context.Context, url string) (*processed.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -236,9 +233,9 @@ func connect(ctx context.Context, url string) (*processed.Store, error) {
 	case err == nil:
 		return store, nil
 	case errors.As(err, new(*pgconn.ParseConfigError)):
-		return nil, redact.Error(fmt.Errorf("invalid DATABASE_URL %s: %w", redact.DSN(url), err), url)
+		return nil, errors.New("invalid DATABASE_URL: check its syntax and parameters")
 	}
-	return nil, redact.Error(fmt.Errorf("cannot reach Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(url), err), url)
+	return nil, fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 }
 
 // setupSchema recreates the example's schema: the dedup table (migrated by
@@ -263,11 +260,15 @@ INSERT INTO `+s+`.accounts (id) SELECT 'acct-' || i FROM generate_series(1, `+fm
 }
 
 // deleteTopology deletes the example's queues and exchange, if they exist.
-// Its errors show url without its password.
-func deleteTopology(url string) error {
-	conn, err := amqp.Dial(url)
+// Its errors show rawURL without its password.
+func deleteTopology(rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil { // its text quotes rawURL, password and all
+		return errors.New("invalid AMQP_URL: percent-encode reserved characters in the user name and password")
+	}
+	conn, err := amqp.Dial(rawURL)
 	if err != nil {
-		return redact.Error(fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", redact.URL(url), err), url)
+		return fmt.Errorf("cannot reach RabbitMQ at %s (start it, or set AMQP_URL): %w", u.Redacted(), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

@@ -78,12 +78,12 @@ func TestRabbitMQExamplePasswordNeverPrinted(t *testing.T) {
 		amqp, db, stderr string
 	}{
 		{"amqp://app:" + secret + "@127.0.0.1:" + port + "/", testdb.URL(), "cannot reach RabbitMQ at amqp://app:xxxxx@127.0.0.1:" + port + "/"},
-		{"amqp://app:" + secret + "@127.0.0.1:notaport/", testdb.URL(), "cannot reach RabbitMQ"},
-		{"amqp://app:" + secret + "%zz@127.0.0.1:" + port + "/", testdb.URL(), "cannot reach RabbitMQ at (unparseable URL)"},
+		{"amqp://app:" + secret + "@127.0.0.1:notaport/", testdb.URL(), "invalid AMQP_URL: percent-encode reserved characters"},
+		{"amqp://app:" + secret + "%zz@127.0.0.1:" + port + "/", testdb.URL(), "invalid AMQP_URL: percent-encode reserved characters"},
 		{"amqp://guest:" + secret + "@127.0.0.1:5672/", testdb.URL(), "cannot reach RabbitMQ at amqp://guest:xxxxx@127.0.0.1:5672/"},
-		{amqpURL(), "postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres at postgres://app:xxxxx@127.0.0.1:" + port + "/test"},
-		{amqpURL(), "host=127.0.0.1 port=" + port + " user=app password=" + secret + " connect_timeout=2", "cannot reach Postgres at (the DSN)"},
-		{amqpURL(), "postgres://app:" + secret + "@[::1/test", "invalid DATABASE_URL (the DSN)"},
+		{amqpURL(), "postgres://app:" + secret + "@127.0.0.1:" + port + "/test?connect_timeout=2", "cannot reach Postgres (start it, or set DATABASE_URL): "},
+		{amqpURL(), "host=127.0.0.1 port=" + port + " user=app password=" + secret + " connect_timeout=2", "cannot reach Postgres (start it, or set DATABASE_URL): "},
+		{amqpURL(), "postgres://app:" + secret + "@[::1/test", "invalid DATABASE_URL: check its syntax and parameters"},
 	} {
 		code, stdout, stderr := runMain(t, []string{"AMQP_URL=" + c.amqp, "DATABASE_URL=" + c.db})
 		if code != 1 || !strings.Contains(stderr, c.stderr) {

@@ -36,12 +36,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
-	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -66,7 +66,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	redisURL := os.Getenv("REDIS_URL")
 	if redisURL == "" {
 		redisURL = redisstream.DefaultURL
@@ -75,11 +75,6 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if dbURL == "" {
 		dbURL = defaultDatabaseURL
 	}
-	defer func() {
-		if err != nil {
-			err = redact.Error(err, dbURL, redisURL)
-		}
-	}()
 	fs := flag.NewFlagSet("redis", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
@@ -116,8 +111,13 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}
 	defer pub.Close()
 	store, err := processed.Open(ctx, dbURL, processed.Config{Schema: *schema, MaxConns: 4})
-	if err != nil {
-		return fmt.Errorf("cannot open Postgres at %s (start it, or set DATABASE_URL): %w", redact.DSN(dbURL), err)
+	switch {
+	case errors.As(err, new(*pgconn.ParseConfigError)): // its text may quote the password
+		return errors.New("invalid DATABASE_URL: check its syntax and parameters")
+	case errors.As(err, new(*consumer.ConfigError)): // -schema
+		return err
+	case err != nil:
+		return fmt.Errorf("cannot reach Postgres (start it, or set DATABASE_URL): %w", err)
 	}
 	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
@@ -218,16 +218,17 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	return nil
 }
 
-// deleteStreams deletes stream and its dead-letter stream.
+// deleteStreams deletes stream and its dead-letter stream. Its errors
+// never show redisURL.
 func deleteStreams(ctx context.Context, redisURL, stream string) error {
 	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return fmt.Errorf("invalid REDIS_URL %s: %w", redact.URL(redisURL), err)
+	if err != nil { // its text may quote redisURL, password and all
+		return errors.New("invalid REDIS_URL: want redis://[user:password@]host:port/db, reserved characters percent-encoded")
 	}
 	c := redis.NewClient(opt)
 	defer c.Close()
 	if err := c.Del(ctx, stream, redisstream.DLQName(stream)).Err(); err != nil {
-		return fmt.Errorf("delete %s and %s at %s (start Redis, or set REDIS_URL): %w", stream, redisstream.DLQName(stream), redact.URL(redisURL), err)
+		return fmt.Errorf("delete %s and %s at %s (start Redis, or set REDIS_URL): %w", stream, redisstream.DLQName(stream), opt.Addr, err)
 	}
 	return nil
 }
