@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/brokers/redisstream"
-	"github.com/idemq/idemq/internal/bench"
+	"github.com/idemq/idemq/cmd/idemq/internal/bench"
 )
 
 var benchCommand = &command{

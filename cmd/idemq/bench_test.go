@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemq/idemq/internal/bench"
+	"github.com/idemq/idemq/cmd/idemq/internal/bench"
 	"github.com/idemq/idemq/internal/testdb"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/internal/chaos"
+	"github.com/idemq/idemq/cmd/idemq/internal/chaos"
 )
 
 var chaosCommand = &command{

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
-	"github.com/idemq/idemq/internal/console"
+	"github.com/idemq/idemq/cmd/idemq/internal/console"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )

@@ -16,11 +16,11 @@ import (
 )
 
 // Public lists the public packages, as directories relative to the module
-// root: every package outside internal/, cmd/, examples/, e2e/ and
+// root: every package outside internal/, cmd/, examples/ and
 // integration/.
 func Public(root string) ([]string, error) {
 	var dirs []string
-	skip := map[string]bool{"internal": true, "cmd": true, "examples": true, "e2e": true, "integration": true, "testdata": true}
+	skip := map[string]bool{"internal": true, "cmd": true, "examples": true, "integration": true, "testdata": true}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err

@@ -6,7 +6,7 @@ package bench
 // (TRUNCATE) against the DELETE purge of the plain table. Opt-in, since it
 // loads millions of rows:
 //
-//	IDEMQ_RETENTION_BENCH=1 go test -count=1 -timeout 60m -v ./internal/bench -run TestRetentionBench
+//	IDEMQ_RETENTION_BENCH=1 go test -count=1 -timeout 60m -v ./cmd/idemq/internal/bench -run TestRetentionBench
 //
 // Sizes: IDEMQ_RB_PLAIN_ROWS (default 10000000), IDEMQ_RB_PART_ROWS
 // (100000000), IDEMQ_RB_SECONDS (15), IDEMQ_RB_CONCURRENCY (8),

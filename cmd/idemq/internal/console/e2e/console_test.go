@@ -30,10 +30,10 @@ import (
 
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/cmd/idemq/internal/console"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/httpidem"
-	"github.com/idemq/idemq/internal/console"
 	"github.com/idemq/idemq/internal/kafkatest"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -49,11 +49,11 @@ var (
 
 func TestConsoleInBrowser(t *testing.T) {
 	if os.Getenv("IDEMQ_BROWSER_TEST") != "1" {
-		t.Skip("browser test: set IDEMQ_BROWSER_TEST=1 to run it (needs /usr/bin/chromium, node and `npm ci` in e2e/console; CI runs it explicitly)")
+		t.Skip("browser test: set IDEMQ_BROWSER_TEST=1 to run it (needs /usr/bin/chromium, node and `npm ci` in cmd/idemq/internal/console/e2e; CI runs it explicitly)")
 	}
 	for _, need := range []string{"/usr/bin/chromium", "node_modules/playwright-core"} {
 		if _, err := os.Stat(need); err != nil {
-			t.Fatalf("%s is missing: apt-get install -y chromium; (cd e2e/console && npm ci)", need)
+			t.Fatalf("%s is missing: apt-get install -y chromium; (cd cmd/idemq/internal/console/e2e && npm ci)", need)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
