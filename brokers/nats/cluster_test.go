@@ -28,8 +28,11 @@ const clusterStallBound = 12 * time.Second
 // Every message is applied exactly once, and the consumer never stops for
 // longer than clusterStallBound.
 func TestClusterLosesTheConsumerLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and kills a server")
+	}
 	t.Parallel()
-	c := natstest.StartCluster(t, 3)
+	c := startCluster(t, false)
 	runClusterFault(t, c, c.URLs(), clusterStallBound, func(ctx context.Context, j jetstream.JetStream, stream, durable string) {
 		cons, err := j.Consumer(ctx, stream, durable)
 		if err != nil {
@@ -141,4 +144,23 @@ func clusterStream(ctx context.Context, t *testing.T, c *natstest.Cluster, total
 		}
 	}
 	return j, stream, subject, durable
+}
+
+// clusterSlot lets one cluster test run at a time: each starts three
+// nats-servers and times elections against a bound, and three clusters
+// electing at once on two cores (under -race) stretched an election past
+// it.
+var clusterSlot = make(chan struct{}, 1)
+
+// startCluster waits for the cluster slot, then starts a 3-server cluster,
+// partitionable (its last server in a network namespace of its own) or
+// not. The slot is freed at the test's cleanup, after the cluster stops.
+func startCluster(t *testing.T, partitionable bool) *natstest.Cluster {
+	t.Helper()
+	clusterSlot <- struct{}{}
+	t.Cleanup(func() { <-clusterSlot })
+	if partitionable {
+		return natstest.StartPartitionableCluster(t, 3)
+	}
+	return natstest.StartCluster(t, 3)
 }

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/idemq/idemq/internal/natstest"
 )
 
 // partitionStallBound is the longest gap between two applies this test
@@ -25,8 +23,11 @@ const partitionStallBound = 30 * time.Second
 // is applied exactly once, and the consumer moves to the other servers
 // within partitionStallBound.
 func TestClusterPartitionsTheConsumersServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and partitions it")
+	}
 	t.Parallel()
-	c := natstest.StartPartitionableCluster(t, 3)
+	c := startCluster(t, true)
 	cut := c.Node("n3")
 	// The Source knows the cut-off server only; the others it learns
 	// from it, as a client given one URL does.

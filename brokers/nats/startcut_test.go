@@ -35,8 +35,11 @@ const startElectionBound = 20 * time.Second
 // within startCutBound, even when the client tries the cut-off server
 // first.
 func TestNewSourceWhileAServerIsCutOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and partitions it")
+	}
 	t.Parallel()
-	c := natstest.StartPartitionableCluster(t, 3)
+	c := startCluster(t, true)
 	ctx := testCtx(t, 4*time.Minute)
 	// More messages than the rounds take: each round's Source buffers a
 	// few and gives back those it did not hand out at Close.
