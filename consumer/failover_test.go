@@ -28,6 +28,9 @@ const failoverStallBound = 15 * time.Second
 // exactly once on the promoted node, nothing acked is lost, and the
 // consumer stops for no longer than failoverStallBound.
 func TestPostgresFailoverWithSyncStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a private Postgres pair and fails it over")
+	}
 	t.Parallel()
 	primary := testdb.NewCluster(t)
 	standby := primary.Standby(t, "s1")

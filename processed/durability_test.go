@@ -30,6 +30,9 @@ import (
 // that waits for more synchronous standbys than are connected, and the
 // standby itself.
 func TestDurability(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts private Postgres clusters with standbys")
+	}
 	t.Parallel()
 	primary := testdb.NewCluster(t)
 	standby := primary.Standby(t, "s1")

@@ -15,6 +15,9 @@ import (
 // asynchronously, and that a failover can lose acked messages; once
 // synchronous_standby_names names s1, on two. The JSON form has the same.
 func TestStatusDurability(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts private Postgres clusters with standbys")
+	}
 	t.Parallel()
 	primary := testdb.NewCluster(t)
 	primary.Standby(t, "s1")

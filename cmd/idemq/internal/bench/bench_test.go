@@ -84,18 +84,27 @@ func checkAll(t *testing.T, cfg Config, rs []Result, err error) {
 }
 
 func TestAllModesMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every bench mode")
+	}
 	cfg := smallConfig(BrokerMemory)
 	rs, err := run(t, cfg)
 	checkAll(t, cfg, rs, err)
 }
 
 func TestAllModesRabbitMQ(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every bench mode")
+	}
 	cfg := smallConfig(BrokerRabbitMQ)
 	rs, err := run(t, cfg)
 	checkAll(t, cfg, rs, err)
 }
 
 func TestAllModesKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every bench mode")
+	}
 	cfg := smallConfig(BrokerKafka)
 	cfg.Concurrency = 4
 	rs, err := run(t, cfg)

@@ -7,12 +7,18 @@ import (
 )
 
 func TestAllModesNATS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every bench mode")
+	}
 	cfg := smallConfig(BrokerNATS)
 	rs, err := run(t, cfg)
 	checkAll(t, cfg, rs, err)
 }
 
 func TestAllModesRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every bench mode")
+	}
 	cfg := smallConfig(BrokerRedis)
 	rs, err := run(t, cfg)
 	checkAll(t, cfg, rs, err)

@@ -258,6 +258,9 @@ func runQuick(t *testing.T, cfg Config) []Result {
 // random and right after COMMIT, Postgres resets at COMMIT, AMQP drops after
 // commit, Kafka rebalances and offset-commit errors.
 func TestQuickScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: chaos runs")
+	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{
 		{Name: "quick-rabbit", Broker: BrokerRabbitMQ, Messages: 400, PublishOver: 3 * time.Second, Workers: 2,
@@ -293,6 +296,9 @@ func TestQuickScenarios(t *testing.T) {
 // through brokers/franz under SIGKILLs: every committed id is applied once,
 // and no id of an aborted transaction at all.
 func TestQuickTransactional(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a chaos run")
+	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{
 		{Name: "quick-kafka-txn", Broker: BrokerKafka, KafkaSource: SourceFranz, AbortRate: 0.33, Mode: ModeBatch, BatchSize: 8,
@@ -318,6 +324,9 @@ func TestQuickTransactional(t *testing.T) {
 // cluster the harness starts itself, restarting it with pg_ctl -m
 // immediate mid-run.
 func TestQuickPrivatePostgresRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a chaos run on a private Postgres cluster")
+	}
 	cfg := quickHarness(t)
 	cfg.DatabaseURL = ""
 	cfg.Scenarios = []Scenario{
@@ -334,6 +343,9 @@ func TestQuickPrivatePostgresRestart(t *testing.T) {
 // their effect outside the dedup transaction, under Postgres resets at
 // COMMIT, must be caught with duplicate effects.
 func TestQuickSabotageIsCaught(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a chaos run")
+	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{{Name: "quick-sabotage", Broker: BrokerKafka, Messages: 200, PublishOver: 2 * time.Second,
 		Workers: 1, PGResetRate: 0.3, Sabotage: SabotageEffectOutsideTx, Timeout: 60 * time.Second}}
@@ -356,6 +368,9 @@ func TestQuickSabotageIsCaught(t *testing.T) {
 // applies over PGFailoverStallBound. TestQuickAsyncFailoverIsCaught is its
 // negative control.
 func TestQuickPGFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a chaos run on a private Postgres pair")
+	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{{Name: "quick-pg-failover", Broker: BrokerRabbitMQ, PGFailover: true, Messages: 600,
 		PublishOver: 8 * time.Second, Workers: 2, Kills: 2, Timeout: 90 * time.Second}}
@@ -373,6 +388,9 @@ func TestQuickPGFailover(t *testing.T) {
 // crashed primary are missing on the promoted standby, and the checker
 // must report them lost.
 func TestQuickAsyncFailoverIsCaught(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a chaos run on a private Postgres pair")
+	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{{Name: "quick-async-failover", Broker: BrokerRabbitMQ, PGFailover: true, Messages: 600,
 		PublishOver: 8 * time.Second, Workers: 2, Sabotage: SabotageAsyncStandby, Timeout: 30 * time.Second}}
