@@ -15,6 +15,7 @@ import (
 // leave what its own need (the quickstart's schema, payments.dlq).
 var tourDocs = []string{
 	"README.md",
+	"docs/handlers.md",
 	"docs/configuration.md",
 	"docs/dedup-store.md",
 	"docs/brokers.md",
@@ -23,8 +24,10 @@ var tourDocs = []string{
 	"docs/outbox-keys-http.md",
 	"docs/observability.md",
 	"docs/clusters.md",
+	"docs/operations.md",
 	"docs/security.md",
 	"docs/testing.md",
+	"docs/chaos.md",
 }
 
 // block is one fenced code block of a document.
