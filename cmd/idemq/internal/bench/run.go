@@ -207,6 +207,13 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	}
 
 	// Wait for the end.
+	timedOut := func() error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("timed out after %s with %d of %d deliveries settled and %d of %d ids applied",
+			cfg.ModeTimeout, tr.settled.Load(), cfg.Messages, tr.applied.Load(), r.work.unique)
+	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var runErr error
@@ -226,13 +233,14 @@ wait:
 		case err := <-consumerDone:
 			consumerRunning = false
 			runErr = fmt.Errorf("consumer stopped early: %v", err)
+			if mctx.Err() != nil {
+				// It stopped because the mode's time ran out: the
+				// select saw that first.
+				runErr = timedOut()
+			}
 			break wait
 		case <-mctx.Done():
-			runErr = fmt.Errorf("timed out after %s with %d of %d deliveries settled and %d of %d ids applied",
-				cfg.ModeTimeout, tr.settled.Load(), cfg.Messages, tr.applied.Load(), r.work.unique)
-			if ctx.Err() != nil {
-				runErr = ctx.Err()
-			}
+			runErr = timedOut()
 			break wait
 		case <-tick.C:
 			if cfg.Progress != nil {
