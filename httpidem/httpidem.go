@@ -215,8 +215,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	c := &claim{scope: m.cfg.Scope(r), key: key, fp: fp}
-	res, err := m.claim(r.Context(), c, r.Method, r.URL.Path)
+	// The claim runs to its end even if the client goes away: pgx answers
+	// a cancelled COMMIT at once, and the server may commit the claim
+	// after a release meant to undo it, leaving the key locked until
+	// LockTimeout for the client's retry.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), claimTimeout)
+	res, err := m.claim(cctx, c, r.Method, r.URL.Path)
+	cancel()
 	if err != nil {
+		// The claim may have committed all the same (its COMMIT's answer
+		// lost with the connection): release it, by its token.
+		m.release(r.Context(), c)
 		m.logger().Error("httpidem: claim failed", slog.String("key", key), slog.Any("error", err))
 		w.Header().Set("Retry-After", "1")
 		reject(w, http.StatusServiceUnavailable, "idempotency store unavailable")
@@ -237,6 +246,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case outcomeMismatch:
 		reject(w, http.StatusUnprocessableEntity, "this "+m.cfg.Header+" was used for a different request")
 	case outcomeClaimed:
+		if r.Context().Err() != nil {
+			m.release(r.Context(), c) // the client is gone: free the key for its retry
+			return
+		}
 		if m.afterClaim != nil {
 			if err := m.afterClaim(); err != nil {
 				return
@@ -287,6 +300,10 @@ func retryAfter(remaining, lockTimeout time.Duration) int64 {
 	wait := min(max(age, time.Second), max(limit, time.Second))
 	return int64((wait + time.Second - 1) / time.Second)
 }
+
+// claimTimeout bounds the claim, which the client's going away does not
+// cut short.
+const claimTimeout = 10 * time.Second
 
 // maxClaimAttempts bounds the loop when a conflicting row vanishes (is
 // released or purged) between two statements.
