@@ -424,9 +424,35 @@ func (s *Store) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, [
 	if err != nil {
 		return nil, nil, err
 	}
+	for attempt := 1; ; attempt++ {
+		tx, res, err := s.claimOnce(ctx, st, b)
+		if !errors.Is(err, errClaimRaced) {
+			return tx, res, err
+		}
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if attempt >= maxClaimAttempts {
+			return nil, nil, fmt.Errorf("processed: claim on %s: rows conflicted but vanished %d times", s, attempt)
+		}
+	}
+}
+
+// errClaimRaced is finish's answer when rows its INSERT conflicted with
+// were purged before it could read them, after it had inserted others:
+// claiming them afresh in this transaction would insert ids out of the
+// claims' order, behind rows it already holds, and two claims of the
+// same ids could then wait on each other (a deadlock, seen beside a
+// purge). The claim begins again instead, in a new transaction.
+var errClaimRaced = errors.New("processed: claim raced a purge")
+
+// claimOnce begins a transaction, claims b's ids in it and returns it with
+// their results; errClaimRaced (with the transaction, to roll back) if a
+// purge raced it.
+func (s *Store) claimOnce(ctx context.Context, st *statements, b *batch) (pgx.Tx, []dedup.ClaimResult, error) {
 	var inserted []string
 	token, opts := s.txOptions(st)
 	b.token = token
+	clear(b.results)
+	claims := b.claims
 	bt := &pgx.Batch{}
 	bt.BeginTx(opts)
 	if len(claims) == 1 {
@@ -523,7 +549,9 @@ func (b *batch) insertArgs(pending []dedup.Claim) []any {
 // between, until every claim has its answer.
 func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx, inserted []string) ([]dedup.ClaimResult, error) {
 	pending := b.claims
+	holds := false // whether the transaction inserted a row
 	for attempt := 1; ; attempt++ {
+		holds = holds || len(inserted) > 0
 		claimed := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
 			claimed[id] = true
@@ -546,13 +574,18 @@ func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx,
 		if err != nil {
 			return nil, s.wrap("claim: select existing", err)
 		}
-		// Rows purged between the two statements are claimed afresh.
+		// Rows purged between the two statements are claimed afresh: in
+		// this transaction only while it holds no row of its own, so that
+		// its ids are always inserted in the claims' order.
 		pending = pending[:0:0]
 		for _, id := range missing {
 			pending = append(pending, b.claims[b.index[id]])
 		}
 		if len(pending) == 0 {
 			return b.results, nil
+		}
+		if holds {
+			return nil, errClaimRaced
 		}
 		if attempt >= maxClaimAttempts {
 			return nil, fmt.Errorf("processed: claim on %s: %d rows conflicted but vanished %d times", s, len(pending), attempt)
