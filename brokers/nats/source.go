@@ -343,12 +343,7 @@ func (s *Source) Receive(ctx context.Context) (consumer.Delivery, error) {
 		}
 		s.restarts.Add(1)
 		s.logger().Warn("natsjs: pull failed; retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-rctx.Done():
-			t.Stop()
-		}
+		pause(rctx, wait)
 		wait = min(2*wait, retryMax)
 	}
 }

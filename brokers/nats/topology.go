@@ -97,14 +97,22 @@ func retryAPI(ctx context.Context, f func(context.Context) error) error {
 		if err == nil || ctx.Err() != nil || !transientAPIError(err) {
 			return err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, wait) {
 			return err
 		}
 		wait = min(2*wait, retryMax)
+	}
+}
+
+// pause waits d, or until ctx ends; it reports whether d passed.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
