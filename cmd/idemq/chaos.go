@@ -29,6 +29,20 @@ transactionally, aborting a quarter of the transactions, and consumes
 read_committed through brokers/franz: no record of an aborted transaction may
 be applied.
 
+The chain scenarios (chain, long-chain) run the whole chain of
+examples/chain as five processes: a payments API with idempotency keys
+writing each charge and an outbox row in one transaction, a relay publishing
+to RabbitMQ, a ledger consumer writing an entry and an outbox row with a
+derived key, a relay publishing to NATS JetStream, and a notify consumer.
+A load client retries as a real one would (timeouts, re-sends, a changed
+body that must get 422). Each service is SIGKILLed at random and at its own
+crash point (the API after its commit and before its response, each relay
+after the broker's confirm and before marking the rows sent, each consumer
+after COMMIT and before the ack); Postgres is restarted and every Postgres,
+AMQP and NATS connection cut in turn. The check is per key: a 201 without
+its charge, ledger entry and notification is lost, any of them twice is a
+duplicate, and an outbox row never sent is orphaned.
+
 Then it compares the published-and-confirmed ids, the processed_messages ids
 and the business effects, and reports lost messages, duplicate effects,
 unexpected effects, redeliveries per kill against the prefetch bound, and
@@ -40,9 +54,9 @@ temporary directory, from --pg-bin, as user postgres when run as root) and
 its own RabbitMQ node (a private node name and ports), all on 127.0.0.1, and
 removes them at the end; for NATS and Redis scenarios it always starts its
 own nats-server (--nats-server) and redis-server (--redis-server, appendonly
-yes, appendfsync always). --short is the CI run (3 scenarios, 55 SIGKILLs,
-under 2 minutes on the project's 2-core CI machine); without it the long run
-(13 scenarios, 400 SIGKILLs, about half an hour there). RELIABILITY.md has
+yes, appendfsync always). --short is the CI run (4 scenarios, 79 SIGKILLs,
+about 3 minutes on the project's 2-core CI machine); without it the long run
+(14 scenarios, 520 SIGKILLs, about 35 minutes there). RELIABILITY.md has
 the last results.
 
 The cluster scenarios start their own nodes and remove them, and also fail

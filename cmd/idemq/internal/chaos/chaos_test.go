@@ -16,7 +16,7 @@ import (
 // TestMain doubles as the worker process: the harness starts this test
 // binary with WorkerEnv set.
 func TestMain(m *testing.M) {
-	if os.Getenv(WorkerEnv) != "" {
+	if os.Getenv(WorkerEnv) != "" || os.Getenv(ChainServiceEnv) != "" {
 		os.Exit(WorkerMain())
 	}
 	goleak.VerifyTestMain(m)

@@ -52,6 +52,8 @@ type Verdict struct {
 	Inconsistent []string
 	// DeadLettered are ids found in the dead-letter table.
 	DeadLettered []string
+	// Orphaned are outbox rows never published (chain scenarios).
+	Orphaned []string `json:",omitempty"`
 	// Aborted is the number of ids published only in aborted
 	// transactions; AbortedApplied are those of them with an effect.
 	Aborted        int
@@ -61,7 +63,7 @@ type Verdict struct {
 // Pass reports whether the run kept the exactly-once promise.
 func (v Verdict) Pass() bool {
 	return len(v.Lost) == 0 && len(v.Duplicates) == 0 && len(v.Unexpected) == 0 &&
-		len(v.Inconsistent) == 0 && len(v.DeadLettered) == 0 && len(v.AbortedApplied) == 0
+		len(v.Inconsistent) == 0 && len(v.DeadLettered) == 0 && len(v.AbortedApplied) == 0 && len(v.Orphaned) == 0
 }
 
 // Check compares the sets.

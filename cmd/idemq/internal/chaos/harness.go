@@ -167,8 +167,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if (s.RabbitRestarts > 0) && cfg.AMQPURL != "" {
 			return nil, fmt.Errorf("%w: scenario %q restarts RabbitMQ but AMQPURL is set", errNeedsPrivate, s.Name)
 		}
-		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ && !s.Cluster
-		needNATS = needNATS || s.Broker == BrokerNATS && !s.Cluster
+		needRabbit = needRabbit || s.Broker == BrokerRabbitMQ && !s.Cluster || s.Broker == BrokerChain
+		needNATS = needNATS || s.Broker == BrokerNATS && !s.Cluster || s.Broker == BrokerChain
 		needRedis = needRedis || s.Broker == BrokerRedis
 		needPG = true
 		cfg.Scenarios[i] = s
@@ -288,7 +288,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 			db = scenarioDB{url: pair.URL(), pool: pool, pair: pair}
 		}
-		res, err := h.runScenario(ctx, i, s, db)
+		var res Result
+		if s.Broker == BrokerChain {
+			res, err = h.runChain(ctx, i, s)
+		} else {
+			res, err = h.runScenario(ctx, i, s, db)
+		}
 		if db.pair != nil {
 			db.pool.Close()
 			db.pair.Close()
@@ -422,6 +427,9 @@ type run struct {
 	processedN             atomic.Int64
 	phase                  atomic.Value
 	exitProblems           []string
+
+	// chain is a BrokerChain scenario's wiring; nil for the others.
+	chain *chainState
 }
 
 type proc struct {
@@ -616,17 +624,23 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario, db scena
 	if res.GracefulExits == 0 {
 		failures = append(failures, "no worker exited gracefully: the leak check did not run")
 	}
-	if want := s.Kills + s.SelfKills; res.Kills < want*9/10 {
+	r.finish(&res, failures)
+	return res, nil
+}
+
+// finish adds the failures every scenario shares (planned kills that did
+// not happen, processes that died or stopped badly) to failures, sets
+// them on res and reports the outcome.
+func (r *run) finish(res *Result, failures []string) {
+	if want := r.s.Kills + r.s.SelfKills; res.Kills < want*9/10 {
 		failures = append(failures, fmt.Sprintf("only %d of %d planned kills happened", res.Kills, want))
 	}
-	failures = append(failures, r.exitProblems...)
-	res.Failures = failures
+	res.Failures = append(failures, r.exitProblems...)
 	status := "PASS"
 	if !res.Passed() {
 		status = "FAIL"
 	}
-	h.event("scenario %s: %s in %s", s.Name, status, res.Duration.Round(100*time.Millisecond))
-	return res, nil
+	r.h.event("scenario %s: %s in %s", r.s.Name, status, res.Duration.Round(100*time.Millisecond))
 }
 
 func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
@@ -640,12 +654,23 @@ func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		var n int64
-		if err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages`, pgx.Identifier{r.schema}.Sanitize())).Scan(&n); err == nil {
-			r.processedN.Store(n)
+		if r.chain != nil {
+			// Keys accepted by the API, and notified.
+			r.confirmedN.Store(int64(r.chain.load.acceptedN()))
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			var n int64
+			if err := r.db.pool.QueryRow(qctx, `SELECT count(*) FROM `+pgx.Identifier{chainSchemas3(r.chain.prefix), "notifications"}.Sanitize()).Scan(&n); err == nil {
+				r.processedN.Store(n)
+			}
+			cancel()
+		} else {
+			qctx, cancel := context.WithTimeout(ctx, time.Second)
+			var n int64
+			if err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages`, pgx.Identifier{r.schema}.Sanitize())).Scan(&n); err == nil {
+				r.processedN.Store(n)
+			}
+			cancel()
 		}
-		cancel()
 		r.h.cfg.Progress(Progress{Scenario: r.s.Name, Index: r.idx + 1, Of: len(r.h.cfg.Scenarios),
 			Published: int(r.confirmedN.Load()), Messages: r.s.Messages, Processed: int(r.processedN.Load()),
 			Kills: int(r.killsRandom.Load() + r.killsSelf.Load()), Faults: int(r.faults.Load()),
@@ -1189,6 +1214,13 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 	r.incarnations++
 	r.mu.Unlock()
 
+	if r.chain != nil {
+		cmd, err := r.chainCommand(slot, inc, killAfter)
+		if err != nil {
+			return k, nil, err
+		}
+		return r.startProc(k, cmd)
+	}
 	wc := WorkerConfig{
 		Slot: slot, Incarnation: inc, Broker: r.s.Broker, Queue: r.queue,
 		KafkaBrokers: r.kafkaBrokers, Topic: r.topic, Group: r.consumer(),
@@ -1220,6 +1252,15 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 	}
 	cmd := exec.Command(r.h.cfg.WorkerCommand[0], r.h.cfg.WorkerCommand[1:]...)
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(b))
+	r.mu.Lock()
+	r.logPaths[k] = wc.LogPath
+	r.mu.Unlock()
+	return r.startProc(k, cmd)
+}
+
+// startProc starts cmd as incarnation k, its output appended to
+// workers.stderr.
+func (r *run) startProc(k incKey, cmd *exec.Cmd) (incKey, *proc, error) {
 	errf, err := os.OpenFile(filepath.Join(r.dir, "workers.stderr"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return k, nil, err
@@ -1233,7 +1274,6 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 	p := &proc{cmd: cmd, done: make(chan struct{})}
 	r.mu.Lock()
 	r.procs[k] = p
-	r.logPaths[k] = wc.LogPath
 	r.mu.Unlock()
 	go func() {
 		_ = cmd.Wait()

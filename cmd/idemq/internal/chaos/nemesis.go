@@ -103,6 +103,23 @@ func (r *run) nemesis(ctx context.Context) {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"redis-server SIGKILL restart", "redis-restart", r.h.redisSrv.Restart)
 	}
+	if n := r.s.ConnCuts; n > 0 && r.chain != nil {
+		cuts := []struct {
+			kind string
+			p    *Proxy
+		}{{"pg-cut", r.chain.pgProxy}, {"amqp-cut", r.chain.amqpProxy}, {"nats-cut", r.chain.natsProxy}}
+		goFault(func() {
+			for i := range n {
+				if !sleepCtx(ctx, time.Until(r.start.Add(window*time.Duration(2*i+1)/time.Duration(2*n)))) {
+					return
+				}
+				c := cuts[i%len(cuts)]
+				dropped := c.p.DropAll()
+				r.inject(c.kind, 1)
+				r.h.event("scenario %s: %s %d/%d: %d connections cut", r.s.Name, c.kind, i+1, n, dropped)
+			}
+		})
+	}
 	if n := r.s.Rebalances; n > 0 {
 		goFault(func() {
 			for i := 0; i < n; i++ {

@@ -16,7 +16,10 @@ type Scenario struct {
 	Name string
 	// Broker is BrokerRabbitMQ, BrokerKafka (a kfake cluster started
 	// for the scenario), BrokerNATS or BrokerRedis (a private server the
-	// harness starts).
+	// harness starts), or BrokerChain: the whole chain of examples/chain,
+	// HTTP API to outbox to RabbitMQ to consumer to outbox to NATS to
+	// consumer, as five processes (see BrokerChain for the fields that
+	// apply).
 	Broker string
 	// Mode is ModeDefault, ModeMessage or ModeBatch. Defaults to
 	// ModeDefault.
@@ -87,6 +90,10 @@ type Scenario struct {
 	// NATSRestarts and RedisRestarts are the numbers of SIGKILL restarts
 	// of the harness's private nats-server or redis-server.
 	NATSRestarts, RedisRestarts int
+	// ConnCuts (BrokerChain) is the number of times every connection to
+	// Postgres, RabbitMQ or NATS, in turn, is cut at once by the proxy
+	// the services reach it through, spread over the publishing window.
+	ConnCuts int
 	// Rebalances is the number of times an extra Kafka consumer process
 	// joins the group and leaves it again (gracefully) a little later.
 	Rebalances int
@@ -143,8 +150,8 @@ type Scenario struct {
 	StallBound time.Duration
 
 	// Sabotage, for the harness's own tests, breaks the workers or the
-	// setup on purpose (SabotageEffectOutsideTx, SabotageAsyncStandby):
-	// the scenario must fail.
+	// setup on purpose (SabotageEffectOutsideTx, SabotageAsyncStandby,
+	// SabotageNoDedup): the scenario must fail.
 	Sabotage string
 
 	// Partitioned runs the workers on the partitioned layout of the dedup
@@ -194,6 +201,9 @@ func (s Scenario) withDefaults() Scenario {
 	}
 	if s.Workers == 0 {
 		s.Workers = 3
+	}
+	if s.Broker == BrokerChain {
+		s.Workers = len(chainRoles)
 	}
 	if s.Concurrency == 0 {
 		s.Concurrency = 4
@@ -250,8 +260,18 @@ func (s Scenario) validate() error {
 		return bad("name must match %s", scenarioName)
 	case s.Retention != 0 && !s.Partitioned:
 		return bad("Retention without Partitioned")
-	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka && s.Broker != BrokerNATS && s.Broker != BrokerRedis:
-		return bad("broker %q, want %q, %q, %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka, BrokerNATS, BrokerRedis)
+	case s.Broker != BrokerRabbitMQ && s.Broker != BrokerKafka && s.Broker != BrokerNATS && s.Broker != BrokerRedis && s.Broker != BrokerChain:
+		return bad("broker %q, want %q, %q, %q, %q or %q", s.Broker, BrokerRabbitMQ, BrokerKafka, BrokerNATS, BrokerRedis, BrokerChain)
+	case s.Broker == BrokerChain && (s.Mode != ModeDefault || s.Cluster || s.PGFailover || s.Partitioned || s.RabbitRestarts > 0 ||
+		s.NATSRestarts > 0 || s.RedisRestarts > 0 || s.AMQPDropEvery > 0 || s.SlowEvery > 0 || s.PGLatency > 0 || s.Rebalances > 0 ||
+		s.OffsetCommitErrorRate > 0 || s.KafkaSource != "" || s.AbortRate > 0 || s.CheckRedeliveryBound || s.StallBound > 0):
+		return bad("a chain scenario takes Messages, DupRate, PublishOver, Kills, SelfKills, SelfKillEvery, PGRestarts, PGResetRate, ConnCuts, Sabotage and Timeout only")
+	case s.ConnCuts < 0:
+		return bad("fault counts must not be negative")
+	case s.ConnCuts > 0 && s.Broker != BrokerChain:
+		return bad("ConnCuts is a chain scenario's")
+	case s.Sabotage == SabotageNoDedup && s.Broker != BrokerChain:
+		return bad("%s is a chain scenario's", SabotageNoDedup)
 	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
 		return bad("mode %q, want %q, %q or %q", s.Mode, ModeDefault, ModeMessage, ModeBatch)
 	case s.Messages < 1 || s.Messages > 10_000_000:
@@ -328,8 +348,12 @@ func (s Scenario) Faults() string {
 			out = append(out, fmt.Sprintf(format, args...))
 		}
 	}
+	chain := s.Broker == BrokerChain
+	add(chain, "API, 2 relays, 2 consumers as processes")
 	add(s.Kills > 0, "%d random SIGKILLs", s.Kills)
-	add(s.SelfKills > 0, "%d SIGKILLs after COMMIT before ack", s.SelfKills)
+	add(s.SelfKills > 0 && !chain, "%d SIGKILLs after COMMIT before ack", s.SelfKills)
+	add(s.SelfKills > 0 && chain, "%d SIGKILLs at the services' crash points (after commit before response, publish before mark, commit before ack)", s.SelfKills)
+	add(s.ConnCuts > 0, "%d cuts of every Postgres, AMQP or NATS connection", s.ConnCuts)
 	add(s.PGResetRate > 0, "PG reset at %.0f%% of COMMITs", 100*s.PGResetRate)
 	add(s.PGLatency > 0, "PG latency %s", s.PGLatency)
 	add(s.AMQPDropEvery > 0, "AMQP drop after every %dth commit", s.AMQPDropEvery)

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// ShortSuite is the CI run: three scenarios, both brokers, every fault
-// kind, 55 planned SIGKILLs, a few minutes in all. The cluster scenarios'
+// ShortSuite is the CI run: four scenarios, RabbitMQ, Kafka and the whole
+// chain, every fault kind, 79 planned SIGKILLs, a few minutes in all. The cluster scenarios'
 // short forms, ShortClusterSuite, are apart: they cost about three minutes
 // more.
 func ShortSuite() []Scenario {
@@ -22,13 +22,18 @@ func ShortSuite() []Scenario {
 		{Name: "kafka-kills-rebalance", Broker: BrokerKafka, Mode: ModeBatch, Messages: 1500, PublishOver: 25 * time.Second,
 			Kills: 10, SelfKills: 5, SelfKillEvery: 40, Rebalances: 2, OffsetCommitErrorRate: 0.2, PGRestarts: 1,
 			CheckRedeliveryBound: true},
+		// The chain of examples/chain as five processes: HTTP API,
+		// payments relay, ledger, ledger relay, notify.
+		{Name: "chain", Broker: BrokerChain, Messages: 800, PublishOver: 25 * time.Second,
+			Kills: 12, SelfKills: 12, SelfKillEvery: 25, PGRestarts: 1, PGResetRate: 0.01, ConnCuts: 3},
 	}
 }
 
-// LongSuite is the long run: thirteen scenarios, 400 planned SIGKILLs
+// LongSuite is the long run: fourteen scenarios, 520 planned SIGKILLs
 // across RabbitMQ (plain, partitioned dedup store, and a 3-node cluster),
 // Kafka (both sources), NATS JetStream (one server, and a 3-server cluster)
-// and Redis Streams, and a Postgres failover, about half an hour.
+// and Redis Streams, a Postgres failover, and the whole chain, about 35
+// minutes.
 func LongSuite() []Scenario {
 	return []Scenario{
 		{Name: "long-rabbit-kills", Broker: BrokerRabbitMQ, Messages: 5000, PublishOver: 60 * time.Second, Workers: 4,
@@ -88,6 +93,14 @@ func LongSuite() []Scenario {
 		// is lost with it, and no apply gap exceeds PGFailoverStallBound.
 		{Name: "long-pg-failover", Broker: BrokerRabbitMQ, PGFailover: true, Mode: ModeBatch, Messages: 4000,
 			PublishOver: 40 * time.Second, Workers: 4, Kills: 10, SelfKills: 5, SelfKillEvery: 40},
+		// The chain of examples/chain as five processes, each SIGKILLed
+		// at random and at its crash point (the API between its commit
+		// and its response, each relay between the broker's confirm and
+		// marking the rows sent, each consumer between COMMIT and ack),
+		// with Postgres restarted twice, resets at COMMIT, and every
+		// Postgres, AMQP and NATS connection cut in turn.
+		{Name: "long-chain", Broker: BrokerChain, Messages: 4000, PublishOver: 120 * time.Second,
+			Kills: 60, SelfKills: 60, SelfKillEvery: 30, PGRestarts: 2, PGResetRate: 0.01, ConnCuts: 9},
 	}
 }
 
@@ -129,7 +142,12 @@ func WriteSummary(w io.Writer, results []Result) {
 		len(results), total.Messages, total.Kills, total.KillsAfterCommit, total.Lost, total.Duplicates, total.Unexpected)
 	for _, r := range results {
 		fmt.Fprintf(w, "%s: faults: %s; injected: %s\n", r.Scenario, r.Faults, injectedString(r.Injected))
-		fmt.Fprintf(w, "%s: %s\n", r.Scenario, stallString(r))
+		if r.Broker == BrokerChain {
+			fmt.Fprintf(w, "%s: %d keys answered 201 of %d requests; %d orphaned outbox rows, %d dead letters; %s in all\n", r.Scenario,
+				r.Verdict.Confirmed, r.Publishes, len(r.Verdict.Orphaned), len(r.Verdict.DeadLettered), r.Duration.Round(100*time.Millisecond))
+		} else {
+			fmt.Fprintf(w, "%s: %s\n", r.Scenario, stallString(r))
+		}
 		for _, f := range r.Failures {
 			fmt.Fprintf(w, "  FAIL %s: %s\n", r.Scenario, f)
 		}
@@ -202,10 +220,13 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		if r.StallBound > 0 {
 			stall = r.StallBound.String()
 		}
-		fmt.Fprintf(w, "| %s | %s / %s | %s | %d (%d, %d) | %d (%d) | %d | %d | %d | %d / %.1f (%s) | %.1fs / %.1fs (%s) | %d of %d exits | %s |\n",
+		stalls := fmt.Sprintf("%.1fs / %.1fs (%s)", r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), stall)
+		if r.Broker == BrokerChain {
+			stalls = fmt.Sprintf("- (%d orphaned outbox rows)", len(r.Verdict.Orphaned))
+		}
+		fmt.Fprintf(w, "| %s | %s / %s | %s | %d (%d, %d) | %d (%d) | %d | %d | %d | %d / %.1f (%s) | %s | %d of %d exits | %s |\n",
 			r.Scenario, r.Broker, r.Mode, injectedString(r.Injected), r.Messages, r.Publishes, r.ProducerDuplicates,
 			r.Kills, r.KillsAfterCommit, len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Unexpected),
-			r.Redeliveries.Max, r.Redeliveries.Mean, bound, r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), stall,
-			r.LeakyExits, r.GracefulExits, status)
+			r.Redeliveries.Max, r.Redeliveries.Mean, bound, stalls, r.LeakyExits, r.GracefulExits, status)
 	}
 }

@@ -149,10 +149,13 @@ type ExitReport struct {
 	RunError        string `json:",omitempty"`
 }
 
-// WorkerMain runs a worker from the WorkerEnv environment variable and
-// returns the process exit code. Call it from main (or TestMain) when
-// os.Getenv(WorkerEnv) is set.
+// WorkerMain runs a worker from the WorkerEnv environment variable, or a
+// chain service from ChainServiceEnv, and returns the process exit code.
+// Call it from main (or TestMain) when either is set.
 func WorkerMain() int {
+	if os.Getenv(ChainServiceEnv) != "" {
+		return chainServiceMain()
+	}
 	var cfg WorkerConfig
 	if err := json.Unmarshal([]byte(os.Getenv(WorkerEnv)), &cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "chaos worker: bad %s: %v\n", WorkerEnv, err)
