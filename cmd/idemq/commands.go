@@ -36,6 +36,7 @@ var commands = []*command{
 	benchCommand,
 	chaosCommand,
 	statusCommand,
+	reconcileCommand,
 }
 
 func (c *command) synopsis() string {

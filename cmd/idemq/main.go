@@ -16,13 +16,15 @@
 //	bench                            throughput against baselines, side by side
 //	chaos                            the chaos suite with an exactly-once checker
 //	console                          serve the web console: dead letters by cause, dry runs, replays, audit
+//	reconcile                        join outboxes and dedup tables across services: lost, doubled, stuck
 //
 // Every database command takes --database-url (defaulting to $DATABASE_URL,
 // then postgres://postgres@127.0.0.1:5432/test?sslmode=disable), --schema and
 // --table. Run `idemq <command> --help` for a command's flags.
 //
-// Exit status: 0 on success, 1 on failure (including a record not found),
-// 2 on a usage error.
+// Exit status: 0 on success, 1 on failure (including a record not found, or
+// discrepancies reconcile found), 2 on a usage error (or a reconciliation
+// that could not run).
 package main
 
 import (
@@ -66,6 +68,17 @@ func (e *usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
+
+// exitError ends a command with an exit code of its own and no pointer at
+// --help: `idemq reconcile` exits 2 when it could not check, which a cron
+// job must tell from 1, discrepancies found.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 // run is main without the process: it parses args (without the program
 // name), runs the command and returns the exit code.
@@ -115,6 +128,11 @@ func runEnv(ctx context.Context, args []string, e *env) int {
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
+	}
+	var xe *exitError
+	if errors.As(err, &xe) {
+		fmt.Fprintf(stderr, "idemq %s: %v\n", cmd.name, err)
+		return xe.code
 	}
 	var ue *usageError
 	if errors.As(err, &ue) {

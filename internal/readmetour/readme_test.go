@@ -22,6 +22,7 @@ var tourDocs = []string{
 	"docs/batch-mode.md",
 	"docs/dead-letters.md",
 	"docs/outbox-keys-http.md",
+	"docs/reconcile.md",
 	"docs/observability.md",
 	"docs/clusters.md",
 	"docs/operations.md",
