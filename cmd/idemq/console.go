@@ -26,7 +26,9 @@ default). Its pages:
                 --retention and last applied message; each --dlq-queue's,
                 --dlq-topic's, --dlq-subject's and --dlq-stream-key's depth
                 and oldest dead letter; the outbox backlog and the HTTP
-                idempotency key table, if they exist
+                idempotency key table, if they exist; with --reconciliation,
+                the last 'idemq reconcile --out' report: when, its window,
+                its counts by kind and a few samples
   Dead letters  grouped by failure fingerprint, as 'idemq dlq inspect' groups
                 them; filter by queue, consumer, class, source and time
   A group       its envelopes (every x-idemq-* field, the failure history,
@@ -90,6 +92,7 @@ type consoleFlags struct {
 	httpKeys     string
 	hosts        listFlag
 	streams      streamDLQFlags
+	recon        string
 }
 
 func runConsole(ctx context.Context, e *env, c *command, args []string) error {
@@ -110,6 +113,7 @@ func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	fs.Float64Var(&f.rate, "rate", 50, "republish at most this many messages per second")
 	fs.StringVar(&f.outbox, "outbox-table", "outbox", "the outbox `table` (schema.table, or table in the connection's current schema) whose backlog to show, if it exists")
 	fs.StringVar(&f.httpKeys, "http-key-table", "idempotency_keys", "the HTTP idempotency key `table` (schema.table, or table in the connection's current schema) to show, if it exists")
+	fs.StringVar(&f.recon, "reconciliation", "", "show the last reconciliation on the overview: the `file` 'idemq reconcile --out' writes (read at each request)")
 	fs.Var(&f.hosts, "allowed-host", "serve requests whose Host header is this `name` (repeatable; default: loopback names when --addr is loopback, any otherwise), against DNS rebinding")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
@@ -262,7 +266,7 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 	}
 	dbURL, _ := f.db.databaseURL(e)
 	cfg = console.Config{Store: store, DB: store.Pool(), Retention: f.retention.d, Tokens: tokens, ReadOnly: f.readOnly,
-		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk, AllowedHosts: f.hosts,
+		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk, AllowedHosts: f.hosts, Reconciliation: f.recon,
 		Secrets: append([]string{dbURL, amqpURL}, f.streams.secrets(e)...),
 		Logger:  slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	cfg.Info = append(cfg.Info, [2]string{"Postgres", redact.DSN(dbURL)}, [2]string{"dedup table", store.String()})

@@ -114,6 +114,10 @@ type Config struct {
 	Rate float64
 	// Outbox and HTTPKeys are shown if they exist.
 	Outbox, HTTPKeys Table
+	// Reconciliation is the file `idemq reconcile --out` writes: the
+	// overview shows the last reconciliation it holds, read at each
+	// request. Defaults to "": no reconciliation shown.
+	Reconciliation string
 	// Info lists what the console is connected to, passwords redacted.
 	Info [][2]string
 	// Secrets are the raw URLs and DSNs whose passwords are masked in

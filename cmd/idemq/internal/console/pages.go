@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/cmd/idemq/internal/reconcile"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/pgmigrate"
@@ -73,6 +76,51 @@ type overview struct {
 	HTTPName    string
 	HTTPErr     string
 	Info        [][2]string
+	// Recon is the last reconciliation, if Config.Reconciliation is set.
+	Recon *reconView
+}
+
+// reconView is the overview's card of the last reconciliation.
+type reconView struct {
+	File   string
+	Report *reconcile.Report
+	Kinds  []reconKind
+	Error  string
+}
+
+// reconKind is one kind of discrepancy, with its first samples.
+type reconKind struct {
+	reconcile.KindInfo
+	Samples []reconcile.Sample
+}
+
+// reconSamples is how many samples of each kind the overview shows.
+const reconSamples = 3
+
+// reconciliation reads the last report the file holds.
+func (s *Server) reconciliation() *reconView {
+	v := &reconView{File: s.cfg.Reconciliation}
+	b, err := os.ReadFile(s.cfg.Reconciliation)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			v.Error = "no reconciliation yet: run 'idemq reconcile --out " + s.cfg.Reconciliation + "'"
+		} else {
+			v.Error = s.clean(err)
+		}
+		return v
+	}
+	var rep reconcile.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		v.Error = "the file does not hold a report of 'idemq reconcile --json': " + s.clean(err)
+		return v
+	}
+	v.Report = &rep
+	for _, k := range rep.Kinds() {
+		rk := reconKind{KindInfo: k}
+		rk.Samples = k.Kind.Samples[:min(len(k.Kind.Samples), reconSamples)]
+		v.Kinds = append(v.Kinds, rk)
+	}
+	return v
 }
 
 type dlqStatus struct {
@@ -181,6 +229,9 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			ov.HTTPErr = s.clean(err)
 		}
+	}
+	if s.cfg.Reconciliation != "" {
+		ov.Recon = s.reconciliation()
 	}
 	s.render(w, r, "overview", ov)
 }
