@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,7 @@ import (
 
 	natsjs "github.com/idemq/idemq/brokers/nats"
 	"github.com/idemq/idemq/brokers/rabbitmq"
+	"github.com/idemq/idemq/cmd/idemq/internal/reconcile"
 	"github.com/idemq/idemq/httpidem"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/processed"
@@ -457,12 +459,48 @@ func (r *run) checkChain(ctx context.Context) (Verdict, []string, error) {
 	if n := l.unfinished.Load(); n > 0 {
 		failures = append(failures, fmt.Sprintf("%d keys were never answered 2xx before the scenario ended", n))
 	}
+	// idemq reconcile, over the same databases, must find them clean.
+	rep, err := reconcile.Run(ctx, r.chainReconcileConfig())
+	if err != nil {
+		return v, nil, fmt.Errorf("chaos: reconcile: %w", err)
+	}
+	if !rep.Clean {
+		var kinds []string
+		for _, k := range rep.Kinds() {
+			if k.Failing && k.Kind.Count > 0 {
+				kinds = append(kinds, fmt.Sprintf("%d %s", k.Kind.Count, k.Title))
+			}
+		}
+		failures = append(failures, "idemq reconcile found discrepancies: "+strings.Join(kinds, ", "))
+	}
 	for _, s := range [][]string{v.Lost, v.Duplicates, v.Unexpected, v.Orphaned, v.DeadLettered} {
 		slices.Sort(s)
 	}
 	v.Duplicates = slices.Compact(v.Duplicates)
 	v.Unexpected = slices.Compact(v.Unexpected)
 	return v, failures, nil
+}
+
+// chainReconcileConfig is what `idemq reconcile` is told of the chain:
+// payments' outbox feeds ledger, which forwards each charge under its
+// derived key into its own outbox, which feeds notify.
+func (r *run) chainReconcileConfig() reconcile.Config {
+	payments, ledger, notify := chainSchemas(r.chain.prefix)
+	db := func(name, schema string) reconcile.Database {
+		return reconcile.Database{Name: name, DB: r.db.pool,
+			Outbox: reconcile.Table{Schema: schema, Name: "outbox"}, Dedup: reconcile.Table{Schema: schema, Name: "processed_messages"}}
+	}
+	return reconcile.Config{
+		Databases: []reconcile.Database{db("payments", payments), db("ledger", ledger), db("notify", notify)},
+		Flows: []reconcile.Flow{
+			{Producer: "payments", Destination: r.chain.queue, Consumer: chainLedgerConsumer, ConsumerDatabases: []string{"ledger"}},
+			{Producer: "ledger", Destination: r.chain.subject, Consumer: chainNotifyConsumer, ConsumerDatabases: []string{"notify"}},
+		},
+		Forwards: []reconcile.Forward{{Consumer: chainLedgerConsumer, ConsumerDatabases: []string{"ledger"},
+			OutboxDatabases: []string{"ledger"}, Destination: r.chain.subject, Step: chainLedgerStep}},
+		Since: r.start.Add(-time.Minute),
+		Grace: time.Second, // waitChain saw everything settled, and waited longer
+	}
 }
 
 // chainDeadLetters counts the messages in the queue's and the stream's

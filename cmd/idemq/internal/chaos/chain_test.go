@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,7 +48,7 @@ func TestQuickChainSabotageIsCaught(t *testing.T) {
 	}
 	cfg := quickHarness(t)
 	cfg.Scenarios = []Scenario{{Name: "quick-chain-sabotage", Broker: BrokerChain, Messages: 150, PublishOver: 4 * time.Second,
-		Kills: 2, SelfKills: 5, SelfKillEvery: 8, Sabotage: SabotageNoDedup, Timeout: 90 * time.Second}}
+		Kills: 2, SelfKills: 10, SelfKillEvery: 8, PGResetRate: 0.05, Sabotage: SabotageNoDedup, Timeout: 90 * time.Second}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	results, err := Run(ctx, cfg)
@@ -58,5 +60,10 @@ func TestQuickChainSabotageIsCaught(t *testing.T) {
 		len(r.Verdict.Lost), len(r.Verdict.Duplicates), len(r.Verdict.Orphaned), r.Injected, r.Failures)
 	if r.Passed() || len(r.Verdict.Duplicates) == 0 {
 		t.Fatalf("a ledger without its dedup insert passed the checker: %+v", r.Verdict)
+	}
+	// Its dedup rows never commit: reconcile sees every charge published
+	// and never applied.
+	if !slices.ContainsFunc(r.Failures, func(f string) bool { return strings.Contains(f, "never applied") }) {
+		t.Errorf("idemq reconcile did not report the ledger's missing dedup rows: %v", r.Failures)
 	}
 }
