@@ -40,8 +40,8 @@ table in each of --modes, one mode after another:
                     per batch)
 
 The publisher runs concurrently with the consumer (unless --preload). Each
-mode reports msgs/s (first to last settled delivery), p50/p99 publish-to-commit
-latency (publish-to-ack for broker-only), peak RSS (process-wide, reset before
+mode reports msgs/s (first to last settled delivery), p50/p90/p99/max
+publish-to-commit latency (publish-to-ack for broker-only), peak RSS (process-wide, reset before
 each mode), CPU per delivery from the consumer's start (this process's, and
 the whole machine's from /proc/stat: steadier than msgs/s on a busy machine),
 the duplicates skipped, and its ratio to naive and broker-only.
@@ -226,7 +226,7 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		map[bool]string{true: fmt.Sprintf(", purge during (pause %s, duty %g)", max(cfg.PurgePause, 0), cfg.PurgeDutyCycle)}[cfg.PurgeDuring])
 	fmt.Fprintln(w, "modes ran one after another; peak RSS and cpu µs/msg are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "mode\tmsgs/s\tp50 ms\tp99 ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
+	head := "mode\tmsgs/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
 	if cfg.Compare {
 		head = "phase\t" + head + "×prev phase\t"
 	}
@@ -245,8 +245,8 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", r.Phase)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
-			r.Mode, r.MsgsPerSec, r.P50Ms, r.P99Ms, r.PeakRSSMiB, r.CPUProcessUsPerMsg, orNA(r.CPUMachineUsPerMsg), r.DuplicatesSkipped,
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
+			r.Mode, r.MsgsPerSec, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.PeakRSSMiB, r.CPUProcessUsPerMsg, orNA(r.CPUMachineUsPerMsg), r.DuplicatesSkipped,
 			ratio(r.RatioNaive1), ratio(r.RatioNaive), ratio(r.RatioBrokerOnly), r.PublishPerSec, ok)
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", ratio(r.RatioPrevPhase))

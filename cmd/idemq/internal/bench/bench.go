@@ -354,10 +354,13 @@ type Result struct {
 	// PublishPerSec is the publisher's rate: consumption cannot be faster
 	// while they run concurrently.
 	PublishPerSec float64 `json:"publish_per_sec"`
-	// P50Ms and P99Ms are publish-to-commit latencies (publish-to-ack for
-	// broker-only), in milliseconds.
+	// P50Ms, P90Ms, P99Ms and MaxMs are publish-to-commit latencies
+	// (publish-to-ack for broker-only), in milliseconds: quantiles within
+	// 2%, the maximum exact.
 	P50Ms float64 `json:"p50_ms"`
+	P90Ms float64 `json:"p90_ms"`
 	P99Ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
 	// PeakRSSMiB is the process's peak resident set during the mode
 	// (VmHWM, reset before each mode where the kernel allows it). It is
 	// process-wide: it includes an in-process broker (memory, kfake).

@@ -374,8 +374,14 @@ func TestHistogram(t *testing.T) {
 	if p := h.quantile(0.5); !near(p, 500*time.Millisecond) {
 		t.Errorf("p50 = %s", p)
 	}
+	if p := h.quantile(0.90); !near(p, 900*time.Millisecond) {
+		t.Errorf("p90 = %s", p)
+	}
 	if p := h.quantile(0.99); !near(p, 990*time.Millisecond) {
 		t.Errorf("p99 = %s", p)
+	}
+	if m := h.maximum(); m != time.Second {
+		t.Errorf("max = %s, want 1s exactly", m)
 	}
 }
 

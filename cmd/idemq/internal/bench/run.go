@@ -270,7 +270,9 @@ wait:
 		res.PublishPerSec = float64(published.Load()) / d.Seconds()
 	}
 	res.P50Ms = float64(tr.hist.quantile(0.50)) / float64(time.Millisecond)
+	res.P90Ms = float64(tr.hist.quantile(0.90)) / float64(time.Millisecond)
 	res.P99Ms = float64(tr.hist.quantile(0.99)) / float64(time.Millisecond)
+	res.MaxMs = float64(tr.hist.maximum()) / float64(time.Millisecond)
 	res.DuplicatesSkipped = tr.dups.Load()
 	if !db {
 		res.DuplicatesSkipped = 0

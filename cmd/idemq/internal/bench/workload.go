@@ -198,6 +198,7 @@ func (t *tracker) elapsed() time.Duration {
 // and memory does not grow with the number of samples.
 type histogram struct {
 	buckets [histBuckets]atomic.Int64
+	max     atomic.Int64 // the largest value added, exactly
 }
 
 const (
@@ -212,7 +213,12 @@ func (h *histogram) add(d time.Duration) {
 		i = int(math.Log(us) / math.Log(histBase))
 	}
 	h.buckets[min(i, histBuckets-1)].Add(1)
+	for m := h.max.Load(); int64(d) > m && !h.max.CompareAndSwap(m, int64(d)); m = h.max.Load() {
+	}
 }
+
+// maximum returns the largest value added, or 0 with no samples.
+func (h *histogram) maximum() time.Duration { return time.Duration(h.max.Load()) }
 
 // quantile returns the q-quantile (0 < q <= 1), or 0 with no samples.
 func (h *histogram) quantile(q float64) time.Duration {
