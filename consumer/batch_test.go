@@ -334,3 +334,62 @@ func TestBatchCappedToSourceWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchPartlyFilledBatchDoesNotHoldTheNext: in batch mode, a batch
+// that closed on BatchWait while partly filled goes to its transaction,
+// and the deliveries after it form the next batch on another lane at once,
+// not behind it in the same lane.
+func TestBatchPartlyFilledBatchDoesNotHoldTheNext(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	release := make(chan struct{})
+	started := make(chan []string, 4)
+	cfg := b.config(nil)
+	cfg.Handler = nil
+	cfg.BatchHandler = func(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.ID)
+		}
+		started <- ids
+		if ms[0].ID == "first" {
+			select { // the first batch's transaction stays open
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		for _, m := range ms {
+			if err := b.insertEffect(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	cfg.BatchSize = 50
+	cfg.BatchWait = 10 * time.Millisecond
+	cfg.Concurrency = 4
+	r := start(t, cfg)
+	b.publish(msg("first", "1"))
+	select {
+	case ids := <-started:
+		if len(ids) != 1 || ids[0] != "first" {
+			t.Fatalf("first batch %v", ids)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never started")
+	}
+	b.publish(msg("second", "2"))
+	select {
+	case ids := <-started:
+		if len(ids) != 1 || ids[0] != "second" {
+			t.Fatalf("second batch %v", ids)
+		}
+	case <-time.After(3 * time.Second):
+		close(release)
+		t.Fatal("the second delivery waited behind the first batch's open transaction")
+	}
+	close(release)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 && r.rt.Stats().Applied == 2 })
+	assertOnce(t, b, 2)
+}

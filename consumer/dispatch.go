@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/fnv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -101,27 +100,32 @@ func (d *dispatcher) close() {
 // delivery, then collects more, up to the batch size, and applies them in
 // one transaction.
 //
-// In grouped mode (BatchWait 0) a lane collects only the deliveries already
-// waiting, so a group forms only when deliveries arrive faster than the
-// lanes commit them, and a lone delivery never waits; deliveries without a
-// key go to a queue every lane takes from, so an idle lane picks one up at
-// once. In batch mode a lane collects for up to BatchWait, and deliveries
-// without a key go to the lanes in runs of the batch size, so that a batch
-// holds consecutive deliveries, which a broker can ack in one call.
+// Deliveries without a key go to a queue the lanes share. In grouped mode
+// (BatchWait 0) a lane collects only the deliveries already waiting, so a
+// group forms only when deliveries arrive faster than the lanes commit
+// them, and a lone delivery never waits; every idle lane takes from the
+// shared queue, so one picks a delivery up at once. In batch mode a lane
+// collects for up to BatchWait, and one lane at a time takes from the
+// shared queue (it holds the collector token while it collects), so that a
+// batch holds consecutive deliveries, which a broker can ack in one call;
+// when the batch closes, full or at BatchWait, the lane passes the token on
+// and the next idle lane collects the deliveries that follow, while the
+// first commits. A partly filled batch never holds the next deliveries
+// behind its transaction.
 type batchDispatcher struct {
-	r      *Runtime
-	ctx    context.Context
-	slots  chan struct{}
-	shared chan Delivery // grouped mode's deliveries without a key
-	lanes  []chan Delivery
-	rr     atomic.Uint64 // batch mode's count of deliveries without a key
-	wg     sync.WaitGroup
+	r         *Runtime
+	ctx       context.Context
+	slots     chan struct{}
+	shared    chan Delivery // the deliveries without a key
+	collector chan struct{} // batch mode: held by the lane taking from shared
+	lanes     []chan Delivery
+	wg        sync.WaitGroup
 }
 
 func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
 	// Room for two batches per lane: one filling while one commits.
 	n := 2 * r.cfg.Concurrency * r.batchSize
-	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), shared: make(chan Delivery, n)}
+	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), shared: make(chan Delivery, n), collector: make(chan struct{}, 1)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)
 		d.lanes = append(d.lanes, lane)
@@ -135,19 +139,14 @@ func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
 }
 
 func (d *batchDispatcher) dispatch(del Delivery) {
-	var i uint64
-	switch key := del.Message().Key; {
-	case key != "":
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(key))
-		i = h.Sum64()
-	case d.r.cfg.BatchWait <= 0:
+	key := del.Message().Key
+	if key == "" {
 		d.shared <- del
 		return
-	default:
-		i = d.rr.Add(1) / uint64(d.r.batchSize)
 	}
-	d.lanes[i%uint64(len(d.lanes))] <- del
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	d.lanes[h.Sum64()%uint64(len(d.lanes))] <- del
 }
 
 // close ends the lanes once they have handled what they hold.
@@ -177,15 +176,19 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 		defer timer.Stop()
 	}
 	batch := make([]Delivery, 0, size)
-	// take receives from own or shared; block says whether to wait for
-	// one. A closed channel is set to nil, so that it is no longer
-	// selected.
-	take := func(block bool, timeout <-chan time.Time) (Delivery, bool) {
-		for own != nil || shared != nil {
+	// take receives from own, or from shared too if withShared; block
+	// says whether to wait for one. A closed channel is set to nil, so
+	// that it is no longer selected.
+	take := func(block, withShared bool, timeout <-chan time.Time) (Delivery, bool) {
+		for own != nil || withShared && shared != nil {
 			var (
 				del Delivery
 				ok  bool
+				sh  chan Delivery
 			)
+			if withShared {
+				sh = shared
+			}
 			if block {
 				select {
 				case del, ok = <-own:
@@ -193,7 +196,7 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 						own = nil
 						continue
 					}
-				case del, ok = <-shared:
+				case del, ok = <-sh:
 					if !ok {
 						shared = nil
 						continue
@@ -208,7 +211,7 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 						own = nil
 						continue
 					}
-				case del, ok = <-shared:
+				case del, ok = <-sh:
 					if !ok {
 						shared = nil
 						continue
@@ -221,6 +224,29 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 		}
 		return nil, false
 	}
+	// first waits for a batch's first delivery. In batch mode the lane
+	// takes from shared only once it holds the collector token, which it
+	// keeps until the batch closes (collecting reports whether it does).
+	first := func() (del Delivery, ok, collecting bool) {
+		for wait > 0 && shared != nil {
+			select {
+			case del, ok := <-own:
+				if !ok {
+					own = nil
+					continue
+				}
+				return del, true, false
+			case d.collector <- struct{}{}:
+				del, ok := take(true, true, nil)
+				if !ok {
+					<-d.collector
+				}
+				return del, ok, ok
+			}
+		}
+		del, ok = take(true, wait <= 0, nil)
+		return del, ok, false
+	}
 	// limit is this lane's group bound. Handlers that update the same rows
 	// in different orders make concurrent groups deadlock, and each
 	// deadlock costs Postgres's deadlock_timeout (1s by default): so when
@@ -232,22 +258,25 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 	// fully.
 	limit, clean, grow := size, 0, minGrowAfter
 	for {
-		first, ok := take(true, nil)
+		del, ok, collecting := first()
 		if !ok {
 			return
 		}
-		batch = append(batch[:0], first)
+		batch = append(batch[:0], del)
 		var timeout <-chan time.Time
 		if timer != nil {
 			timer.Reset(wait)
 			timeout = timer.C
 		}
 		for len(batch) < limit {
-			del, ok := take(timer != nil, timeout)
+			del, ok := take(timer != nil, collecting || wait <= 0, timeout)
 			if !ok {
 				break
 			}
 			batch = append(batch, del)
+		}
+		if collecting {
+			<-d.collector // the next idle lane collects what follows
 		}
 		if timer != nil && !timer.Stop() {
 			select {
