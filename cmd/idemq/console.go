@@ -28,7 +28,10 @@ default). Its pages:
                 and oldest dead letter; the outbox backlog and the HTTP
                 idempotency key table, if they exist; with --reconciliation,
                 the last 'idemq reconcile --out' report: when, its window,
-                its counts by kind and a few samples
+                its counts by kind and a few samples; charts of the last hour
+                and the last day: applied messages, duplicates skipped and
+                their ages, dead letters by group, the outbox backlog
+  Activity      one consumer's charts (its "activity" link on the overview)
   Dead letters  grouped by failure fingerprint, as 'idemq dlq inspect' groups
                 them; filter by queue, consumer, class, source and time
   A group       its envelopes (every x-idemq-* field, the failure history,

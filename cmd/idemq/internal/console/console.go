@@ -156,6 +156,12 @@ type Server struct {
 	// ctx is the replays' context, cancelled by Close.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// counts keeps the counts of the applied charts' closed buckets;
+	// clock reads now and the time before which buckets are closed
+	// (dbClock); countHook, if set, sees each count query (tests).
+	counts    *countCache
+	clock     clock
+	countHook func(countRange)
 }
 
 // New validates cfg and returns the console.
@@ -186,7 +192,9 @@ func New(cfg Config) (*Server, error) {
 		names[t.Name] = true
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, sessions: newSessions(), jobs: newJobs(),
-		audit: &audit{db: cfg.DB, schema: cfg.Store.Schema()}, locks: map[string]chan struct{}{}, dlqs: map[string]DLQ{}}
+		audit: &audit{db: cfg.DB, schema: cfg.Store.Schema()}, locks: map[string]chan struct{}{}, dlqs: map[string]DLQ{},
+		counts: &countCache{m: map[countKey]int64{}}}
+	s.clock = s.dbClock
 	for _, d := range cfg.DLQs {
 		if _, dup := s.dlqs[d.ID()]; dup {
 			return nil, fmt.Errorf("console: dead-letter queue %s given twice", d.ID())

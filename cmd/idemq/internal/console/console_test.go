@@ -61,6 +61,7 @@ func TestConsoleOverview(t *testing.T) {
 	body := b.client().mustGet("/")
 	must(t, body,
 		`<a href="/lookup?consumer=ledger">ledger</a>`,     // the consumer
+		`<a class="dim" href="/consumer?name=ledger"`,      // its page
 		`<td class="num">3</td>`,                           // its dedup rows
 		`memory`, `payments.dlq`, `<td class="num">6</td>`, // the queue's depth
 		`<td class="num">4</td>`, // its groups

@@ -86,6 +86,12 @@ type groupRow struct {
 
 // inspect groups every queue's dead letters, as `idemq dlq inspect` does.
 func (s *Server) inspect(ctx context.Context, only string, f dlq.Filter) ([]groupRow, []error) {
+	return s.inspectTimes(ctx, only, f, nil)
+}
+
+// inspectTimes is inspect, telling times, if not nil, when each dead letter
+// it groups was dead-lettered: the charts' data, read in the same pass.
+func (s *Server) inspectTimes(ctx context.Context, only string, f dlq.Filter, times *deadLetterTimes) ([]groupRow, []error) {
 	var (
 		out  []groupRow
 		errs []error
@@ -95,9 +101,18 @@ func (s *Server) inspect(ctx context.Context, only string, f dlq.Filter) ([]grou
 			continue
 		}
 		err := s.withConn(ctx, q.ID(), false, func(c *Conn) error {
-			rep, err := dlq.Inspect(ctx, c.Browser, f, s.cfg.ScanLimit, s.cfg.VerifyKeys...)
+			b := c.Browser
+			var rec *recordingBrowser
+			if times != nil {
+				rec = &recordingBrowser{Browser: b, filter: f, out: times}
+				b = rec
+			}
+			rep, err := dlq.Inspect(ctx, b, f, s.cfg.ScanLimit, s.cfg.VerifyKeys...)
 			for _, g := range rep.Groups {
 				out = append(out, groupRow{DLQ: q, Group: g})
+			}
+			if rec != nil && rep.Total >= s.cfg.ScanLimit {
+				times.truncated = append(times.truncated, q.ID())
 			}
 			return err
 		})

@@ -39,6 +39,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /jobs/{id}", s.handleJob)
 	m.HandleFunc("GET /audit", s.handleAudit)
 	m.HandleFunc("GET /lookup", s.handleLookup)
+	m.HandleFunc("GET /consumer", s.handleConsumer)
 	m.HandleFunc("/login", s.handleLogin)
 	m.HandleFunc("/logout", s.handleLogout)
 	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
@@ -78,6 +79,12 @@ type overview struct {
 	Info        [][2]string
 	// Recon is the last reconciliation, if Config.Reconciliation is set.
 	Recon *reconView
+	// Charts are the activity charts: applied messages, duplicates
+	// skipped, dead letters by group, the outbox backlog.
+	Charts []chartPair
+	// ChartErr says why there are no charts: the database's clock could
+	// not be read.
+	ChartErr string
 }
 
 // reconView is the overview's card of the last reconciliation.
@@ -136,7 +143,7 @@ type httpKeyStats struct{ Rows, InProgress, Completed int64 }
 
 func (s *Server) consumers(ctx context.Context) ([]string, error) {
 	out := slices.Clone(s.cfg.Consumers)
-	rows, err := s.cfg.DB.Query(ctx, `SELECT DISTINCT consumer FROM `+pgx.Identifier{s.cfg.Store.Schema(), s.cfg.Store.Table()}.Sanitize()+` ORDER BY 1 LIMIT 200`)
+	rows, err := s.cfg.DB.Query(ctx, consumersSQL(pgx.Identifier{s.cfg.Store.Schema(), s.cfg.Store.Table()}.Sanitize()))
 	if pgmigrate.IsUndefined(err) {
 		return out, fmt.Errorf("the dedup table %s does not exist: run 'idemq migrate' (or give --schema and --table)", s.cfg.Store)
 	}
@@ -153,6 +160,18 @@ func (s *Server) consumers(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// consumersSQL lists the first 200 consumers with rows in table, by name.
+// A DISTINCT would read every row's entry in the primary key; this skips
+// from one consumer to the next through it, one probe per consumer.
+func consumersSQL(table string) string {
+	return `WITH RECURSIVE c(consumer) AS (
+	(SELECT consumer FROM ` + table + ` ORDER BY consumer LIMIT 1)
+	UNION ALL
+	SELECT (SELECT t.consumer FROM ` + table + ` AS t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)
+	FROM c WHERE c.consumer IS NOT NULL)
+SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 200`
 }
 
 func (s *Server) consumerStatus(ctx context.Context, name string) (ConsumerStatus, error) {
@@ -179,6 +198,15 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 		}
 		ov.Consumers = append(ov.Consumers, st)
 	}
+	now, closed, clockErr := s.clock(ctx)
+	if clockErr == nil {
+		ov.Charts = s.activity(ctx, sorted(names), now, closed)
+	}
+	times := newDeadLetterTimes()
+	var (
+		allGroups []groupRow
+		dlqErrs   []string
+	)
 	for _, q := range s.cfg.DLQs {
 		d := dlqStatus{DLQ: q, DeadLinks: "/dead-letters?" + url.Values{"dlq": {q.ID()}}.Encode()}
 		if q.Depth != nil {
@@ -188,10 +216,12 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 				d.Depth = &n
 			}
 		}
-		groups, errs := s.inspect(ctx, q.ID(), dlq.Filter{})
+		groups, errs := s.inspectTimes(ctx, q.ID(), dlq.Filter{}, times)
 		if len(errs) > 0 {
 			d.Error = strings.Join(s.cleanAll(errs), "; ")
+			dlqErrs = append(dlqErrs, d.Error)
 		}
+		allGroups = append(allGroups, groups...)
 		d.Groups = len(groups)
 		for _, g := range groups {
 			if !g.FirstSeen.IsZero() && (d.Oldest.IsZero() || g.FirstSeen.Before(d.Oldest)) {
@@ -200,6 +230,10 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 		}
 		ov.DLQs = append(ov.DLQs, d)
 	}
+	if clockErr == nil && len(s.cfg.DLQs) > 0 {
+		hw, dw := windowsAt(now)
+		ov.Charts = append(ov.Charts, pair(deadLetterCharts(times, allGroups, dlqErrs, hw, dw, s.cfg.ScanLimit)))
+	}
 	if t := s.cfg.Outbox; t.Name != "" {
 		ov.OutboxName = t.Schema + "." + t.Name
 		ob, err := outbox.New(s.cfg.DB, outbox.Config{Schema: t.Schema, Table: t.Name})
@@ -207,6 +241,9 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 			var st outbox.Stats
 			if st, err = ob.Stats(ctx); err == nil {
 				ov.Outbox = &st
+				if clockErr == nil {
+					ov.Charts = append(ov.Charts, s.backlog(ctx, t, st.Pending, now))
+				}
 			}
 		}
 		if err != nil && !errors.Is(err, consumer.ErrNotMigrated) {
@@ -233,7 +270,52 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Reconciliation != "" {
 		ov.Recon = s.reconciliation()
 	}
+	if clockErr != nil {
+		ov.ChartErr = s.clean(clockErr)
+	}
 	s.render(w, r, "overview", ov)
+}
+
+// consumerView is a consumer's page.
+type consumerView struct {
+	Name      string
+	Status    *ConsumerStatus
+	Err       string
+	Retention time.Duration
+	Charts    []chartPair
+	ChartErr  string
+}
+
+// handleConsumer is a consumer's page: its overview row, and its charts
+// (applied messages, duplicates skipped, its dead letters by group).
+func (s *Server) handleConsumer(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), pageTimeout)
+	defer cancel()
+	name := strings.TrimSpace(r.URL.Query().Get("name"))
+	if name == "" {
+		s.fail(w, r, http.StatusBadRequest, "name a consumer: /consumer?name=…")
+		return
+	}
+	v := consumerView{Name: name, Retention: s.cfg.Retention}
+	if st, err := s.consumerStatus(ctx, name); err != nil {
+		v.Err = s.clean(err)
+	} else {
+		v.Status = &st
+	}
+	now, closed, err := s.clock(ctx)
+	if err != nil {
+		v.ChartErr = s.clean(err)
+		s.render(w, r, "consumer", v)
+		return
+	}
+	v.Charts = s.activity(ctx, []string{name}, now, closed)
+	if len(s.cfg.DLQs) > 0 {
+		times := newDeadLetterTimes()
+		groups, errs := s.inspectTimes(ctx, "", dlq.Filter{Consumer: name}, times)
+		hw, dw := windowsAt(now)
+		v.Charts = append(v.Charts, pair(deadLetterCharts(times, groups, s.cleanAll(errs), hw, dw, s.cfg.ScanLimit)))
+	}
+	s.render(w, r, "consumer", v)
 }
 
 // filterForm is the dead-letters page's filter.

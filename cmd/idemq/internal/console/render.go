@@ -71,8 +71,9 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprint(*p)
 	},
-	"hex":  func(b []byte) string { return hex.EncodeToString(b) },
-	"done": done,
+	"hex":      func(b []byte) string { return hex.EncodeToString(b) },
+	"done":     done,
+	"stepName": stepName,
 }
 
 // done counts the messages a replay settled, for its progress bar.
@@ -98,10 +99,10 @@ func init() {
 	names, _ := fs.Glob(templateFS, "templates/*.html")
 	for _, n := range names {
 		base := strings.TrimSuffix(strings.TrimPrefix(n, "templates/"), ".html")
-		if base == "layout" {
+		if base == "layout" || base == "chart" {
 			continue
 		}
-		pages[base] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", n))
+		pages[base] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/chart.html", n))
 	}
 }
 
@@ -120,7 +121,7 @@ type pageData struct {
 }
 
 var titles = map[string]string{"overview": "Overview", "deadletters": "Dead letters", "group": "Dead-letter group",
-	"dryrun": "Dry run", "job": "Replay", "audit": "Audit", "lookup": "Lookup", "login": "Sign in", "error": "Error"}
+	"dryrun": "Dry run", "job": "Replay", "audit": "Audit", "lookup": "Lookup", "login": "Sign in", "error": "Error", "consumer": "Consumer"}
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, page string, data any) {
 	s.renderStatus(w, r, http.StatusOK, page, data)

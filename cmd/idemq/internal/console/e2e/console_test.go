@@ -6,8 +6,9 @@
 // It runs only with IDEMQ_BROWSER_TEST=1 (CI runs it explicitly). It needs
 // /usr/bin/chromium (apt-get install -y chromium), node, and `npm ci` run
 // in this directory. Screenshots go to $IDEMQ_BROWSER_ARTIFACTS, or a new
-// temporary directory; with IDEMQ_BROWSER_DOCS=1 the dead-letters and
-// dry-run screenshots are also copied to docs/ in the repository.
+// temporary directory; with IDEMQ_BROWSER_DOCS=1 the dead-letters, dry-run and
+// overview-with-charts screenshots are also copied to docs/ in the
+// repository.
 package e2e
 
 import (
@@ -99,6 +100,32 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A day of activity for the charts: ledger's rows denser towards now,
+	// shipping's in the last six hours; a janitor report every ten
+	// minutes; unsent outbox rows due over the day, two leased.
+	dd := pgx.Identifier{schema, "processed_messages"}.Sanitize()
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`INSERT INTO ` + dd + ` (consumer, message_id, fingerprint, source, processed_at)
+SELECT 'ledger', 'bulk-' || i, $1, $2, now() - (random() ^ 2) * interval '24 hours' FROM generate_series(1, 12000) AS i`, []any{fp[:], work}},
+		{`INSERT INTO ` + dd + ` (consumer, message_id, fingerprint, source, processed_at)
+SELECT 'shipping', 'ship-' || i, $1, $2, now() - random() * interval '6 hours' FROM generate_series(1, 3000) AS i`, []any{fp[:], "orders"}},
+		{`INSERT INTO ` + pgx.Identifier{schema, "processed_messages_retention"}.Sanitize() + ` (consumer, window_start, window_end, duplicates, max_ms, buckets, bucket_bounds_ms, retention_ms)
+SELECT 'ledger', now() - (i + 1) * interval '10 minutes', now() - i * interval '10 minutes', d, 900 + 400 * d,
+       ARRAY[d / 2, d - d / 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]::bigint[],
+       '{1000,10000,60000,300000,900000,1800000,3600000,7200000,14400000,28800000,43200000,86400000,172800000,259200000,604800000,1209600000,2592000000}', 604800000
+FROM generate_series(0, 143) AS i, LATERAL (SELECT (20 + 15 * sin(i / 9.0))::bigint AS d) AS x`, nil},
+		{`INSERT INTO ` + pgx.Identifier{schema, "outbox"}.Sanitize() + ` (destination, message_id, body, next_attempt_at)
+SELECT 'events', 'evt-' || i, '\x00', CASE WHEN i <= 2 THEN now() + interval '30 seconds' ELSE now() - (random() ^ 3) * interval '24 hours' END
+FROM generate_series(1, 60) AS i`, nil},
+	} {
+		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// RabbitMQ: the DLQ of the work queue, with four failure groups.
 	rpub, err := rabbitmq.NewPublisher(ctx, rabbitmq.PublisherConfig{})
 	if err != nil {
@@ -165,12 +192,15 @@ func TestConsoleInBrowser(t *testing.T) {
 			if err != nil {
 				return console.ConsumerStatus{}, err
 			}
-			last, err := store.Lookup(ctx, name, "pay-1")
-			if err != nil {
+			eligible := int64(0)
+			cs := console.ConsumerStatus{Consumer: name, Rows: st.Rows, Oldest: st.Oldest, PurgeEligible: &eligible}
+			switch last, err := store.Lookup(ctx, name, "pay-1"); {
+			case err == nil:
+				cs.LastApplied = &last
+			case !errors.Is(err, processed.ErrNotFound): // shipping applied no pay-1
 				return console.ConsumerStatus{}, err
 			}
-			eligible := int64(0)
-			return console.ConsumerStatus{Consumer: name, Rows: st.Rows, Oldest: st.Oldest, PurgeEligible: &eligible, LastApplied: &last}, nil
+			return cs, nil
 		},
 		Info: [][2]string{{"RabbitMQ", "amqp://guest:xxxxx@127.0.0.1:5672/"}, {"Kafka", strings.Join(kc.Addrs(), ",")}}})
 	if err != nil {
@@ -227,21 +257,26 @@ func TestConsoleInBrowser(t *testing.T) {
 	if who != "e2e" || outcome != "done" {
 		t.Errorf("audit row: who %q, outcome %q", who, outcome)
 	}
-	for _, png := range []string{"overview", "dead-letters", "group", "group-injection", "dry-run", "dry-run-forged", "replay", "audit", "audit-json", "lookup"} {
+	for _, png := range []string{"overview", "overview-charts", "consumer", "dead-letters", "group", "group-injection", "dry-run", "dry-run-forged", "replay", "audit", "audit-json", "lookup"} {
 		if st, err := os.Stat(filepath.Join(out, png+".png")); err != nil || st.Size() < 1000 {
 			t.Errorf("screenshot %s.png: %v", png, err)
 		}
 	}
 	if os.Getenv("IDEMQ_BROWSER_DOCS") == "1" {
-		if err := os.MkdirAll(filepath.Join("..", "..", "docs"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, png := range []string{"dead-letters", "dry-run"} {
+		for png, dest := range map[string]string{"dead-letters": "console-dead-letters.png", "dry-run": "console-dry-run.png",
+			"overview-charts": filepath.Join("img", "console-overview.png")} {
 			b, err := os.ReadFile(filepath.Join(out, png+".png"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join("..", "..", "docs", "console-"+png+".png"), b, 0o644); err != nil {
+			if len(b) > 300<<10 {
+				t.Errorf("%s.png is %d KB: too big for the docs", png, len(b)>>10)
+			}
+			dest = filepath.Join("..", "..", "..", "..", "..", "docs", dest)
+			if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dest, b, 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -84,11 +84,54 @@ try {
   const csp = resp.headers()["content-security-policy"] || "";
   check(csp.includes("default-src 'self'") && !csp.includes("unsafe-inline"), `CSP ${csp}`);
   const consumers = await text("#consumers");
-  check(consumers.includes("ledger") && consumers.includes("pay-1"), `consumers: ${consumers}`);
+  check(consumers.includes("ledger") && consumers.includes("pay-1") && consumers.includes("shipping"), `consumers: ${consumers}`);
+  check((await page.locator("main p.error").count()) === 0, `an error on the overview: ${await text("main")}`);
   check((await text("#http-keys")) === "1", "the HTTP key table's size");
   const dlqs = await text("#dlqs");
   check(dlqs.includes(process.env.E2E_RABBIT_QUEUE || ".dlq") && dlqs.includes(kafkaTopic), `queues: ${dlqs}`);
   await shot("overview");
+
+  step = "charts";
+  // Inline SVG drawn by the server: visible, with the buckets of their
+  // window and bars above zero, coloured by the stylesheet's classes.
+  const charts = {
+    "applied-hour": 60, "applied-day": 24, "duplicates-hour": 60, "duplicates-day": 24,
+    "dead-letters-day": 24, "outbox-hour": 60, "outbox-day": 24,
+  };
+  for (const [id, buckets] of Object.entries(charts)) {
+    const fig = page.locator(`figure#${id}`);
+    check(await fig.isVisible(), `${id} is not visible`);
+    const svg = fig.locator("svg");
+    check(await svg.isVisible(), `${id}: no visible SVG`);
+    check(Number(await fig.getAttribute("data-buckets")) === buckets, `${id}: ${await fig.getAttribute("data-buckets")} buckets, want ${buckets}`);
+    check((await svg.locator("g.bar").count()) === buckets, `${id}: not ${buckets} bars`);
+    check(Number(await fig.getAttribute("data-total")) > 0, `${id}: no data`);
+    const tall = await svg.locator("g.bar rect").evaluateAll((rs) => rs.filter((r) => r.getBoundingClientRect().height > 0).length);
+    check(tall > 0, `${id}: no bar drawn above zero`);
+    check((await svg.locator("title").first().textContent()).length > 0, `${id}: no title`);
+    check((await svg.getAttribute("role")) === "img" && (await svg.getAttribute("aria-labelledby")).includes(`${id}-title`), `${id}: not labelled`);
+  }
+  const fill = await page.locator("figure#applied-hour rect.s0").first().evaluate((e) => getComputedStyle(e).fill);
+  check(fill === "rgb(36, 87, 197)", `the first series' fill: ${fill}`);
+  check((await page.locator("figure#applied-hour ul.legend li").count()) === 2, "the applied chart does not stack ledger and shipping");
+  // The dead letters of the seed failed an hour and more ago: none in the
+  // last hour, said so, with its bars at zero.
+  const dlHour = page.locator("figure#dead-letters-hour");
+  check((await dlHour.getAttribute("data-empty")) === "true" && (await dlHour.textContent()).includes("no data in the last hour"), "the empty dead-letter chart");
+  check((await text("figure#outbox-hour")).includes("Not yet due"), "the outbox chart's note");
+  // The overview down to its charts, for the docs.
+  const box = await page.locator("#activity").boundingBox();
+  await page.screenshot({ path: path.join(out, "overview-charts.png"), fullPage: true, clip: { x: 0, y: 0, width: 1440, height: Math.ceil(box.y + box.height + 8) } });
+  console.log(`ok ${step} -> overview-charts.png`);
+
+  step = "consumer";
+  await page.locator('#consumers a[href="/consumer?name=ledger"]').click();
+  await page.waitForURL(/\/consumer\?name=ledger/);
+  check((await text("#consumer")).includes("ledger"), "the consumer page");
+  check(Number(await page.locator("figure#applied-day").getAttribute("data-total")) > 10000, "ledger's day of rows");
+  check((await page.locator("figure#applied-day ul.legend").count()) === 0, "one consumer's chart is not stacked");
+  check(Number(await page.locator("figure#dead-letters-day").getAttribute("data-total")) === 6, "ledger's six dead letters");
+  await shot("consumer");
 
   step = "dead letters";
   await page.click("nav >> text=Dead letters");
