@@ -99,7 +99,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL (default $REDIS_URL, then "+redisstream.DefaultURL+")")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every mode) to this file, for go tool pprof")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file, for go tool pprof (each mode's consumer is labelled: -tagfocus=mode=idemq-default)")
 	fs.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the whole run (every mode) to this file at the end, for go tool pprof -sample_index=alloc_space")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -189,7 +190,12 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	// CPU is counted from here: after publishing with Preload, so that it
 	// is the consumer's alone; with the publisher concurrent, both.
 	cpu := cpuNow()
-	if err := startConsumer(); err != nil {
+	// The consumer's goroutines carry the labels bench=consume and
+	// mode=<mode>, so that a --cpuprofile can be narrowed to one mode's
+	// consuming: go tool pprof -tagfocus=mode=idemq-default.
+	var startErr error
+	pprof.Do(cctx, pprof.Labels("bench", "consume", "mode", string(m)), func(context.Context) { startErr = startConsumer() })
+	if err := startErr; err != nil {
 		return fail(fmt.Errorf("start consumer: %w", err))
 	}
 	consumerRunning := true
