@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/cmd/idemq/internal/reconcile"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/keys"
 	"github.com/idemq/idemq/outbox"
@@ -169,4 +172,49 @@ func TestReconcileUsage(t *testing.T) {
 	// --help.
 	r = idemq(t, "reconcile", "--help")
 	want(t, r, exitOK, "PRODUCER:DESTINATION->CONSUMERDB", "")
+}
+
+// TestReconcileDeadLetteredFromTheQueue: a message published and never
+// applied whose id is in the consumer's dead-letter queue, read with
+// --dlq as 'idemq dlq inspect' reads it, counts as dead-lettered, not as
+// a discrepancy; a dead letter of another consumer does not.
+func TestReconcileDeadLetteredFromTheQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schemas, args := reconcileChain(t, 20)
+	lostID := keys.ChildKey("charge-aa", reconcileStep)
+	if _, err := testdb.Pool(t).Exec(ctx, `DELETE FROM `+pgx.Identifier{schemas["notify"], "processed_messages"}.Sanitize()+` WHERE message_id = $1`, lostID); err != nil {
+		t.Fatal(err)
+	}
+	// The id dead-lettered by notify in one queue, by another consumer in
+	// another.
+	at := time.Now().Add(-time.Minute)
+	deadLetter := func(consumerName string) string {
+		work, dead := rmqQueues(t)
+		f := consumer.Failure{Consumer: consumerName, MessageID: lostID, Class: consumer.ClassPermanent, Attempts: 1,
+			FirstFailure: at, LastFailure: at, Err: consumer.Permanent(errors.New("no address"))}
+		if err := rmqDeadLetterer(ctx, t, dead, dlq.Options{}).DeadLetter(ctx, &consumer.Message{ID: lostID, Body: []byte("{}"), Source: work, Partition: -1, Offset: -1}, f); err != nil {
+			t.Fatal(err)
+		}
+		return dead
+	}
+	dead, others := deadLetter("notify"), deadLetter("billing")
+	r := idemq(t, append(args, "--json", "--dlq", "notify=rabbitmq:"+others)...)
+	want(t, r, exitFail, lostID, "")
+	// Without --dlq it is never applied.
+	r = idemq(t, append(args, "--json")...)
+	want(t, r, exitFail, lostID, "")
+	// With it, dead-lettered, and the run is clean.
+	r = idemq(t, append(args, "--json", "--dlq", "notify=rabbitmq:"+dead)...)
+	want(t, r, exitOK, "", "")
+	var rep reconcile.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("--json: %v\n%s", err, r.stdout)
+	}
+	if rep.NeverApplied.Count != 0 || rep.DeadLettered.Count != 1 || rep.DeadLettered.Samples[0].MessageID != lostID || !rep.Clean {
+		t.Errorf("report %+v", rep)
+	}
+	if n := rmqDepth(t, dead); n != 1 {
+		t.Errorf("the dead-letter queue holds %d after reconcile read it, want 1: it must consume nothing", n)
+	}
 }
