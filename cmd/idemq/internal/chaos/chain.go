@@ -56,7 +56,12 @@ type chainState struct {
 	pgProxy, amqpProxy     *Proxy
 	natsProxy              *Proxy
 	load                   *chainLoad
-	notified               atomic.Int64
+}
+
+// notifications is the notify service's table.
+func (c *chainState) notifications() string {
+	_, _, notify := chainSchemas(c.prefix)
+	return pgx.Identifier{notify, "notifications"}.Sanitize()
 }
 
 // runChain runs a BrokerChain scenario.
@@ -339,12 +344,11 @@ func (r *run) waitChain(ctx context.Context) error {
 	var notified, unsent int64
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := r.db.pool.QueryRow(qctx, `SELECT (SELECT count(DISTINCT key) FROM `+pgx.Identifier{chainSchemas3(c.prefix), "notifications"}.Sanitize()+`),
+		err := r.db.pool.QueryRow(qctx, `SELECT (SELECT count(DISTINCT key) FROM `+c.notifications()+`),
 			(SELECT count(*) FROM `+pgx.Identifier{payments, "outbox"}.Sanitize()+` WHERE sent_at IS NULL) +
 			(SELECT count(*) FROM `+pgx.Identifier{ledger, "outbox"}.Sanitize()+` WHERE sent_at IS NULL)`).Scan(&notified, &unsent)
 		cancel()
 		if err == nil {
-			c.notified.Store(notified)
 			if notified >= want && unsent == 0 {
 				// Let redeliveries in flight settle, as they would
 				// after any crash.
@@ -358,18 +362,12 @@ func (r *run) waitChain(ctx context.Context) error {
 	}
 }
 
-// chainSchemas3 is the notify schema of prefix.
-func chainSchemas3(prefix string) string {
-	_, _, notify := chainSchemas(prefix)
-	return notify
-}
-
 // checkChain compares, key by key, what the client was told with each
 // service's effects, and looks for unsent outbox rows and dead letters.
 // It returns the verdict and the failures that are not a key's.
 func (r *run) checkChain(ctx context.Context) (Verdict, []string, error) {
 	c := r.chain
-	payments, ledger, notify := chainSchemas(c.prefix)
+	payments, ledger, _ := chainSchemas(c.prefix)
 	type row struct{ n, cents int64 }
 	var v Verdict
 	load := func(table string, cents bool) (map[string]row, error) {
@@ -401,7 +399,7 @@ func (r *run) checkChain(ctx context.Context) (Verdict, []string, error) {
 	if err != nil {
 		return v, nil, err
 	}
-	notes, err := load(pgx.Identifier{notify, "notifications"}.Sanitize(), false)
+	notes, err := load(c.notifications(), false)
 	if err != nil {
 		return v, nil, err
 	}

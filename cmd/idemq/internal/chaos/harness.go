@@ -659,7 +659,7 @@ func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
 			r.confirmedN.Store(int64(r.chain.load.acceptedN()))
 			qctx, cancel := context.WithTimeout(ctx, time.Second)
 			var n int64
-			if err := r.db.pool.QueryRow(qctx, `SELECT count(*) FROM `+pgx.Identifier{chainSchemas3(r.chain.prefix), "notifications"}.Sanitize()).Scan(&n); err == nil {
+			if err := r.db.pool.QueryRow(qctx, `SELECT count(*) FROM `+r.chain.notifications()).Scan(&n); err == nil {
 				r.processedN.Store(n)
 			}
 			cancel()
