@@ -195,13 +195,13 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		if len(msgs) > 0 {
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
+			htx.cur = -1
 			err := handlerMisuse(htx, r.callBatchHandler(hctx, htx, msgs))
 			d := time.Since(hstart)
 			for i := range res.handler {
 				res.handler[i] = d
 			}
-			if err != nil {
-				fail := htx.classify(ctx, hctx, err, -1)
+			if fail, failed := htx.failed(ctx, hctx, err); failed {
 				cancel()
 				return fail
 			}
@@ -215,14 +215,24 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 			it.msg.Attempt = attemptNo
 			hctx, cancel := r.handlerContext(ctx)
 			hstart := time.Now()
+			htx.cur = i
 			err := handlerMisuse(htx, r.callHandler(hctx, htx, it.msg))
 			res.handler[i] = time.Since(hstart)
-			if err != nil {
-				fail := htx.classify(ctx, hctx, err, i)
+			if fail, failed := htx.failed(ctx, hctx, err); failed {
 				cancel()
 				return fail
 			}
 			cancel()
+		}
+	}
+	if len(htx.later) > 0 {
+		// What the handlers queued with ExecLater, in one round trip.
+		hctx, cancel := r.handlerContext(ctx)
+		_ = htx.flush(hctx)
+		fail, failed := htx.failed(ctx, hctx, nil)
+		cancel()
+		if failed {
+			return fail
 		}
 	}
 
@@ -316,6 +326,29 @@ type handlerTx struct {
 	ended bool
 	// cacheSeen is where guardTx.cacheErr points.
 	cacheSeen error
+
+	// cur is the item whose handler runs (-1: the BatchHandler).
+	cur int
+	// later holds the statements queued by ExecLater, not yet sent.
+	later []laterStmt
+	// laterErr is the first error of a queued statement, which fails the
+	// attempt as the handler error of item laterOwner.
+	laterErr   error
+	laterOwner int
+}
+
+// failed says whether the attempt fails after a handler returned err (its
+// error after handlerMisuse), and how. A queued statement's failure comes
+// first, and is the failure of the item that queued it, whatever the
+// handler that ran when it was sent returned.
+func (t *handlerTx) failed(ctx, hctx context.Context, err error) (attemptResult, bool) {
+	if t.laterErr != nil {
+		return t.classify(ctx, hctx, t.laterErr, t.laterOwner), true
+	}
+	if err != nil {
+		return t.classify(ctx, hctx, err, t.cur), true
+	}
+	return attemptResult{}, false
 }
 
 // classify says what a handler error (of item i, or -1) means. A

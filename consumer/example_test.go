@@ -126,3 +126,63 @@ func ExampleJSON() {
 	// credit acct-1 with 250 cents
 	// true permanent: decode JSON body into consumer_test.payment: unexpected end of JSON input
 }
+
+// ExampleExecLater writes each message's row with ExecLater: the handlers of
+// a group queue their INSERTs, and the runtime sends them in one round trip
+// before it commits the group.
+func ExampleExecLater() {
+	ctx := context.Background()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	store, err := processed.Open(ctx, url, processed.Config{Schema: "idemq_example_later"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	pool := store.Pool()
+	_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example_later CASCADE`)
+	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS idemq_example_later CASCADE`)
+	if err := store.Migrate(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, _ = pool.Exec(ctx, `CREATE TABLE idemq_example_later.credits (account text, cents bigint)`)
+
+	broker := memory.NewBroker()
+	for i := 1; i <= 100; i++ {
+		_ = broker.Publish(ctx, "credits", &consumer.Message{ID: fmt.Sprintf("c%d", i), Body: []byte("acct-1")})
+	}
+	sub, _ := broker.Subscribe("credits", memory.SubscribeOptions{})
+	rt, err := consumer.New(consumer.Config{
+		Name:   "credits",
+		Source: sub,
+		Store:  store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			// No result needed: queue the write, and return.
+			return consumer.ExecLater(ctx, tx,
+				`INSERT INTO idemq_example_later.credits VALUES ($1, $2)`, string(msg.Body), 250)
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- rt.Run(runCtx) }()
+	_ = broker.WaitFor(ctx, "credits", memory.Drained)
+	for rt.Stats().InFlight > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	<-done
+
+	var n, cents int64
+	_ = pool.QueryRow(ctx, `SELECT count(*), sum(cents) FROM idemq_example_later.credits`).Scan(&n, &cents)
+	fmt.Printf("applied=%d rows=%d cents=%d\n", rt.Stats().Applied, n, cents)
+	// Output:
+	// applied=100 rows=100 cents=25000
+}
