@@ -35,6 +35,9 @@ table in each of --modes, one mode after another:
                     one transaction per message
   idemq-default     the idemq runtime with its defaults: a lane groups the
                     deliveries already waiting into one transaction
+  idemq-default-later
+                    the same, the handler writing with consumer.ExecLater (a
+                    group's rows sent in one round trip)
   idemq-batch       the runtime in batch mode, same per-message handler
   idemq-batch-set   the runtime in batch mode with a BatchHandler (one INSERT
                     per batch)
@@ -75,7 +78,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	)
 	fs := c.flagSet()
 	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq, kafka, nats or redis")
-	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive-1, naive, idemq, idemq-default, idemq-batch, idemq-batch-set, or all")
+	fs.StringVar(&modes, "modes", "all", "comma-separated modes: broker-only, naive-1, naive, idemq, idemq-default, idemq-default-later, idemq-batch, idemq-batch-set, or all")
 	fs.IntVar(&cfg.Messages, "messages", bench.DefaultMessages, "deliveries to publish, duplicates included")
 	fs.Float64Var(&cfg.DupRate, "dup-rate", bench.DefaultDupRate, "fraction of deliveries that re-send an earlier id")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the workload's duplicates")

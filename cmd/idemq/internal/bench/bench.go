@@ -50,6 +50,10 @@ const (
 	// begins a transaction are grouped into it (up to
 	// 32, the runtime's default), with no added wait.
 	ModeDefault Mode = "idemq-default"
+	// ModeDefaultLater is ModeDefault with a handler that writes its ledger
+	// row with consumer.ExecLater: a group's rows go to Postgres in one
+	// round trip, before the commit.
+	ModeDefaultLater Mode = "idemq-default-later"
 	// ModeBatch is the idemq runtime in batch mode with the same
 	// per-message Handler as ModeIdemq (one ledger INSERT per message,
 	// BatchSize messages per transaction), waiting BatchWait (5ms unless
@@ -61,7 +65,7 @@ const (
 )
 
 // AllModes lists every mode in the order Run measures them.
-var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeDefault, ModeBatch, ModeBatchSet}
+var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeDefault, ModeDefaultLater, ModeBatch, ModeBatchSet}
 
 // Brokers Run supports.
 const (

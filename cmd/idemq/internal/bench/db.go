@@ -231,6 +231,21 @@ func (r *runner) handler(ledger string) consumer.Handler {
 	}
 }
 
+// laterHandler is handler with the ledger row written by
+// consumer.ExecLater.
+func (r *runner) laterHandler(ledger string) consumer.Handler {
+	if r.cfg.effect != nil {
+		return r.handler(ledger)
+	}
+	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		id, amount, err := parseBody(msg.Body)
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		return consumer.ExecLater(ctx, tx, "INSERT INTO "+ledger+" (id, amount) VALUES ($1, $2)", id, amount)
+	}
+}
+
 // batchHandler is the set-based BatchHandler: one INSERT for the batch.
 func (r *runner) batchHandler(ledger string) consumer.BatchHandler {
 	return func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {

@@ -129,6 +129,8 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 				rcfg.BatchSize = 1
 			case ModeDefault:
 				rcfg.Handler = r.handler(ledger)
+			case ModeDefaultLater:
+				rcfg.Handler = r.laterHandler(ledger)
 			case ModeBatch:
 				rcfg.Handler = r.handler(ledger)
 				rcfg.BatchSize, rcfg.BatchWait = cfg.BatchSize, cfg.BatchWait
