@@ -112,8 +112,12 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
 		return it, false
 	}
+	if msg.routeErr != nil {
+		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassUnroutable, Err: fmt.Errorf("route to a shard: %w", msg.routeErr)})
+		return it, false
+	}
 	claim := dedup.Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
-		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset}
+		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset, Route: msg.route}
 	return item{del: del, msg: msg, claim: claim, log: log}, true
 }
 
@@ -172,7 +176,9 @@ func (r *Runtime) attempt(ctx context.Context, items []item, attemptNo int) atte
 		}()
 	}
 	if err != nil {
-		if errors.Is(err, ErrNotMigrated) {
+		// A store that cannot work as configured (its table missing, a
+		// sharded store's map refused) stops the runtime.
+		if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrInvalidConfig) {
 			return attemptResult{out: outFatal, err: err}
 		}
 		if cerr := StatementCacheError(err); cerr != nil {

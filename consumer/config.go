@@ -70,7 +70,9 @@ type Config struct {
 	OrderingKey func(*Message) string
 	// Concurrency is the number of messages handled at once, or in batch
 	// mode the number of batches. Defaults to 8. Messages with the same Key
-	// are still handled one at a time, in order.
+	// are still handled one at a time, in order. With a ShardedStore it is
+	// per shard: each shard has Concurrency lanes, and the source's window
+	// grows with the shard count.
 	Concurrency int
 	// BatchSize is the most deliveries one transaction holds. Above 1,
 	// deliveries are grouped: claimed with one statement and applied in

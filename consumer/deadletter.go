@@ -34,6 +34,11 @@ const (
 	// limit), perhaps before it was ever applied. The runtime never gives
 	// it; package dlq reads it off the broker's own headers.
 	ClassBroker FailureClass = "broker"
+	// ClassUnroutable: the Store is sharded (a ShardedStore) and could
+	// not say which shard the message belongs to (its shard key was
+	// missing, or the map's function failed). It is never claimed on a
+	// shard of its own choosing.
+	ClassUnroutable FailureClass = "unroutable"
 )
 
 // Failure describes why a message is being dead-lettered.

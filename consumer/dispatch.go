@@ -32,7 +32,7 @@ type dispatcher struct {
 const stagedPerWorker = 2
 
 func newDispatcher(r *Runtime, ctx context.Context) *dispatcher {
-	n := r.cfg.Concurrency
+	n := r.cfg.Concurrency * r.shards
 	d := &dispatcher{r: r, ctx: ctx, slots: make(chan struct{}, stagedPerWorker*n), ready: make(chan Delivery, stagedPerWorker*n), keys: map[string][]Delivery{}}
 	for range n {
 		d.wg.Add(1)
@@ -122,10 +122,16 @@ type batchDispatcher struct {
 	wg        sync.WaitGroup
 }
 
-func newBatchDispatcher(r *Runtime, ctx context.Context) *batchDispatcher {
-	// Room for two batches per lane: one filling while one commits.
-	n := 2 * r.cfg.Concurrency * r.batchSize
-	d := &batchDispatcher{r: r, ctx: ctx, slots: make(chan struct{}, n), shared: make(chan Delivery, n), collector: make(chan struct{}, 1)}
+// batchSlots is how many deliveries a batchDispatcher holds: room for two
+// batches per lane, one filling while one commits.
+func batchSlots(r *Runtime) int { return 2 * r.cfg.Concurrency * r.batchSize }
+
+// newBatchDispatcher starts Concurrency lanes. Each delivery dispatched to
+// them holds one of slots, which the receive loop fills, until it is
+// settled.
+func newBatchDispatcher(r *Runtime, ctx context.Context, slots chan struct{}) *batchDispatcher {
+	n := batchSlots(r)
+	d := &batchDispatcher{r: r, ctx: ctx, slots: slots, shared: make(chan Delivery, n), collector: make(chan struct{}, 1)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)
 		d.lanes = append(d.lanes, lane)

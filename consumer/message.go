@@ -3,6 +3,8 @@ package consumer
 import (
 	"crypto/sha256"
 	"time"
+
+	"github.com/idemq/idemq/consumer/dedup"
 )
 
 // Message is one message as the runtime and handlers see it. Brokers fill it
@@ -56,6 +58,11 @@ type Message struct {
 	// Metadata carries broker-specific details (routing key, exchange,
 	// delivery tag and so on) for logs and forensics.
 	Metadata map[string]string
+
+	// route is where a ShardedStore keeps the message's claim, set when
+	// it is received; routeErr says why it has none.
+	route    dedup.Route
+	routeErr error
 }
 
 // Header returns the value of header name, or "" if it is absent.

@@ -42,6 +42,10 @@ type Runtime struct {
 	stopRecv context.CancelCauseFunc
 	// dupAges counts the ages of the duplicates, for the janitor.
 	dupAges dupAges
+	// router is cfg.Store when it is a ShardedStore, with its shards;
+	// shards is 1 otherwise.
+	router ShardedStore
+	shards int
 }
 
 // Stats are a Runtime's counters since it was created.
@@ -92,6 +96,14 @@ func New(cfg Config) (*Runtime, error) {
 		handler: chain(h, cfg.Middleware...),
 		hooks:   newHooks(cfg.Hooks),
 		log:     cfg.Logger.With("consumer", cfg.Name),
+		shards:  1,
+	}
+	if ss, ok := cfg.Store.(ShardedStore); ok {
+		n := ss.Shards()
+		if n < 1 {
+			return nil, &ConfigError{Field: "Store", Reason: fmt.Sprintf("a ShardedStore with %d shards", n)}
+		}
+		r.router, r.shards = ss, n
 	}
 	r.checkPoolSize()
 	r.batchSize = r.configureSource()
@@ -111,11 +123,12 @@ func (r *Runtime) configureSource() int {
 	if !ok {
 		return size
 	}
-	w := cs.Configure(SourceSettings{Window: r.cfg.Concurrency * size, Logger: r.log})
-	if size <= 1 || w <= 0 || w >= r.cfg.Concurrency*size {
+	lanes := r.cfg.Concurrency * r.shards
+	w := cs.Configure(SourceSettings{Window: lanes * size, Logger: r.log})
+	if size <= 1 || w <= 0 || w >= lanes*size {
 		return size
 	}
-	capped := max(1, min(size, w/r.cfg.Concurrency))
+	capped := max(1, min(size, w/lanes))
 	r.log.Warn("idemq: the source's window (prefetch) is too small for the batch size; batches are capped and throughput suffers",
 		"window", w, "concurrency", r.cfg.Concurrency, "batch_size", size, "batch_size_used", capped,
 		"hint", "leave the source's prefetch unset: the runtime sizes it to Concurrency×BatchSize")
@@ -208,11 +221,26 @@ func (r *Runtime) Run(ctx context.Context) error {
 		finish   func() // waits for the dispatched work to end
 	)
 	if r.cfg.BatchSize > 1 {
-		bd := newBatchDispatcher(r, workCtx)
-		slots, dispatch = bd.slots, bd.dispatch
+		// Each shard has lanes of its own, so that a group holds messages
+		// of one shard; the receive loop's slots bound them all.
+		slots = make(chan struct{}, r.shards*batchSlots(r))
+		bds := make([]*batchDispatcher, r.shards)
+		for i := range bds {
+			bds[i] = newBatchDispatcher(r, workCtx, slots)
+		}
+		dispatch = bds[0].dispatch
+		if r.shards > 1 {
+			// An unroutable message has shard 0; its precheck
+			// dead-letters it.
+			dispatch = func(del Delivery) { bds[del.Message().route.Shard].dispatch(del) }
+		}
 		finish = func() {
-			bd.close()
-			bd.wg.Wait()
+			for _, bd := range bds {
+				bd.close()
+			}
+			for _, bd := range bds {
+				bd.wg.Wait()
+			}
 		}
 	} else {
 		d := newDispatcher(r, workCtx)
@@ -312,6 +340,7 @@ func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch
 		if r.cfg.OrderingKey != nil {
 			r.orderingKey(del.Message())
 		}
+		r.routeMessage(del.Message())
 		r.stats.received.Add(1)
 		r.stats.inFlight.Add(1)
 		for _, h := range r.hooks.received {

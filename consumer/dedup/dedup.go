@@ -27,6 +27,21 @@ type Claim struct {
 	Source    string
 	Partition int32
 	Offset    int64
+	// Route is where a sharded store keeps the claim; a store of one
+	// database ignores it.
+	Route Route
+}
+
+// Route says which shard of a sharded store holds a message's claim and
+// effect.
+type Route struct {
+	// Shard is the shard the claim goes to, from 0.
+	Shard int
+	// Was is the shard the message went to under the shard map before a
+	// reshard that is under way: the store checks it too, so that nothing
+	// applied there is applied again. It equals Shard when no reshard is
+	// under way, or the message stays where it was.
+	Was int
 }
 
 // ClaimOutcome says what a claim found.
