@@ -44,6 +44,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 		"consumer_processed_at_index": "_consumer_age",
 		"retention_table":             retentionSuffix,
 		"horizons_table":              horizonsSuffix,
+		"shard_map_table":             shardMapSuffix,
 		"commit_check":                commitCheckSuffix,
 		"commit_guard":                "_commit_guard",
 		"generations_table":           "_generations",

@@ -120,8 +120,8 @@ func TestMigrateConcurrent(t *testing.T) {
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n2); err != nil {
 		t.Fatal(err)
 	}
-	if n2 != 8 { // two tables, each with its _migrations, _retention and _horizons
-		t.Errorf("%d tables in %s, want 8", n2, schema)
+	if n2 != 10 { // two tables, each with its _migrations, _retention, _horizons and _shard_map
+		t.Errorf("%d tables in %s, want 10", n2, schema)
 	}
 }
 
@@ -196,7 +196,7 @@ func TestCustomNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{table, table + "_consumer_age", table + "_horizons", table + "_migrations", table + "_retention"}
+	want := []string{table, table + "_consumer_age", table + "_horizons", table + "_migrations", table + "_retention", table + "_shard_map"}
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("relations in %s:\n got %v\nwant %v", schema, names, want)
 	}

@@ -160,6 +160,8 @@ type statements struct {
 	lookup, stats           string
 	// horizons is the table of purge horizons, recordHorizon its upsert.
 	horizons, recordHorizon string
+	// shardMap is the table of a sharded store's map (see Sharded).
+	shardMap string
 }
 
 // Store is a dedup.Store with the three optional methods dedup.Store
@@ -276,6 +278,7 @@ func newStatements(schema, table string, lay layout) *statements {
 	st := &statements{schema: schema, qTable: t, layout: lay,
 		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
 		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
+		shardMap:    pgx.Identifier{schema, table + shardMapSuffix}.Sanitize(),
 	}
 	st.syncCommit = `SELECT ` + raiseSyncCommit + `, set_config('idemq.tx', $1, true)`
 	into, others := lay.claimTables()

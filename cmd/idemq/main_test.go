@@ -103,9 +103,10 @@ func TestMigrateTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Two plain tables, each with its _horizons, _migrations and _retention.
-	if got, want := strings.Join(tables, " "), "Dedup Dedup_horizons Dedup_migrations Dedup_retention "+
-		"processed_messages processed_messages_horizons processed_messages_migrations processed_messages_retention"; got != want {
+	// Two plain tables, each with its _horizons, _migrations, _retention
+	// and _shard_map.
+	if got, want := strings.Join(tables, " "), "Dedup Dedup_horizons Dedup_migrations Dedup_retention Dedup_shard_map "+
+		"processed_messages processed_messages_horizons processed_messages_migrations processed_messages_retention processed_messages_shard_map"; got != want {
 		t.Errorf("tables in %s: %s, want %s", schema, got, want)
 	}
 }

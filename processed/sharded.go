@@ -1,0 +1,581 @@
+package processed
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
+)
+
+// shardMapSuffix names the table that records a shard's map (migration
+// 0006).
+const shardMapSuffix = "_shard_map"
+
+// ShardMap says which shard each message belongs to: its shard key (Key),
+// then the shard of that key (Place).
+//
+// Every process consuming through the same shards must use the same map.
+// Sharded records it on each shard and refuses a different one, so that a
+// change is made on purpose, as a reshard (ShardedConfig.Previous).
+type ShardMap struct {
+	// Name names Key and Place in the record on each shard: a change to
+	// either must come with a new Name. Required when Key or Place is
+	// set; "key" otherwise. At most 100 bytes, without "/".
+	Name string
+	// Shards is the number of shards the map routes to: the first Shards
+	// stores of the Sharded. Required.
+	Shards int
+	// Key returns a message's shard key: a tenant from a header, say.
+	// Nil uses the message's ordering key (Message.Key, or what
+	// consumer.Config.OrderingKey made it). A message whose key is empty,
+	// or for which Key returns an error, is dead-lettered as
+	// consumer.ClassUnroutable. A key's messages keep their order only if
+	// they share a shard, so derive the shard key from the ordering key
+	// (or make them equal).
+	Key func(*consumer.Message) (string, error)
+	// Place returns the shard of a shard key, from 0 to Shards-1: a
+	// tenant's own database, say. Nil hashes the key (FNV-1a, 64 bits) and
+	// places the hash with jump consistent hashing, so that going from N
+	// to N+1 shards moves 1/(N+1) of the keys, and no key moves between
+	// two shards that both stay.
+	Place func(key string) (int, error)
+}
+
+// id is the map as recorded on the shards: its name and shard count.
+func (m ShardMap) id() string { return m.Name + "/" + strconv.Itoa(m.Shards) }
+
+func (m ShardMap) withDefaults() ShardMap {
+	if m.Name == "" && m.Key == nil && m.Place == nil {
+		m.Name = "key"
+	}
+	return m
+}
+
+func (m ShardMap) validate(field string) error {
+	switch {
+	case m.Shards < 1:
+		return &consumer.ConfigError{Field: field + ".Shards", Reason: fmt.Sprintf("%d: a map routes to one shard or more", m.Shards)}
+	case m.Name == "":
+		return &consumer.ConfigError{Field: field + ".Name", Reason: "required with Key or Place: it names them in the map recorded on each shard"}
+	case len(m.Name) > 100 || strings.ContainsAny(m.Name, "/\x00"):
+		return &consumer.ConfigError{Field: field + ".Name", Reason: fmt.Sprintf("%q: at most 100 bytes, without / or NUL", m.Name)}
+	}
+	return nil
+}
+
+// route returns msg's shard under m.
+func (m ShardMap) route(msg *consumer.Message) (int, error) {
+	key := msg.Key
+	if m.Key != nil {
+		k, err := m.Key(msg)
+		if err != nil {
+			return 0, fmt.Errorf("shard map %s: shard key: %w", m.id(), err)
+		}
+		key = k
+	}
+	if key == "" {
+		if m.Key == nil {
+			return 0, fmt.Errorf("shard map %s: the message has no ordering key (Message.Key), which the map routes by", m.id())
+		}
+		return 0, fmt.Errorf("shard map %s: the shard key is empty", m.id())
+	}
+	if m.Place == nil {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		return jumpHash(h.Sum64(), m.Shards), nil
+	}
+	n, err := m.Place(key)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("shard map %s: place shard key %q: %w", m.id(), key, err)
+	case n < 0 || n >= m.Shards:
+		return 0, fmt.Errorf("shard map %s: Place put shard key %q on shard %d, outside 0..%d", m.id(), key, n, m.Shards-1)
+	}
+	return n, nil
+}
+
+// jumpHash is Lamping and Veach's jump consistent hash: the bucket of key
+// among n.
+func jumpHash(key uint64, n int) int {
+	b, j := int64(-1), int64(0)
+	for j < int64(n) {
+		b = j
+		key = key*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((key>>33)+1)))
+	}
+	return int(b)
+}
+
+// ShardedConfig configures a Sharded.
+type ShardedConfig struct {
+	// Map routes the messages. Required (Map.Shards at least).
+	Map ShardMap
+	// Previous is the map before a reshard, set while the reshard is under
+	// way; nil otherwise. A message's claim then goes to its shard under
+	// Map, after a check of its shard under Previous: a message applied
+	// there before the reshard is a duplicate, never applied again. Stop
+	// every consumer of the old map before starting one with Previous:
+	// the shards record the reshard, and refuse a store of the old map
+	// from then on.
+	Previous *ShardMap
+}
+
+// ErrShardMapChanged is wrapped by the error of a Sharded whose map is not
+// the one its shards record, or whose shards disagree.
+var ErrShardMapChanged = errors.New("processed: the shard map is not the one the shards record")
+
+// shardMapError is a refused shard map: a configuration error (the runtime
+// stops on it) and ErrShardMapChanged.
+type shardMapError struct{ reason string }
+
+func (e *shardMapError) Error() string { return ErrShardMapChanged.Error() + ": " + e.reason }
+
+func (e *shardMapError) Unwrap() []error {
+	return []error{ErrShardMapChanged, consumer.ErrInvalidConfig}
+}
+
+// Sharded is a dedup store over several databases, each a Store with the
+// same schema and table: a consumer.ShardedStore. Each message's claim
+// goes to the shard its ShardMap picks, in the transaction the handler's
+// effect commits in, so a handler writes its effect to that shard's
+// database (through the transaction it is given, as always). Purges,
+// upkeep and pings run on every shard; the janitor's reports are kept on
+// shard 0.
+type Sharded struct {
+	stores []*Store
+	cur    ShardMap
+	prev   *ShardMap
+	owned  bool // OpenSharded made the stores: Close closes them
+
+	checkMu sync.Mutex
+	checked bool
+}
+
+// Sharded is a consumer.ShardedStore, with the Store's optional methods.
+var _ interface {
+	consumer.ShardedStore
+	Maintain(ctx context.Context) error
+	RecordRetention(ctx context.Context, r dedup.RetentionReport) error
+	Durability(ctx context.Context) (dedup.Durability, error)
+} = (*Sharded)(nil)
+
+// NewSharded returns a store over shards, shard i being shards[i]. Without
+// Previous there are Map.Shards of them; during a reshard, as many as the
+// larger map has. The caller keeps owning the stores: Close does not close
+// them. NewSharded does not touch the databases: the maps are checked
+// against the shards' records by Migrate, and by the first claim.
+func NewSharded(shards []*Store, cfg ShardedConfig) (*Sharded, error) {
+	cur := cfg.Map.withDefaults()
+	if err := cur.validate("Map"); err != nil {
+		return nil, err
+	}
+	want := cur.Shards
+	var prev *ShardMap
+	if cfg.Previous != nil {
+		p := cfg.Previous.withDefaults()
+		if err := p.validate("Previous"); err != nil {
+			return nil, err
+		}
+		if p.id() == cur.id() {
+			return nil, &consumer.ConfigError{Field: "Previous", Reason: fmt.Sprintf("the same map as Map (%s): a reshard changes the name or the shard count", cur.id())}
+		}
+		prev, want = &p, max(want, p.Shards)
+	}
+	if len(shards) != want {
+		return nil, &consumer.ConfigError{Field: "shards", Reason: fmt.Sprintf("%d stores for a map of %d shards (the larger map's count during a reshard)", len(shards), want)}
+	}
+	for i, st := range shards {
+		if st == nil {
+			return nil, &consumer.ConfigError{Field: "shards", Reason: fmt.Sprintf("shard %d is nil", i)}
+		}
+	}
+	return &Sharded{stores: append([]*Store(nil), shards...), cur: cur, prev: prev}, nil
+}
+
+// OpenSharded opens a Store on each of databaseURLs, shard i on the i-th,
+// each with cfg, and returns the store over them, which Close closes.
+func OpenSharded(ctx context.Context, databaseURLs []string, cfg Config, sc ShardedConfig) (*Sharded, error) {
+	stores := make([]*Store, 0, len(databaseURLs))
+	closeAll := func() {
+		for _, st := range stores {
+			st.Close()
+		}
+	}
+	for i, u := range databaseURLs {
+		st, err := Open(ctx, u, cfg)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("processed: open shard %d: %w", i, err)
+		}
+		stores = append(stores, st)
+	}
+	s, err := NewSharded(stores, sc)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// Shards returns the number of shards.
+func (s *Sharded) Shards() int { return len(s.stores) }
+
+// Shard returns shard i's store: for its pool, lookups and stats.
+func (s *Sharded) Shard(i int) *Store { return s.stores[i] }
+
+// String names the shards.
+func (s *Sharded) String() string {
+	names := make([]string, len(s.stores))
+	for i, st := range s.stores {
+		names[i] = st.String()
+	}
+	return fmt.Sprintf("sharded(%s: %s)", s.cur.id(), strings.Join(names, ", "))
+}
+
+// Route returns msg's shard, and during a reshard its shard before it.
+func (s *Sharded) Route(msg *consumer.Message) (dedup.Route, error) {
+	n, err := s.cur.route(msg)
+	if err != nil {
+		return dedup.Route{}, err
+	}
+	r := dedup.Route{Shard: n, Was: n}
+	if s.prev != nil {
+		if r.Was, err = s.prev.route(msg); err != nil {
+			return dedup.Route{}, fmt.Errorf("during the reshard from %s: %w", s.prev.id(), err)
+		}
+	}
+	return r, nil
+}
+
+// BeginClaim begins a transaction on the claims' shard and claims them
+// there; all must have the same Route.Shard. During a reshard, a claim
+// whose message was on another shard before is checked there first: if it
+// was applied there, it is a duplicate (or a mismatch), and the row this
+// transaction records for it on the new shard is the old row's copy.
+func (s *Sharded) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	if len(claims) == 0 {
+		return nil, nil, errors.New("processed: BeginClaim with no claims")
+	}
+	if err := s.check(ctx); err != nil {
+		return nil, nil, err
+	}
+	shard := claims[0].Route.Shard
+	for _, c := range claims {
+		if c.Route.Shard != shard {
+			return nil, nil, fmt.Errorf("processed: claims of shards %d and %d in one transaction", shard, c.Route.Shard)
+		}
+		if c.Route.Shard < 0 || c.Route.Shard >= len(s.stores) || c.Route.Was < 0 || c.Route.Was >= len(s.stores) {
+			return nil, nil, fmt.Errorf("processed: a claim routed to shard %d (before the reshard %d), outside the %d shards", c.Route.Shard, c.Route.Was, len(s.stores))
+		}
+	}
+	// The rows of moved messages on their old shards. No claim goes to
+	// an old shard for them any more (every store of the old map was
+	// refused once the reshard was recorded), so these reads are stable.
+	var before map[int]Row
+	orig := claims
+	if s.prev != nil {
+		var err error
+		if before, err = s.movedRows(ctx, claims); err != nil {
+			return nil, nil, err
+		}
+		if len(before) > 0 {
+			claims = append([]dedup.Claim(nil), orig...)
+			for i, row := range before {
+				copy(claims[i].Fingerprint[:], row.Fingerprint)
+			}
+		}
+	}
+	tx, res, err := s.stores[shard].BeginClaim(ctx, claims)
+	if err != nil {
+		return tx, res, err
+	}
+	for i, row := range before {
+		res[i] = dedup.ClaimResult{Outcome: dedup.ClaimDuplicate, ProcessedAt: row.ProcessedAt}
+		if !bytes.Equal(row.Fingerprint, orig[i].Fingerprint[:]) {
+			res[i].Outcome = dedup.ClaimMismatch
+		}
+	}
+	return tx, res, nil
+}
+
+// movedRows reads, on their old shards, the rows of the claims whose
+// messages moved, by the claims' index.
+func (s *Sharded) movedRows(ctx context.Context, claims []dedup.Claim) (map[int]Row, error) {
+	byShard := map[int][]int{}
+	for i, c := range claims {
+		if c.Route.Was != c.Route.Shard {
+			byShard[c.Route.Was] = append(byShard[c.Route.Was], i)
+		}
+	}
+	var out map[int]Row
+	for was, idx := range byShard {
+		st := s.stores[was]
+		stm, err := st.statements(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("processed: reshard: shard %d: %w", was, err)
+		}
+		var b pgx.Batch
+		for _, i := range idx {
+			b.Queue(stm.lookup, claims[i].Consumer, claims[i].MessageID)
+		}
+		br := st.db.SendBatch(ctx, &b)
+		for _, i := range idx {
+			var r Row
+			err := br.QueryRow().Scan(&r.Consumer, &r.MessageID, &r.Fingerprint, &r.ProcessedAt, &r.Source, &r.Partition, &r.Offset)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				continue
+			case err != nil:
+				_ = br.Close()
+				return nil, st.wrap(fmt.Sprintf("reshard: look up moved claims on shard %d", was), err)
+			}
+			if out == nil {
+				out = map[int]Row{}
+			}
+			out[i] = r
+		}
+		if err := br.Close(); err != nil {
+			return nil, st.wrap(fmt.Sprintf("reshard: look up moved claims on shard %d", was), err)
+		}
+	}
+	return out, nil
+}
+
+// recorded is one shard's record of its map.
+type recorded struct {
+	present     bool
+	shard       int
+	mapID       string
+	previous    *string
+	movingSince *time.Time
+}
+
+func (r recorded) String() string {
+	switch {
+	case !r.present:
+		return "no map"
+	case r.previous != nil:
+		return fmt.Sprintf("shard %d of a reshard from %s to %s", r.shard, *r.previous, r.mapID)
+	}
+	return fmt.Sprintf("shard %d of %s", r.shard, r.mapID)
+}
+
+// readRecord reads shard i's record.
+func (s *Sharded) readRecord(ctx context.Context, i int) (recorded, error) {
+	st := s.stores[i]
+	stm, err := st.statements(ctx)
+	if err != nil {
+		return recorded{}, err
+	}
+	var r recorded
+	err = st.db.QueryRow(ctx, "SELECT shard, map, previous, moving_since FROM "+stm.shardMap).Scan(&r.shard, &r.mapID, &r.previous, &r.movingSince)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return recorded{}, nil
+	case err != nil:
+		return recorded{}, st.wrap(fmt.Sprintf("read the shard map of shard %d", i), err)
+	}
+	r.present = true
+	return r, nil
+}
+
+// check compares the configured maps with the shards' records, once it has
+// passed; it records the map on shards of a first use, and the reshard on
+// every shard when it begins.
+func (s *Sharded) check(ctx context.Context) error {
+	s.checkMu.Lock()
+	defer s.checkMu.Unlock()
+	if s.checked {
+		return nil
+	}
+	recs := make([]recorded, len(s.stores))
+	for i := range s.stores {
+		r, err := s.readRecord(ctx, i)
+		if err != nil {
+			return err
+		}
+		recs[i] = r
+	}
+	refuse := func(format string, args ...any) error {
+		return &shardMapError{reason: fmt.Sprintf(format, args...)}
+	}
+	cur := s.cur.id()
+	present := 0
+	for i, r := range recs {
+		if r.present {
+			present++
+			if r.shard != i {
+				return refuse("database %d of the store records that it is shard %d (%s): the databases are in another order than when the map was recorded", i, r.shard, s.stores[i])
+			}
+		}
+	}
+	var write func(tx pgx.Tx, i int, st *statements) error
+	if s.prev == nil {
+		for i, r := range recs {
+			switch {
+			case !r.present && present > 0:
+				return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
+			case r.present && r.previous != nil && r.mapID == cur:
+				return refuse("a reshard from %s to %s is under way (since %s): keep ShardedConfig.Previous set to the old map until it is finished", *r.previous, cur, r.movingSince.Format(time.RFC3339))
+			case r.present && r.mapID != cur:
+				return refuse("shard %d records %s, and the configured map is %s: changing the map is a reshard; set ShardedConfig.Previous to the recorded map", i, r, cur)
+			case r.present && r.previous != nil:
+				return refuse("shard %d records %s, not %s", i, r, cur)
+			}
+		}
+		if present == len(recs) {
+			s.checked = true
+			return nil
+		}
+		write = func(tx pgx.Tx, i int, st *statements) error {
+			_, err := tx.Exec(ctx, "INSERT INTO "+st.shardMap+" (shard, map) VALUES ($1, $2) ON CONFLICT DO NOTHING", i, cur)
+			return err
+		}
+	} else {
+		prev := s.prev.id()
+		for i, r := range recs {
+			switch {
+			case !r.present && i < s.prev.Shards && present > 0:
+				return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
+			case !r.present:
+			case r.previous == nil && r.mapID == prev:
+			case r.previous != nil && *r.previous == prev && r.mapID == cur:
+			default:
+				return refuse("shard %d records %s; the configured reshard is from %s to %s", i, r, prev, cur)
+			}
+		}
+		write = func(tx pgx.Tx, i int, st *statements) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+st.shardMap+` (shard, map, previous, moving_since) VALUES ($1, $2, $3, now())
+ON CONFLICT (one) DO UPDATE SET map = EXCLUDED.map, previous = EXCLUDED.previous,
+    moving_since = coalesce(`+st.shardMap+`.moving_since, EXCLUDED.moving_since), recorded_at = now()
+WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, prev, prev)
+			return err
+		}
+	}
+	// Record on each shard, then read back: a process that raced this one
+	// with another map finds its record and is refused.
+	for i, st := range s.stores {
+		stm, err := st.statements(ctx)
+		if err != nil {
+			return err
+		}
+		if err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error { return write(tx, i, stm) }); err != nil {
+			return st.wrap(fmt.Sprintf("record the shard map on shard %d", i), err)
+		}
+	}
+	for i := range s.stores {
+		r, err := s.readRecord(ctx, i)
+		if err != nil {
+			return err
+		}
+		wantPrev := s.prev != nil
+		if !r.present || r.shard != i || r.mapID != cur || (r.previous != nil) != wantPrev {
+			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
+		}
+	}
+	s.checked = true
+	return nil
+}
+
+// Migrate migrates every shard, then checks the maps against the shards'
+// records, recording them on a first use and when a reshard begins.
+func (s *Sharded) Migrate(ctx context.Context) error {
+	for i, st := range s.stores {
+		if err := st.Migrate(ctx); err != nil {
+			return fmt.Errorf("processed: migrate shard %d: %w", i, err)
+		}
+	}
+	return s.check(ctx)
+}
+
+// eachShard runs f on every shard, and joins their errors, each naming its
+// shard.
+func (s *Sharded) eachShard(f func(i int, st *Store) error) error {
+	var errs []error
+	for i, st := range s.stores {
+		if err := f(i, st); err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Ping pings every shard.
+func (s *Sharded) Ping(ctx context.Context) error {
+	return s.eachShard(func(_ int, st *Store) error { return st.Ping(ctx) })
+}
+
+// Purge purges consumerName's rows on every shard, and returns how many.
+func (s *Sharded) Purge(ctx context.Context, consumerName string, olderThan time.Duration) (int64, error) {
+	var total int64
+	err := s.eachShard(func(_ int, st *Store) error {
+		n, err := st.Purge(ctx, consumerName, olderThan)
+		total += n
+		return err
+	})
+	return total, err
+}
+
+// MaxConns returns the smallest of the shards' pool sizes: the runtime
+// uses as many connections on each.
+func (s *Sharded) MaxConns() int {
+	n := s.stores[0].MaxConns()
+	for _, st := range s.stores[1:] {
+		n = min(n, st.MaxConns())
+	}
+	return n
+}
+
+// Maintain runs each shard's upkeep.
+func (s *Sharded) Maintain(ctx context.Context) error {
+	return s.eachShard(func(_ int, st *Store) error { return st.Maintain(ctx) })
+}
+
+// RecordRetention records the janitor's report on shard 0: it is the
+// consumer's, over all its shards.
+func (s *Sharded) RecordRetention(ctx context.Context, r dedup.RetentionReport) error {
+	return s.stores[0].RecordRetention(ctx, r)
+}
+
+// Durability returns the weakest shard's: a standby before any primary,
+// then the fewest nodes, then the most warnings.
+func (s *Sharded) Durability(ctx context.Context) (dedup.Durability, error) {
+	var (
+		weakest dedup.Durability
+		found   bool
+	)
+	err := s.eachShard(func(_ int, st *Store) error {
+		d, err := st.Durability(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !found, d.Standby && !weakest.Standby,
+			d.Standby == weakest.Standby && (d.Nodes < weakest.Nodes || d.Nodes == weakest.Nodes && len(d.Warnings()) > len(weakest.Warnings())):
+			weakest, found = d, true
+		}
+		return nil
+	})
+	return weakest, err
+}
+
+// Close closes the stores if OpenSharded made them.
+func (s *Sharded) Close() {
+	if !s.owned {
+		return
+	}
+	for _, st := range s.stores {
+		st.Close()
+	}
+}

@@ -1,0 +1,435 @@
+package processed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/brokers/memory"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/testdb"
+	"github.com/idemq/idemq/processed"
+)
+
+// shardDB is one shard of a test: a schema of the test database reached
+// through a pool whose search_path is that schema, as a database of its own
+// would be, with an effects table.
+type shardDB struct {
+	schema string
+	pool   *pgxpool.Pool
+	store  *processed.Store
+}
+
+func newShardDBs(t *testing.T, n int) []*shardDB {
+	t.Helper()
+	var out []*shardDB
+	for i := 0; i < n; i++ {
+		schema := testdb.Schema(t)
+		conf, err := pgxpool.ParseConfig(testdb.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf.ConnConfig.RuntimeParams["search_path"] = schema
+		conf.MaxConns = 12
+		pool, err := pgxpool.NewWithConfig(context.Background(), conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		st, err := processed.New(pool, processed.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx(t), "CREATE TABLE effects (seq bigserial, message_id text, key text, body text)"); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &shardDB{schema: schema, pool: pool, store: st})
+	}
+	return out
+}
+
+func stores(dbs []*shardDB) []*processed.Store {
+	out := make([]*processed.Store, len(dbs))
+	for i, d := range dbs {
+		out[i] = d.store
+	}
+	return out
+}
+
+// effects returns, per message id, the shards that applied it (one entry
+// per effect row).
+func effects(t *testing.T, dbs []*shardDB) map[string][]int {
+	t.Helper()
+	out := map[string][]int{}
+	for i, d := range dbs {
+		rows, err := d.pool.Query(ctx(t), "SELECT message_id FROM effects")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			out[id] = append(out[id], i)
+		}
+	}
+	return out
+}
+
+type deadLetters struct {
+	mu sync.Mutex
+	f  map[string]consumer.Failure
+}
+
+func (d *deadLetters) DeadLetter(_ context.Context, msg *consumer.Message, f consumer.Failure) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.f == nil {
+		d.f = map[string]consumer.Failure{}
+	}
+	d.f[msg.ID+"|"+string(msg.Body)] = f
+	return nil
+}
+
+func (d *deadLetters) all() map[string]consumer.Failure {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]consumer.Failure{}
+	for k, v := range d.f {
+		out[k] = v
+	}
+	return out
+}
+
+// runSharded consumes what is published on broker's queue through store
+// until it is drained and settled, and returns the runtime's error.
+func runSharded(t *testing.T, broker *memory.Broker, queue string, store consumer.ShardedStore, dl *deadLetters, batchSize int) (consumer.Stats, error) {
+	t.Helper()
+	sub, err := broker.Subscribe(queue, memory.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := consumer.New(consumer.Config{
+		Name:   "ledger",
+		Source: sub,
+		Store:  store,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			return consumer.ExecLater(ctx, tx, "INSERT INTO effects (message_id, key, body) VALUES ($1, $2, $3)", m.ID, m.Key, string(m.Body))
+		},
+		BatchSize:       batchSize,
+		Concurrency:     4,
+		DeadLetterer:    dl,
+		ShutdownTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for broker.Ready(queue) > 0 || broker.Unacked(queue) > 0 || rt.Stats().InFlight > 0 {
+		select {
+		case err := <-done:
+			cancel()
+			return rt.Stats(), err
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("not settled in 20s: ready %d, unacked %d, stats %+v", broker.Ready(queue), broker.Unacked(queue), rt.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	return rt.Stats(), <-done
+}
+
+func keyed(id, key, body string) *consumer.Message {
+	return &consumer.Message{ID: id, Key: key, Body: []byte(body)}
+}
+
+// Each message is applied once, on the shard its key maps to, with its
+// claim: in grouped, batch and strict mode.
+func TestShardedAppliesEachMessageOnceOnItsKeysShard(t *testing.T) {
+	t.Parallel()
+	for _, bs := range []int{0, 100, 1} {
+		t.Run(fmt.Sprintf("BatchSize=%d", bs), func(t *testing.T) {
+			t.Parallel()
+			dbs := newShardDBs(t, 3)
+			s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Migrate(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			broker := memory.NewBroker()
+			var all []*consumer.Message
+			for i := 0; i < 300; i++ {
+				all = append(all, keyed(fmt.Sprintf("m%03d", i), fmt.Sprintf("k%02d", i%40), "x"))
+			}
+			all = append(all, all[:50]...) // redelivered
+			if err := broker.Publish(ctx(t), "q", all...); err != nil {
+				t.Fatal(err)
+			}
+			dl := &deadLetters{}
+			st, err := runSharded(t, broker, "q", s, dl, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Applied != 300 || st.Duplicates != 50 || st.DeadLettered != 0 {
+				t.Fatalf("stats %+v", st)
+			}
+			eff := effects(t, dbs)
+			keyShard := map[string]int{}
+			used := map[int]bool{}
+			for _, m := range all[:300] {
+				at := eff[m.ID]
+				if len(at) != 1 {
+					t.Fatalf("%s applied on shards %v, want once", m.ID, at)
+				}
+				want, err := s.Route(m)
+				if err != nil || at[0] != want.Shard {
+					t.Fatalf("%s applied on shard %d, its route %+v (%v)", m.ID, at[0], want, err)
+				}
+				if prev, ok := keyShard[m.Key]; ok && prev != at[0] {
+					t.Fatalf("key %s on shards %d and %d", m.Key, prev, at[0])
+				}
+				keyShard[m.Key] = at[0]
+				used[at[0]] = true
+				// Its claim is beside its effect.
+				if _, err := dbs[at[0]].store.Lookup(ctx(t), "ledger", m.ID); err != nil {
+					t.Fatalf("%s: no claim on its shard %d: %v", m.ID, at[0], err)
+				}
+			}
+			if len(used) != 3 {
+				t.Fatalf("shards used: %v, want all three", used)
+			}
+		})
+	}
+}
+
+// A message the map cannot route is dead-lettered with the reason, and
+// claimed nowhere; the others are applied.
+func TestShardedUnroutableIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 2)
+	s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{
+		Name: "tenant", Shards: 2,
+		Key: func(m *consumer.Message) (string, error) {
+			if m.Header("tenant") == "" {
+				return "", errors.New("no tenant header")
+			}
+			return m.Header("tenant"), nil
+		},
+		Place: func(key string) (int, error) {
+			switch key {
+			case "acme":
+				return 0, nil
+			case "globex":
+				return 1, nil
+			}
+			return 0, fmt.Errorf("unknown tenant %q", key)
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	broker := memory.NewBroker()
+	msg := func(id, tenant string) *consumer.Message {
+		m := keyed(id, "", "x")
+		if tenant != "" {
+			m.Headers = map[string]string{"tenant": tenant}
+		}
+		return m
+	}
+	if err := broker.Publish(ctx(t), "q", msg("a1", "acme"), msg("none", ""), msg("g1", "globex"), msg("who", "initech"), msg("a2", "acme")); err != nil {
+		t.Fatal(err)
+	}
+	dl := &deadLetters{}
+	st, err := runSharded(t, broker, "q", s, dl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Applied != 3 || st.DeadLettered != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	eff := effects(t, dbs)
+	if fmt.Sprint(eff["a1"], eff["a2"], eff["g1"]) != "[0] [0] [1]" || len(eff) != 3 {
+		t.Fatalf("effects %v", eff)
+	}
+	got := dl.all()
+	for key, want := range map[string]string{"none|x": "no tenant header", "who|x": `unknown tenant "initech"`} {
+		f, ok := got[key]
+		if !ok || f.Class != consumer.ClassUnroutable || !strings.Contains(f.Err.Error(), want) {
+			t.Fatalf("dead letter %s: %+v, want class unroutable with %q", key, f, want)
+		}
+	}
+	for i, d := range dbs {
+		for _, id := range []string{"none", "who"} {
+			if _, err := d.store.Lookup(ctx(t), "ledger", id); !errors.Is(err, processed.ErrNotFound) {
+				t.Fatalf("unroutable %s has a claim on shard %d: %v", id, i, err)
+			}
+		}
+	}
+}
+
+// A store whose map is not the one the shards record is refused, as a
+// configuration error that stops the runtime: another shard count, another
+// order of the databases, a shard whose record is gone, and the old map
+// once a reshard has begun.
+func TestShardedRefusesAnotherMap(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 3)
+	two, err := processed.NewSharded(stores(dbs[:2]), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := two.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := dbs[2].store.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string, shards []*processed.Store, cfg processed.ShardedConfig, want string) {
+		t.Helper()
+		s, err := processed.NewSharded(shards, cfg)
+		if err != nil {
+			t.Fatalf("%s: NewSharded: %v", what, err)
+		}
+		err = s.Migrate(ctx(t))
+		if !errors.Is(err, processed.ErrShardMapChanged) || !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: Migrate: %v, want ErrShardMapChanged with %q", what, err, want)
+		}
+	}
+	st := stores(dbs)
+	refused("three shards", st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}}, "set ShardedConfig.Previous to the recorded map")
+	refused("swapped", []*processed.Store{st[1], st[0]}, processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}, "in another order")
+	refused("renamed", st[:2], processed.ShardedConfig{Map: processed.ShardMap{Name: "tenant", Shards: 2, Key: func(*consumer.Message) (string, error) { return "t", nil }}}, "a reshard")
+	refused("a stranger", []*processed.Store{st[0], st[2]}, processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}, "was its database replaced")
+
+	// The runtime stops on it, with the error.
+	three, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker := memory.NewBroker()
+	if err := broker.Publish(ctx(t), "q", keyed("m1", "k1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runSharded(t, broker, "q", three, &deadLetters{}, 0); !errors.Is(err, processed.ErrShardMapChanged) {
+		t.Fatalf("Run: %v, want ErrShardMapChanged", err)
+	}
+
+	// A reshard from 2 to 3 begins; from then on the old map is refused,
+	// and the new one without Previous too.
+	moving, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := moving.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	refused("the old map", st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}, "records shard 0 of a reshard from key/2 to key/3")
+	refused("no Previous", st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}}, "keep ShardedConfig.Previous")
+}
+
+// Across a reshard from 2 shards to 3, nothing applied before is applied
+// again: the messages whose keys moved to the new shard are duplicates
+// there, a changed body is a mismatch, and new messages are applied once.
+func TestShardedReshardAppliesNothingTwice(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 3)
+	st := stores(dbs)
+	before, err := processed.NewSharded(st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := before.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	broker := memory.NewBroker()
+	var first []*consumer.Message
+	for i := 0; i < 200; i++ {
+		first = append(first, keyed(fmt.Sprintf("m%03d", i), fmt.Sprintf("k%02d", i%60), "x"))
+	}
+	if err := broker.Publish(ctx(t), "q", first...); err != nil {
+		t.Fatal(err)
+	}
+	if stats, err := runSharded(t, broker, "q", before, &deadLetters{}, 0); err != nil || stats.Applied != 200 {
+		t.Fatalf("before the reshard: %+v, %v", stats, err)
+	}
+
+	during, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := during.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	moved := 0
+	for _, m := range first {
+		r, err := during.Route(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Shard != r.Was {
+			moved++
+			if r.Shard != 2 {
+				t.Fatalf("%s moved from shard %d to %d: jump hashing moves keys to the new shard only", m.ID, r.Was, r.Shard)
+			}
+		}
+	}
+	if moved == 0 || moved == len(first) {
+		t.Fatalf("%d of %d messages moved: the test proves little", moved, len(first))
+	}
+	// Everything again, twice, one with another body, and 100 new ones.
+	again := append([]*consumer.Message(nil), first...)
+	again = append(again, first...)
+	changed := *first[0]
+	for _, m := range first {
+		if r, _ := during.Route(m); r.Shard != r.Was {
+			changed = *m
+			break
+		}
+	}
+	changed.Body = []byte("another body")
+	again = append(again, &changed)
+	for i := 200; i < 300; i++ {
+		again = append(again, keyed(fmt.Sprintf("m%03d", i), fmt.Sprintf("k%02d", i%60), "x"))
+	}
+	if err := broker.Publish(ctx(t), "q", again...); err != nil {
+		t.Fatal(err)
+	}
+	dl := &deadLetters{}
+	stats, err := runSharded(t, broker, "q", during, dl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Applied != 100 || stats.Duplicates != 400 || stats.DeadLettered != 1 {
+		t.Fatalf("during the reshard: %+v (%d moved)", stats, moved)
+	}
+	eff := effects(t, dbs)
+	for i := 0; i < 300; i++ {
+		id := fmt.Sprintf("m%03d", i)
+		if len(eff[id]) != 1 {
+			t.Fatalf("%s applied on shards %v, want once", id, eff[id])
+		}
+	}
+	if f, ok := dl.all()[changed.ID+"|another body"]; !ok || f.Class != consumer.ClassFingerprintMismatch {
+		t.Fatalf("the changed body: %+v, want a fingerprint mismatch", dl.all())
+	}
+	t.Logf("%d of 200 messages moved to the new shard; each was a duplicate there", moved)
+}
