@@ -444,6 +444,7 @@ func (s *Sharded) check(ctx context.Context) error {
 		}
 	} else {
 		prev := s.prev.id()
+		finished := 0
 		for i, r := range recs {
 			switch {
 			case !r.present && i < s.prev.Shards && present > 0:
@@ -451,9 +452,18 @@ func (s *Sharded) check(ctx context.Context) error {
 			case !r.present:
 			case r.previous == nil && r.mapID == prev:
 			case r.previous != nil && *r.previous == prev && r.mapID == cur:
+			case r.previous == nil && r.mapID == cur:
+				finished++ // FinishReshard ran; checking the old shards too is harmless
 			default:
 				return refuse("shard %d records %s; the configured reshard is from %s to %s", i, r, prev, cur)
 			}
+		}
+		if finished > 0 {
+			if finished != s.cur.Shards || present != finished {
+				return refuse("the shards record a reshard from %s to %s as finished on %d of them", prev, cur, finished)
+			}
+			s.checked = true
+			return nil
 		}
 		write = func(tx pgx.Tx, i int, st *statements) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+st.shardMap+` (shard, map, previous, moving_since) VALUES ($1, $2, $3, now())
@@ -480,11 +490,77 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 			return err
 		}
 		wantPrev := s.prev != nil
+		if s.prev != nil && i >= s.cur.Shards && !r.present {
+			continue // a shard the map leaves (not recorded: not written to)
+		}
 		if !r.present || r.shard != i || r.mapID != cur || (r.previous != nil) != wantPrev {
 			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
 		}
 	}
 	s.checked = true
+	return nil
+}
+
+// ErrReshardUnfinished is wrapped by FinishReshard's error while a shard
+// still holds dedup rows from before the reshard.
+var ErrReshardUnfinished = errors.New("processed: the reshard cannot finish yet")
+
+// FinishReshard ends the reshard this store is configured for, once no
+// shard holds a dedup row from before it began: every message applied
+// before it has then aged out of the dedup window (Retention's purges),
+// so the old map has nothing left to say. Until then it returns an error
+// wrapping ErrReshardUnfinished that names each shard's oldest such row.
+// Afterwards the shards record Map alone: start the consumers without
+// Previous (a store that still has it keeps working). Shards the new map
+// leaves are forgotten: their records are deleted.
+func (s *Sharded) FinishReshard(ctx context.Context) error {
+	if s.prev == nil {
+		return &consumer.ConfigError{Field: "Previous", Reason: "FinishReshard needs the reshard's old map"}
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	var since time.Time
+	for i := range s.stores {
+		r, err := s.readRecord(ctx, i)
+		if err != nil {
+			return err
+		}
+		if r.movingSince != nil && (since.IsZero() || r.movingSince.Before(since)) {
+			since = *r.movingSince
+		}
+	}
+	if since.IsZero() {
+		return nil // finished already
+	}
+	var left []string
+	for i, st := range s.stores {
+		n, oldest, err := st.rowsBefore(ctx, since)
+		if err != nil {
+			return fmt.Errorf("processed: finish the reshard: shard %d: %w", i, err)
+		}
+		if n > 0 {
+			left = append(left, fmt.Sprintf("shard %d holds %d from before it (the oldest processed %s)", i, n, oldest.UTC().Format(time.RFC3339)))
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("%w: it began %s, and %s; the janitor's purges remove them once they are older than the retention",
+			ErrReshardUnfinished, since.UTC().Format(time.RFC3339), strings.Join(left, "; "))
+	}
+	cur, prev := s.cur.id(), s.prev.id()
+	for i, st := range s.stores {
+		stm, err := st.statements(ctx)
+		if err != nil {
+			return err
+		}
+		q := "UPDATE " + stm.shardMap + " SET previous = NULL, moving_since = NULL, recorded_at = now() WHERE map = $1 AND previous = $2"
+		if i >= s.cur.Shards {
+			q = "DELETE FROM " + stm.shardMap + " WHERE map = $1 AND previous = $2"
+		}
+		if _, err := st.db.Exec(ctx, q, cur, prev); err != nil {
+			return st.wrap(fmt.Sprintf("finish the reshard on shard %d", i), err)
+		}
+	}
 	return nil
 }
 

@@ -432,4 +432,38 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 		t.Fatalf("the changed body: %+v, want a fingerprint mismatch", dl.all())
 	}
 	t.Logf("%d of 200 messages moved to the new shard; each was a duplicate there", moved)
+
+	// The reshard cannot finish while rows from before it remain.
+	if err := during.FinishReshard(ctx(t)); !errors.Is(err, processed.ErrReshardUnfinished) || !strings.Contains(err.Error(), "shard 0 holds") {
+		t.Fatalf("FinishReshard with the first 200 rows left: %v", err)
+	}
+	// Once the purges have removed them, it can.
+	for i, d := range dbs {
+		if _, err := d.pool.Exec(ctx(t), "UPDATE processed_messages SET processed_at = processed_at - interval '2 days' WHERE message_id < 'm200'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.store.Purge(ctx(t), "ledger", 24*time.Hour); err != nil {
+			t.Fatalf("purge shard %d: %v", i, err)
+		}
+	}
+	if err := during.FinishReshard(ctx(t)); err != nil {
+		t.Fatalf("FinishReshard: %v", err)
+	}
+	after, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Migrate(ctx(t)); err != nil {
+		t.Fatalf("the new map alone, after the reshard: %v", err)
+	}
+	if err := during.Migrate(ctx(t)); err != nil {
+		t.Fatalf("the new map with Previous, after the reshard: %v", err)
+	}
+	old, err := processed.NewSharded(st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Migrate(ctx(t)); !errors.Is(err, processed.ErrShardMapChanged) {
+		t.Fatalf("the old map after the reshard: %v, want ErrShardMapChanged", err)
+	}
 }

@@ -797,6 +797,26 @@ func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Row, error
 	return r, nil
 }
 
+// rowsBefore counts the rows of every consumer processed before t, and
+// returns the oldest one's time.
+func (s *Store) rowsBefore(ctx context.Context, t time.Time) (int64, time.Time, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var (
+		n      int64
+		oldest *time.Time
+	)
+	if err := s.db.QueryRow(ctx, "SELECT count(*), min(processed_at) FROM "+st.layout.readFrom()+" WHERE processed_at < $1", t).Scan(&n, &oldest); err != nil {
+		return 0, time.Time{}, s.wrap("count rows before the reshard", err)
+	}
+	if oldest == nil {
+		return n, time.Time{}, nil
+	}
+	return n, *oldest, nil
+}
+
 // Stats summarises the rows of one consumer, or of all.
 type Stats struct {
 	// Rows is the number of rows.

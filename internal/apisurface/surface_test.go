@@ -27,7 +27,7 @@ var budget = map[string]int{
 	"observability/otel":       6,
 	"observability/prometheus": 4,
 	"outbox":                   18,
-	"processed":                18, // +Sharded, NewSharded, OpenSharded, ShardedConfig, ShardMap, ErrShardMapChanged
+	"processed":                19, // +Sharded, NewSharded, OpenSharded, ShardedConfig, ShardMap, ErrShardMapChanged, ErrReshardUnfinished
 }
 
 // totalBudget is the most exported top-level names of all public packages
