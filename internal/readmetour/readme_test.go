@@ -25,6 +25,7 @@ var tourDocs = []string{
 	"docs/reconcile.md",
 	"docs/observability.md",
 	"docs/clusters.md",
+	"docs/sharding.md",
 	"docs/operations.md",
 	"docs/security.md",
 	"docs/testing.md",
