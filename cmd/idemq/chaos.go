@@ -56,7 +56,7 @@ removes them at the end; for NATS and Redis scenarios it always starts its
 own nats-server (--nats-server) and redis-server (--redis-server, appendonly
 yes, appendfsync always). --short is the CI run (4 scenarios, 79 SIGKILLs,
 about 3 minutes on the project's 2-core CI machine); without it the long run
-(14 scenarios, 520 SIGKILLs, about 35 minutes there). RELIABILITY.md has
+(15 scenarios, 565 SIGKILLs, about 37 minutes there). RELIABILITY.md has
 the last results.
 
 The cluster scenarios start their own nodes and remove them, and also fail

@@ -108,6 +108,9 @@ type Result struct {
 	Publishes          int // Publish calls made for the workload, retries included
 	ProducerDuplicates int // extra copies of ids, each a separate publish
 	Verdict            Verdict
+	// ShardEffects counts, in a sharded scenario, the effects on each
+	// shard.
+	ShardEffects []int `json:",omitempty"`
 	// Kills are the SIGKILLs that hit a consumer process: from the
 	// nemesis (KillsRandom) and self-inflicted after COMMIT, before the
 	// ack (KillsAfterCommit).
@@ -430,6 +433,8 @@ type run struct {
 
 	// chain is a BrokerChain scenario's wiring; nil for the others.
 	chain *chainState
+	// shards are a sharded scenario's databases; nil for the others.
+	shards *shardSet
 }
 
 type proc struct {
@@ -480,6 +485,15 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario, db scena
 		return res, err
 	}
 	defer r.dropSchema()
+	if s.Shards > 0 {
+		defer r.closeShards()
+		if err := r.startShards(ctx); err != nil {
+			return res, err
+		}
+		// The faults' schedule, the reshard's at its middle, is over
+		// the publishing window: it starts now that the clusters are up.
+		r.start = time.Now()
+	}
 	if err := r.setupBroker(ctx); err != nil {
 		return res, err
 	}
@@ -602,6 +616,15 @@ func (h *harness) runScenario(ctx context.Context, idx int, s Scenario, db scena
 	if s.CheckRedeliveryBound && res.Redeliveries.Max > res.RedeliveryBound {
 		failures = append(failures, fmt.Sprintf("a kill caused %d redeliveries, more than the bound %d", res.Redeliveries.Max, res.RedeliveryBound))
 	}
+	found, perShard, err := r.shardFindings(context.WithoutCancel(ctx))
+	if err != nil {
+		return res, err
+	}
+	failures = append(failures, found...)
+	res.ShardEffects = perShard
+	if s.ReshardFrom > 0 && res.Injected["reshard"] == 0 {
+		failures = append(failures, "the reshard did not happen")
+	}
 	if s.Partitioned && res.Injected["rotation"] == 0 {
 		failures = append(failures, "the dedup store's generations never rotated: no claim straddled a boundary")
 	}
@@ -665,8 +688,7 @@ func (r *run) progressLoop(ctx context.Context, done chan struct{}) {
 			cancel()
 		} else {
 			qctx, cancel := context.WithTimeout(ctx, time.Second)
-			var n int64
-			if err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages`, pgx.Identifier{r.schema}.Sanitize())).Scan(&n); err == nil {
+			if n, err := r.processedCount(qctx); err == nil {
 				r.processedN.Store(n)
 			}
 			cancel()
@@ -735,10 +757,10 @@ func (r *run) check(ctx context.Context) (Verdict, []apply, error) {
 		return true
 	})
 	q := pgx.Identifier{r.schema}.Sanitize()
-	load := func(sql string, fn func(id string, n int)) error {
+	loadFrom := func(pool *pgxpool.Pool, sql string, fn func(id string, n int)) error {
 		var err error
 		for try := 0; try < 30; try++ { // the cluster may still be recovering
-			rows, qerr := r.db.pool.Query(ctx, sql)
+			rows, qerr := pool.Query(ctx, sql)
 			if qerr == nil {
 				for rows.Next() {
 					var id string
@@ -760,37 +782,70 @@ func (r *run) check(ctx context.Context) (Verdict, []apply, error) {
 		}
 		return fmt.Errorf("chaos: checker query: %w", err)
 	}
-	if err := load(`SELECT message_id, 1 FROM `+q+`.processed_messages WHERE consumer = '`+r.consumer()+`'`,
-		func(id string, _ int) { in.Processed[id] = true }); err != nil {
-		return Verdict{}, nil, err
+	// The claims and the effects are on the shards, in a sharded
+	// scenario: an id's effects are counted over all of them.
+	for _, pool := range r.dataPools() {
+		if err := loadFrom(pool, `SELECT message_id, 1 FROM `+q+`.processed_messages WHERE consumer = '`+r.consumer()+`'`,
+			func(id string, _ int) { in.Processed[id] = true }); err != nil {
+			return Verdict{}, nil, err
+		}
+		if err := loadFrom(pool, `SELECT msg_id, count(*)::int FROM `+q+`.effects GROUP BY msg_id`,
+			func(id string, n int) { in.Effects[id] += n }); err != nil {
+			return Verdict{}, nil, err
+		}
 	}
-	if err := load(`SELECT msg_id, count(*)::int FROM `+q+`.effects GROUP BY msg_id`,
-		func(id string, n int) { in.Effects[id] = n }); err != nil {
-		return Verdict{}, nil, err
-	}
-	if err := load(`SELECT msg_id, count(*)::int FROM `+q+`.dead_letters GROUP BY msg_id`,
+	if err := loadFrom(r.db.pool, `SELECT msg_id, count(*)::int FROM `+q+`.dead_letters GROUP BY msg_id`,
 		func(id string, n int) { in.DeadLetters[id] = n }); err != nil {
 		return Verdict{}, nil, err
 	}
 	var applies []apply
-	rows, err := r.db.pool.Query(ctx, `SELECT msg_id, slot, (extract(epoch FROM at) * 1000000)::bigint FROM `+q+`.effects`)
-	if err != nil {
-		return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
-	}
-	for rows.Next() {
-		var a apply
-		if err := rows.Scan(&a.id, &a.slot, &a.t); err != nil {
-			rows.Close()
-			return Verdict{}, nil, err
+	for _, pool := range r.dataPools() {
+		rows, err := pool.Query(ctx, `SELECT msg_id, slot, (extract(epoch FROM at) * 1000000)::bigint FROM `+q+`.effects`)
+		if err != nil {
+			return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
 		}
-		a.t *= 1000
-		applies = append(applies, a)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
+		for rows.Next() {
+			var a apply
+			if err := rows.Scan(&a.id, &a.slot, &a.t); err != nil {
+				rows.Close()
+				return Verdict{}, nil, err
+			}
+			a.t *= 1000
+			applies = append(applies, a)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return Verdict{}, nil, fmt.Errorf("chaos: checker query: %w", err)
+		}
 	}
 	return Check(in), applies, nil
+}
+
+// processedCount counts the ids with a dedup row: over every shard, each
+// id once (during a reshard a duplicate's claim copies its row to the new
+// shard).
+func (r *run) processedCount(ctx context.Context) (int64, error) {
+	q := fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages WHERE consumer = $1`, pgx.Identifier{r.schema}.Sanitize())
+	if r.shards == nil {
+		var n int64
+		err := r.db.pool.QueryRow(ctx, q, r.consumer()).Scan(&n)
+		return n, err
+	}
+	ids := map[string]bool{}
+	for _, pool := range r.shards.pools {
+		rows, err := pool.Query(ctx, fmt.Sprintf(`SELECT message_id FROM %s.processed_messages WHERE consumer = $1`, pgx.Identifier{r.schema}.Sanitize()), r.consumer())
+		if err != nil {
+			return 0, err
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, err
+		}
+		for _, id := range got {
+			ids[id] = true
+		}
+	}
+	return int64(len(ids)), nil
 }
 
 func (r *run) consumer() string { return "chaos-" + r.s.Name }
@@ -807,9 +862,11 @@ func (r *run) waitProcessed(ctx context.Context) error {
 	last, lastProgress := int64(-1), time.Now()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := r.db.pool.QueryRow(qctx, fmt.Sprintf(`SELECT count(*) FROM %s.processed_messages WHERE consumer = $1`,
-			pgx.Identifier{r.schema}.Sanitize()), r.consumer()).Scan(&n)
+		c, err := r.processedCount(qctx)
 		cancel()
+		if err == nil {
+			n = c
+		}
 		if err == nil {
 			r.processedN.Store(n)
 			if n >= want {
@@ -1202,6 +1259,11 @@ func (r *run) startSlot(ctx context.Context, slot int) {
 
 // spawn starts a new incarnation of slot.
 func (r *run) spawn(slot int) (incKey, *proc, error) {
+	if r.shards != nil {
+		// No worker starts while the map changes (see reshard).
+		r.shards.gate.RLock()
+		defer r.shards.gate.RUnlock()
+	}
 	r.mu.Lock()
 	inc := r.nextInc[slot]
 	r.nextInc[slot] = inc + 1
@@ -1234,6 +1296,9 @@ func (r *run) spawn(slot int) (incKey, *proc, error) {
 		Sabotage: r.s.Sabotage, Partitioned: r.s.Partitioned, Retention: r.s.Retention,
 	}
 	wc.StreamStart = r.streamStart()
+	if r.shards != nil {
+		r.shardConfig(&wc)
+	}
 	if n := len(r.amqpURLs); n > 0 {
 		// Slot i starts on node i mod n, the others after it in turn.
 		for j := range n {

@@ -95,6 +95,18 @@ func (r *run) nemesis(ctx context.Context) {
 				t0.Sub(r.start).Round(100*time.Millisecond), time.Since(t0).Round(10*time.Millisecond))
 		})
 	}
+	if r.s.ReshardFrom > 0 && r.shards != nil {
+		goFault(func() {
+			if sleepCtx(ctx, time.Until(r.start.Add(window/2))) {
+				r.reshard(ctx)
+			}
+		})
+	}
+	if n := r.s.ShardRestarts; n > 0 && r.shards != nil {
+		// Offset from the reshard at the middle.
+		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
+			"shard pg_ctl -m immediate restart", "shard-restart", r.restartShard)
+	}
 	if n := r.s.NATSRestarts; n > 0 && r.h.natsSrv != nil {
 		restarts(n, func(i int) time.Duration { return window*time.Duration(2*i-1)/time.Duration(2*n+1) + window/10 },
 			"nats-server SIGKILL restart", "nats-restart", r.h.natsSrv.Restart)

@@ -165,6 +165,22 @@ type Scenario struct {
 	Partitioned bool
 	Retention   time.Duration
 
+	// Shards runs the workers over a dedup store sharded across Shards
+	// private Postgres clusters (processed.Sharded, routed by the message
+	// key), which the scenario starts on their own ports and removes: each
+	// message's claim and effect commit on its shard. RabbitMQ only; 0 is
+	// one database, as elsewhere.
+	Shards int
+	// ReshardFrom, if positive, starts the map at ReshardFrom shards and,
+	// half-way through the publishing window, reshards to Shards as
+	// docs/sharding.md says: every worker is SIGKILLed, and the next
+	// incarnations start with both maps (ShardedConfig.Previous), while
+	// the publisher goes on.
+	ReshardFrom int
+	// ShardRestarts is the number of `pg_ctl -m immediate` restarts of a
+	// random shard's cluster.
+	ShardRestarts int
+
 	// CheckRedeliveryBound makes the scenario fail if a kill caused more
 	// redeliveries than the prefetch (RabbitMQ) or partitions*MaxInFlight
 	// (Kafka). Enable it where kills are the only source of redelivery.
@@ -270,6 +286,8 @@ func (s Scenario) validate() error {
 		return bad("fault counts must not be negative")
 	case s.ConnCuts > 0 && s.Broker != BrokerChain:
 		return bad("ConnCuts is a chain scenario's")
+	case s.Sabotage == SabotageBlindReshard && s.ReshardFrom == 0:
+		return bad("%s needs ReshardFrom", SabotageBlindReshard)
 	case s.Sabotage == SabotageNoDedup && s.Broker != BrokerChain:
 		return bad("%s is a chain scenario's", SabotageNoDedup)
 	case s.Mode != ModeDefault && s.Mode != ModeMessage && s.Mode != ModeBatch:
@@ -316,6 +334,14 @@ func (s Scenario) validate() error {
 		return bad("fault counts must not be negative")
 	case s.Sabotage == SabotageAsyncStandby && !s.PGFailover:
 		return bad("%s needs PGFailover", SabotageAsyncStandby)
+	case s.Shards < 0 || s.ReshardFrom < 0 || s.ShardRestarts < 0 || s.Shards == 1:
+		return bad("Shards must be 0 or at least 2, ReshardFrom and ShardRestarts not negative")
+	case s.Shards > 0 && (s.Broker != BrokerRabbitMQ || s.Cluster || s.PGFailover || s.Partitioned || s.PGRestarts > 0):
+		return bad("a sharded scenario runs on one RabbitMQ node, with neither PGFailover, Partitioned nor PGRestarts (ShardRestarts restart the shards)")
+	case s.Shards == 0 && (s.ReshardFrom > 0 || s.ShardRestarts > 0):
+		return bad("ReshardFrom and ShardRestarts need Shards")
+	case s.ReshardFrom >= s.Shards && s.ReshardFrom > 0:
+		return bad("ReshardFrom %d must be below Shards %d", s.ReshardFrom, s.Shards)
 	case s.PGFailover && (s.PGRestarts > 0 || s.PGResetRate > 0 || s.PGLatency > 0):
 		return bad("PGFailover excludes PGRestarts, PGResetRate and PGLatency")
 	case s.SlowEvery < 0 || s.SlowFor < 0 || s.PGLatency < 0 || s.PublishOver < 0 || s.Timeout < 0 || s.StallBound < 0:
@@ -375,6 +401,9 @@ func (s Scenario) Faults() string {
 	add(s.AbortRate > 0, "transactional producer, %.0f%% of transactions aborted", 100*s.AbortRate)
 	add(s.KafkaSource == SourceFranz, "franz-go read_committed consumer")
 	add(s.Partitioned, "partitioned dedup store, generations rotated every %s", s.withDefaults().Retention/2)
+	add(s.Shards > 0 && s.ReshardFrom == 0, "dedup store sharded across %d Postgres clusters", s.Shards)
+	add(s.ReshardFrom > 0, "dedup store sharded across Postgres clusters, resharded from %d to %d mid-run", s.ReshardFrom, s.Shards)
+	add(s.ShardRestarts > 0, "%d immediate restarts of a shard", s.ShardRestarts)
 	if len(out) == 0 {
 		return "none"
 	}

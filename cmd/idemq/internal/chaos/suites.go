@@ -29,8 +29,9 @@ func ShortSuite() []Scenario {
 	}
 }
 
-// LongSuite is the long run: fourteen scenarios, 520 planned SIGKILLs
-// across RabbitMQ (plain, partitioned dedup store, and a 3-node cluster),
+// LongSuite is the long run: fifteen scenarios, 565 planned SIGKILLs
+// across RabbitMQ (plain, partitioned dedup store, a dedup store sharded
+// across three Postgres clusters, and a 3-node cluster),
 // Kafka (both sources), NATS JetStream (one server, and a 3-server cluster)
 // and Redis Streams, a Postgres failover, and the whole chain, about 35
 // minutes.
@@ -101,15 +102,23 @@ func LongSuite() []Scenario {
 		// Postgres, AMQP and NATS connection cut in turn.
 		{Name: "long-chain", Broker: BrokerChain, Messages: 4000, PublishOver: 120 * time.Second,
 			Kills: 60, SelfKills: 60, SelfKillEvery: 30, PGRestarts: 2, PGResetRate: 0.01, ConnCuts: 9},
+		// The dedup store sharded across three private Postgres
+		// clusters: resharded from two of them to three half-way through
+		// (every worker killed, the next started with both maps), each
+		// shard restarted immediately, resets at COMMIT. Every id is
+		// applied once across the shards, each effect beside its claim.
+		{Name: "long-pg-shards", Broker: BrokerRabbitMQ, Shards: 3, ReshardFrom: 2, ShardRestarts: 3, Messages: 5000,
+			PublishOver: 60 * time.Second, Workers: 3, Kills: 30, SelfKills: 15, SelfKillEvery: 40, PGResetRate: 0.02},
 	}
 }
 
 // ShortClusterSuite is the short form of the cluster scenarios, which start
 // their own nodes: rabbit-cluster (a worker's node and then the queue
 // leader's SIGKILLed and restarted), nats-cluster (a worker's server, the
-// durable leader's, and a partition of one server) and pg-failover (the
-// primary crashed and its synchronous standby promoted), each with a few
-// worker SIGKILLs. nats-cluster needs root, iproute2 and iptables.
+// durable leader's, and a partition of one server), pg-failover (the
+// primary crashed and its synchronous standby promoted) and pg-shards (a
+// dedup store over three Postgres clusters, resharded from two to three
+// mid-run, one shard restarted), each with a few worker SIGKILLs. nats-cluster needs root, iproute2 and iptables.
 func ShortClusterSuite() []Scenario {
 	return []Scenario{
 		{Name: "rabbit-cluster", Broker: BrokerRabbitMQ, Cluster: true, Messages: 1000, PublishOver: 30 * time.Second,
@@ -118,6 +127,8 @@ func ShortClusterSuite() []Scenario {
 			OwnNodeKills: 1, LeaderKills: 1, NetPartitions: 1, Kills: 4, SelfKills: 2, SelfKillEvery: 30},
 		{Name: "pg-failover", Broker: BrokerRabbitMQ, PGFailover: true, Messages: 1000, PublishOver: 20 * time.Second,
 			Kills: 4, SelfKills: 2, SelfKillEvery: 30},
+		{Name: "pg-shards", Broker: BrokerRabbitMQ, Shards: 3, ReshardFrom: 2, ShardRestarts: 1, Messages: 1500,
+			PublishOver: 20 * time.Second, Kills: 6, SelfKills: 4, SelfKillEvery: 30, PGResetRate: 0.02},
 	}
 }
 

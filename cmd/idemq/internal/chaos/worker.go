@@ -27,6 +27,7 @@ import (
 	"github.com/idemq/idemq/brokers/kafka"
 	"github.com/idemq/idemq/brokers/rabbitmq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/processed"
 )
 
@@ -113,6 +114,11 @@ type WorkerConfig struct {
 	// janitor (see Scenario.Partitioned).
 	Partitioned bool
 	Retention   time.Duration
+	// ShardURLs, if set, are the databases of a sharded dedup store (see
+	// Scenario.Shards), routed by a map of ShardMap shards, and during a
+	// reshard PreviousShards before it.
+	ShardURLs                []string
+	ShardMap, PreviousShards int
 }
 
 // SabotageEffectOutsideTx makes the handler write its effect on its own
@@ -278,51 +284,93 @@ func runWorker(ctx context.Context, cfg WorkerConfig, log *dlog, report *ExitRep
 		return rng.Float64() < p
 	}
 
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return fmt.Errorf("parse database url: %w", err)
-	}
-	// Postgres through a proxy that resets connections at COMMIT and adds
-	// latency; a multi-host URL (a PGFailover scenario's, which has
-	// neither fault) directly, so that pgx can pick the host that accepts
-	// writes.
-	if len(pcfg.ConnConfig.Fallbacks) == 0 {
-		pgTarget, err := hostPort(cfg.DatabaseURL)
-		if err != nil {
-			return err
+	// open makes a pool on dbURL: through a proxy that resets connections
+	// at COMMIT and adds latency, or directly for a multi-host URL (a
+	// PGFailover scenario's, which has neither fault), so that pgx can
+	// pick the host that accepts writes. Its proxy's counts are added to
+	// the report when the worker ends.
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
 		}
-		pgProxy, err := NewProxy(pgTarget, ProxyOptions{Postgres: true, OnCommit: func() CommitAction {
-			if cfg.PGResetRate <= 0 || !chance(cfg.PGResetRate) {
-				return CommitPass
-			}
-			if chance(0.5) {
-				log.line(logFault, "pg-reset-after-commit")
-				return CommitResetAfter
-			}
-			log.line(logFault, "pg-reset-before-commit")
-			return CommitResetBefore
-		}})
+	}()
+	open := func(dbURL string) (*pgxpool.Pool, error) {
+		pcfg, err := pgxpool.ParseConfig(dbURL)
 		if err != nil {
-			return err
+			return nil, fmt.Errorf("parse database url: %w", err)
 		}
-		defer func() {
-			pgProxy.Close()
-			report.PGProxy = pgProxy.Stats()
-		}()
-		pgProxy.SetLatency(cfg.PGLatency)
-		pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", uint16(portOf(pgProxy.Addr()))
+		if len(pcfg.ConnConfig.Fallbacks) == 0 {
+			pgTarget, err := hostPort(dbURL)
+			if err != nil {
+				return nil, err
+			}
+			pgProxy, err := NewProxy(pgTarget, ProxyOptions{Postgres: true, OnCommit: func() CommitAction {
+				if cfg.PGResetRate <= 0 || !chance(cfg.PGResetRate) {
+					return CommitPass
+				}
+				if chance(0.5) {
+					log.line(logFault, "pg-reset-after-commit")
+					return CommitResetAfter
+				}
+				log.line(logFault, "pg-reset-before-commit")
+				return CommitResetBefore
+			}})
+			if err != nil {
+				return nil, err
+			}
+			cleanups = append(cleanups, func() {
+				pgProxy.Close()
+				st, sum := pgProxy.Stats(), &report.PGProxy
+				sum.Conns, sum.Commits, sum.Dropped = sum.Conns+st.Conns, sum.Commits+st.Commits, sum.Dropped+st.Dropped
+				sum.ResetsAfter, sum.ResetsBefore = sum.ResetsAfter+st.ResetsAfter, sum.ResetsBefore+st.ResetsBefore
+			})
+			pgProxy.SetLatency(cfg.PGLatency)
+			pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", uint16(portOf(pgProxy.Addr()))
+		}
+		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
+		pcfg.MaxConns = int32(cfg.Concurrency + 4)
+		pcfg.HealthCheckPeriod = 500 * time.Millisecond
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, fmt.Errorf("pool: %w", err)
+		}
+		cleanups = append(cleanups, pool.Close)
+		return pool, nil
 	}
-	pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	pcfg.MaxConns = int32(cfg.Concurrency + 4)
-	pcfg.HealthCheckPeriod = 500 * time.Millisecond
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("pool: %w", err)
-	}
-	defer pool.Close()
-	store, err := processed.New(pool, processed.Config{Schema: cfg.Schema, Partitioned: cfg.Partitioned})
+	pool, err := open(cfg.DatabaseURL)
 	if err != nil {
 		return err
+	}
+	var store dedup.Store
+	if len(cfg.ShardURLs) == 0 {
+		if store, err = processed.New(pool, processed.Config{Schema: cfg.Schema, Partitioned: cfg.Partitioned}); err != nil {
+			return err
+		}
+	} else {
+		// The claims and the effects go to the shards; the dead letters
+		// to the scenario's database.
+		var shards []*processed.Store
+		for _, u := range cfg.ShardURLs {
+			p, err := open(u)
+			if err != nil {
+				return err
+			}
+			st, err := processed.New(p, processed.Config{Schema: cfg.Schema})
+			if err != nil {
+				return err
+			}
+			shards = append(shards, st)
+		}
+		sc := processed.ShardedConfig{Map: processed.ShardMap{Shards: cfg.ShardMap}}
+		if cfg.PreviousShards > 0 {
+			sc.Previous = &processed.ShardMap{Shards: cfg.PreviousShards}
+		}
+		sharded, err := processed.NewSharded(shards, sc)
+		if err != nil {
+			return err
+		}
+		store = sharded
 	}
 
 	msgID := messageID(cfg.Broker)
