@@ -82,6 +82,12 @@ inspect' and the console read the same way. When the dead letters read
 carry x-delivery-count, as a quorum queue's do, the line warns: give such a
 DLQ --dlq-count-limit 0.
 
+For a dedup store sharded across databases (processed.Sharded), give each
+shard's URL with --shard-url, in shard order, instead of --database-url:
+status then shows each shard's report, headed by the map the shard records
+(its number, the map, and a reshard under way), and the totals over the
+shards; the DLQs are shown once.
+
 Exits 1 if the database or a DLQ's depth cannot be read.
 
 Examples:
@@ -90,7 +96,8 @@ Examples:
   idemq status --consumer ledger --dlq-queue payments.dlq --dlq-count-limit 10000
   idemq status --consumer ledger --kafka-brokers 127.0.0.1:9092 --dlq-topic payments.dlq
   idemq status --consumer ledger --nats-url nats://127.0.0.1:4222 --dlq-subject payments.dlq
-  idemq status --consumer ledger --redis-url redis://127.0.0.1:6379/0 --dlq-stream-key payments.dlq`,
+  idemq status --consumer ledger --redis-url redis://127.0.0.1:6379/0 --dlq-stream-key payments.dlq
+  idemq status --consumer ledger --shard-url postgres://db0/ledger --shard-url postgres://db1/ledger`,
 	run: runStatus,
 }
 
@@ -271,8 +278,13 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&dlqTopic, "dlq-topic", "", "Kafka dead-letter topic whose depth to show")
 	streams.register(fs, "whose depth and oldest dead letter to show", false)
 	fs.IntVar(&countLimit, "dlq-count-limit", statusCountLimit, "read at most this many dead letters of each DLQ, consuming none, to count them by class (0: read none)")
+	var shardURLs listOfFlag
+	fs.Var(&shardURLs, "shard-url", "a shard of a sharded dedup store (processed.Sharded), in shard order: repeat it for each; the status is then shown per shard, with the totals (instead of --database-url)")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	if len(shardURLs) > 0 && db.url != "" {
+		return usagef("--shard-url and --database-url: give the shards' URLs, or the one database's")
 	}
 	if name == "" {
 		return usagef("--consumer is required")
@@ -302,14 +314,24 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		return err
 	}
 
-	store, conn, err := db.openStore(ctx, e, 0, 0, 0)
-	if err != nil {
-		return err
-	}
-	defer closeConn(conn)
-	rep, err := statusFromDB(ctx, conn, store, name, retention)
-	if err != nil {
-		return hint(err, store)
+	var (
+		rep     *statusReport
+		sharded *statusSharded
+	)
+	if len(shardURLs) > 0 {
+		if sharded, err = statusShards(ctx, e, db, shardURLs, name, retention); err != nil {
+			return err
+		}
+		rep = &statusReport{CheckedAt: sharded.CheckedAt, DLQ: []statusDLQ{}}
+	} else {
+		store, conn, err := db.openStore(ctx, e, 0, 0, 0)
+		if err != nil {
+			return err
+		}
+		defer closeConn(conn)
+		if rep, err = statusFromDB(ctx, conn, store, name, retention); err != nil {
+			return hint(err, store)
+		}
 	}
 
 	// A DLQ whose depth cannot be read fails the command; one whose dead
@@ -332,14 +354,29 @@ func runStatus(ctx context.Context, e *env, c *command, args []string) error {
 		add(streamDLQKind(b.broker), statusStreamDepth(ctx, b), b)
 	}
 
-	if asJSON {
+	switch {
+	case sharded != nil && asJSON:
+		sharded.DLQ = rep.DLQ
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(sharded); err != nil {
+			return err
+		}
+	case sharded != nil:
+		sharded.DLQ = rep.DLQ
+		if err := sharded.print(e.stdout); err != nil {
+			return err
+		}
+	case asJSON:
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
 			return err
 		}
-	} else if err := rep.print(e.stdout); err != nil {
-		return err
+	default:
+		if err := rep.print(e.stdout); err != nil {
+			return err
+		}
 	}
 	if dlqErr != nil {
 		return fmt.Errorf("cannot read the dead-letter queue depth: %w", dlqErr)
@@ -783,6 +820,15 @@ func (r *statusReport) print(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "purge horizon:\t%s (janitor %s ago)\n", h, statusAge(r.CheckedAt.Sub(ev.LastReport)))
 	}
+	r.dlqLines(tw)
+	return tw.Flush()
+}
+
+// dlqLines writes the report's DLQ lines to tw, a tabwriter.
+func (r *statusReport) dlqLines(tw io.Writer) {
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), statusAge(r.CheckedAt.Sub(t)))
+	}
 	for _, d := range r.DLQ {
 		var v string
 		switch {
@@ -802,7 +848,6 @@ func (r *statusReport) print(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "dlq %s:\t%s: %s%s\n", d.Broker, d.Name, v, d.classText())
 	}
-	return tw.Flush()
 }
 
 // statusAge renders a duration coarsely: 42s, 3m12s, 5h3m, 12d4h.

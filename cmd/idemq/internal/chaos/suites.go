@@ -159,6 +159,9 @@ func WriteSummary(w io.Writer, results []Result) {
 		} else {
 			fmt.Fprintf(w, "%s: %s\n", r.Scenario, stallString(r))
 		}
+		if len(r.ShardEffects) > 0 {
+			fmt.Fprintf(w, "%s: effects per shard %v, each beside its claim\n", r.Scenario, r.ShardEffects)
+		}
 		for _, f := range r.Failures {
 			fmt.Fprintf(w, "  FAIL %s: %s\n", r.Scenario, f)
 		}
