@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -62,7 +63,23 @@ generations of rows; see 'idemq migrate'). With --schema, the modes run in an
 existing schema instead, on its dedup table and the rows already in it (a
 large prefilled table, plain or partitioned, such as the retention benchmark
 keeps), under consumer and ledger names of their own; the ledgers are dropped
-at the end, the dedup rows stay. The naive modes need a plain table.`,
+at the end, the dedup rows stay. The naive modes need a plain table.
+
+--shards N (1 to 8) runs the idemq modes over a processed.Sharded of N
+databases that the run creates on the server of --database-url
+(idemq_bench_<random>_0 to N-1; the role needs CREATEDB) and drops at the end,
+also when the run fails or is interrupted. Each database holds the dedup table
+and each mode's ledger; every message is keyed "acct-<id mod 1000>" (a
+duplicate like its original), and the runtime claims it and writes its ledger
+row on the shard its key maps to. On Kafka the record key carries the key, and
+the runtime orders by partition and record key. --concurrency is per shard, as
+in the runtime, and each shard's pool holds --concurrency+2 connections; the
+checks count the ledgers of all the shards together (every id once in all), and
+each mode reports its ledger rows per shard. --shards 1 also runs through the
+sharded store, so that 1, 2 and 3 shards compare like with like. Only the idemq
+modes run sharded ("all" then means them), not with --schema; --prefill is
+split over the shards, --purge-during purges them all, and --partitioned
+partitions every shard's dedup table.`,
 	run: runBench,
 }
 
@@ -94,6 +111,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.BoolVar(&cfg.Compare, "compare", false, "run each mode with neither --prefill nor --purge-during first, then adding each in turn, and print each run's ratio to the one before (×prev phase)")
 	fs.BoolVar(&cfg.Partitioned, "partitioned", false, "give the fresh schema's dedup table the partitioned layout (generations); the naive modes need a plain one")
 	fs.StringVar(&cfg.Schema, "schema", "", "run in this existing schema, on its dedup table as it is, keeping its rows")
+	fs.IntVar(&cfg.Shards, "shards", 0, "run the idemq modes over a dedup store sharded across this many new databases (1 to 8), dropped at the end; not with --schema or the naive and broker-only modes (0: one schema, unsharded)")
 	fs.StringVar(&dbURL, "database-url", "", "Postgres URL (default $DATABASE_URL, then "+defaultDatabaseURL+")")
 	fs.StringVar(&cfg.AMQPURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
 	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "comma-separated Kafka brokers (default: an in-process kfake cluster)")
@@ -110,6 +128,22 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	var err error
 	if cfg.Modes, err = bench.ParseModes(modes); err != nil {
 		return usagef("--modes: %v", err)
+	}
+	if cfg.Shards > 0 && (modes == "" || modes == "all") {
+		cfg.Modes = slices.Clone(bench.RuntimeModes)
+	}
+	switch {
+	case cfg.Shards < 0 || cfg.Shards > bench.MaxShards:
+		return usagef("--shards must be from 1 to %d, or 0 to run unsharded, got %d", bench.MaxShards, cfg.Shards)
+	case cfg.Shards > 0 && cfg.Schema != "":
+		return usagef("--shards creates databases of its own; it cannot be combined with --schema")
+	}
+	if cfg.Shards > 0 {
+		for _, m := range cfg.Modes {
+			if !slices.Contains(bench.RuntimeModes, m) {
+				return usagef("--shards runs the idemq modes only (%s has no sharded form: only the runtime routes messages to shards); --modes all then means them", m)
+			}
+		}
 	}
 	switch {
 	case cfg.Messages < 1:
@@ -223,8 +257,8 @@ func urlFlag(e *env, flagValue, env, def string) string {
 // printBenchTable prints the summary table.
 func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 	r0 := rs[0]
-	fmt.Fprintf(w, "broker %s, %d messages (%d unique, dup-rate %g), concurrency %d, batch size %d%s%s\n",
-		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, r0.Concurrency, cfg.BatchSize,
+	fmt.Fprintf(w, "broker %s, %d messages (%d unique, dup-rate %g), %s, batch size %d%s%s\n",
+		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, concurrencyLabel(r0), cfg.BatchSize,
 		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
 		map[bool]string{true: fmt.Sprintf(", purge during (pause %s, duty %g)", max(cfg.PurgePause, 0), cfg.PurgeDutyCycle)}[cfg.PurgeDuring])
 	fmt.Fprintln(w, "modes ran one after another; peak RSS and cpu µs/msg are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
@@ -268,7 +302,23 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		if r.PurgeDuring {
 			fmt.Fprintf(w, "%s: purged %d rows, %d purge errors\n", label, r.PurgedRows, r.PurgeErrors)
 		}
+		if len(r.ShardEffects) > 0 {
+			fmt.Fprintf(w, "%s: ledger rows by shard %v\n", label, r.ShardEffects)
+		}
 	}
+}
+
+// concurrencyLabel is the header's concurrency, with the shards of a
+// sharded run.
+func concurrencyLabel(r bench.Result) string {
+	if r.Shards == 0 {
+		return fmt.Sprintf("concurrency %d", r.Concurrency)
+	}
+	unit := "shards (databases)"
+	if r.Shards == 1 {
+		unit = "shard (database)"
+	}
+	return fmt.Sprintf("%d %s, concurrency %d per shard", r.Shards, unit, r.Concurrency)
 }
 
 // isTerminal reports whether w is a character device, such as a terminal.

@@ -67,6 +67,14 @@ const (
 // AllModes lists every mode in the order Run measures them.
 var AllModes = []Mode{ModeBrokerOnly, ModeNaive1, ModeNaive, ModeIdemq, ModeDefault, ModeDefaultLater, ModeBatch, ModeBatchSet}
 
+// RuntimeModes lists the modes that run the idemq runtime, in the order Run
+// measures them: the modes a sharded Run (Config.Shards) measures, and by
+// default.
+var RuntimeModes = []Mode{ModeIdemq, ModeDefault, ModeDefaultLater, ModeBatch, ModeBatchSet}
+
+// MaxShards is the most databases Config.Shards may shard a Run over.
+const MaxShards = 8
+
 // Brokers Run supports.
 const (
 	BrokerMemory   = "memory"
@@ -174,7 +182,27 @@ type Config struct {
 	// Partitioned gives the fresh schema's dedup table the partitioned
 	// layout (processed.Config.Partitioned: three generations). With
 	// Schema, the table is what it is, and Partitioned must be false.
+	// With Shards, every shard's dedup table is partitioned.
 	Partitioned bool
+	// Shards, from 1 to MaxShards, runs the idemq modes over a
+	// processed.Sharded of this many databases, which Run creates on the
+	// server of DatabaseURL (idemq_bench_<random>_<i>; the role needs
+	// CREATEDB) and drops at the end, also when the run fails or is
+	// cancelled. Each database gets the run's schema with the dedup
+	// table (the Sharded's Migrate) and each mode's ledger, which the
+	// handler writes through the transaction it is given, on the
+	// message's shard. Every message is keyed by its id (shardKey: 1000
+	// keys, a duplicate keyed like its original) so that the default map
+	// spreads them over the shards; on Kafka the runtime's ordering key
+	// becomes the record key within the partition. The checks count the
+	// ledgers of all the shards together. Concurrency is per shard, as in
+	// the runtime; Prefill is split over the shards and PurgeDuring
+	// purges them all. Only the RuntimeModes run sharded (the default
+	// Modes are then RuntimeModes), and Schema cannot be combined with
+	// it. 0, the default, runs in one schema of DatabaseURL, unsharded;
+	// 1 runs through a Sharded of one database, so that 1, 2 and 3
+	// shards compare like with like.
+	Shards int
 	// AMQPURL is RabbitMQ's URL. Defaults to DefaultAMQPURL.
 	AMQPURL string
 	// KafkaBrokers are Kafka's bootstrap addresses. Defaults to an
@@ -200,6 +228,9 @@ type Config struct {
 	// effect replaces the ledger write of every mode, for tests of the
 	// verification.
 	effect func(ctx context.Context, tx pgx.Tx, ledger, id string, amount int64) error
+	// shardsReady, if set, is called with the shard databases' names once
+	// they are created and migrated, for tests.
+	shardsReady func(names []string)
 }
 
 // Progress is a snapshot of the running mode.
@@ -218,6 +249,9 @@ func (c Config) withDefaults() Config {
 	}
 	if len(c.Modes) == 0 {
 		c.Modes = AllModes
+		if c.Shards > 0 {
+			c.Modes = RuntimeModes
+		}
 	}
 	if c.Messages == 0 {
 		c.Messages = DefaultMessages
@@ -301,11 +335,18 @@ func (c Config) validate() error {
 		return bad("Partitioned", "with Schema, the existing table decides; leave Partitioned false")
 	case c.Partitioned && (slices.Contains(c.Modes, ModeNaive) || slices.Contains(c.Modes, ModeNaive1)):
 		return bad("Modes", "the naive modes need a plain dedup table (their INSERT ... ON CONFLICT goes into it; the partitioned layout's is a view)")
+	case c.Shards < 0 || c.Shards > MaxShards:
+		return bad("Shards", "%d, must be from 1 to %d, or 0 to run unsharded", c.Shards, MaxShards)
+	case c.Shards > 0 && c.Schema != "":
+		return bad("Shards", "a sharded run creates databases of its own; it cannot run in an existing Schema")
 	}
 	seen := map[Mode]bool{}
 	for _, m := range c.Modes {
 		if !slices.Contains(AllModes, m) {
 			return bad("Modes", "unknown mode %q (want %s)", m, modeList())
+		}
+		if c.Shards > 0 && !slices.Contains(RuntimeModes, m) {
+			return bad("Modes", "%s cannot run with Shards: only the idemq runtime routes messages to shards (the naive and broker-only modes have no sharded form); run the idemq modes", m)
 		}
 		if seen[m] {
 			return bad("Modes", "mode %q given twice", m)
@@ -351,6 +392,10 @@ type Result struct {
 	// Concurrency and BatchSize (batch modes only) as configured.
 	Concurrency int `json:"concurrency"`
 	BatchSize   int `json:"batch_size,omitempty"`
+	// Shards is Config.Shards: the number of databases the dedup store
+	// and the ledger were sharded over; 0 (left out of the JSON) for an
+	// unsharded run. Concurrency is per shard.
+	Shards int `json:"shards,omitempty"`
 	// Seconds is the time from the first settled delivery to the last.
 	Seconds float64 `json:"seconds"`
 	// MsgsPerSec is Messages / Seconds.
@@ -384,9 +429,14 @@ type Result struct {
 	// DuplicatesSkipped counts deliveries found to be already applied.
 	DuplicatesSkipped int64 `json:"duplicates_skipped"`
 	// Effects and DistinctEffects are the ledger's count(*) and
-	// count(DISTINCT id); both must equal Unique.
+	// count(DISTINCT id); both must equal Unique. With Shards, they count
+	// the ledgers of all the shards together: an id on two shards counts
+	// once in DistinctEffects.
 	Effects         int64 `json:"effects"`
 	DistinctEffects int64 `json:"distinct_effects"`
+	// ShardEffects, with Shards, is the ledger's rows on each shard, by
+	// shard number: how the messages spread.
+	ShardEffects []int64 `json:"shard_effects,omitempty"`
 	// Errors counts failed attempts (database errors, handler errors,
 	// dead letters, failed acks).
 	Errors int64 `json:"errors"`
@@ -423,14 +473,20 @@ type Result struct {
 // failed run; the error wraps ErrVerify if a mode failed its checks (rather
 // than, say, its broker setup or its time limit). If the run cannot be set
 // up (the broker or the database cannot be reached), it returns no results
-// and that error.
-func Run(ctx context.Context, cfg Config) ([]Result, error) {
+// and that error. A shard database it could not drop at the end (Shards) is
+// an error too, naming it.
+func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	r := &runner{cfg: cfg, log: cfg.Logger, work: newWorkload(cfg.Messages, cfg.DupRate, cfg.Seed)}
-	defer r.close()
+	r.work.keyed = cfg.Shards > 0
+	defer func() {
+		if cerr := r.close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
 	}
@@ -561,7 +617,10 @@ type runner struct {
 	// ledgers are the ledger tables created in a schema the run does not
 	// own, dropped at the end.
 	ledgers []string
-	broker  brokerEnv
+	// shards are the databases of a sharded run (Config.Shards), each
+	// holding the schema; pool then serves only to create and drop them.
+	shards []*shardDB
+	broker brokerEnv
 }
 
 func randomHex(n int) string {
@@ -581,11 +640,25 @@ func (r *runner) setup(ctx context.Context) error {
 	return r.setupDB(ctx)
 }
 
-func (r *runner) close() {
+// close drops what the run created and closes its connections. It returns
+// an error naming each shard database it could not drop.
+func (r *runner) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	for _, sh := range r.shards {
+		if sh.pool != nil {
+			sh.pool.Close()
+		}
+	}
+	var errs []error
 	if r.pool != nil {
-		if r.schema != "" && r.own {
+		for _, sh := range r.shards {
+			if err := r.dropShard(ctx, sh.name); err != nil {
+				r.log.Warn("bench: drop shard database", "database", sh.name, "error", err)
+				errs = append(errs, err)
+			}
+		}
+		if r.schema != "" && r.own && r.cfg.Shards == 0 { // a sharded run's schema goes with its databases
 			if _, err := r.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE"); err != nil {
 				r.log.Warn("bench: drop schema", "schema", r.schema, "error", err)
 			}
@@ -600,4 +673,5 @@ func (r *runner) close() {
 	if r.broker != nil {
 		r.broker.close()
 	}
+	return errors.Join(errs...)
 }

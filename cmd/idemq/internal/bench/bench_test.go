@@ -397,6 +397,11 @@ func TestConfigValidate(t *testing.T) {
 		{Compare: true},
 		{Partitioned: true, Modes: []Mode{ModeIdemq, ModeNaive}},
 		{Partitioned: true, Schema: "kept"},
+		{Shards: -1},
+		{Shards: MaxShards + 1},
+		{Shards: 2, Schema: "kept"},
+		{Shards: 2, Modes: []Mode{ModeIdemq, ModeNaive}},
+		{Shards: 1, Modes: []Mode{ModeBrokerOnly}},
 	}
 	for _, c := range bad {
 		var ce *consumer.ConfigError

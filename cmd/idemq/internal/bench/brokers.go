@@ -82,16 +82,18 @@ func newBrokerEnv(ctx context.Context, cfg Config) (brokerEnv, error) {
 }
 
 // prefetch is the number of unacked deliveries a consumer of mode m may
-// hold: twice the concurrency per message, a full batch per lane in batch
-// modes and for broker-only (the ceiling).
+// hold: twice the lanes per message, a full batch per lane in batch modes
+// and for broker-only (the ceiling). With Shards the runtime has
+// Concurrency lanes on each shard.
 func prefetch(cfg Config, m Mode) int {
+	lanes := cfg.Concurrency * max(cfg.Shards, 1)
 	switch m {
 	case ModeNaive1:
 		return 2
 	case ModeIdemq, ModeNaive:
-		return 2 * cfg.Concurrency
+		return 2 * lanes
 	default:
-		return min(2*cfg.Concurrency*cfg.BatchSize, 65535)
+		return min(2*lanes*cfg.BatchSize, 65535)
 	}
 }
 
@@ -361,7 +363,15 @@ type kafkaTarget struct {
 	pub          *kafka.Publisher
 }
 
+// publish writes msgs. The Publisher never writes Message.Key: a keyed
+// message's key becomes its record key, which the consumer of a sharded run
+// orders and routes by. The workload builds msgs for this call alone.
 func (t *kafkaTarget) publish(ctx context.Context, msgs []*consumer.Message) error {
+	for _, m := range msgs {
+		if m.Key != "" {
+			m.RecordKey = []byte(m.Key)
+		}
+	}
 	return t.pub.Publish(ctx, t.topic, msgs...)
 }
 

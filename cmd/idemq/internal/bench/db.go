@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/processed"
 )
@@ -33,6 +35,9 @@ func (r *runner) setupDB(ctx context.Context) error {
 	// The consumer's connections, plus the purge loop, the progress and
 	// verification queries.
 	pcfg.MaxConns = int32(r.cfg.Concurrency + 3)
+	if r.cfg.Shards > 0 {
+		pcfg.MaxConns = 2 // to create and drop the shards, which have pools of their own
+	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
@@ -44,6 +49,9 @@ func (r *runner) setupDB(ctx context.Context) error {
 	}
 	if err := r.pool.Ping(ctx); err != nil {
 		return connectErr(err)
+	}
+	if r.cfg.Shards > 0 {
+		return r.setupShards(ctx)
 	}
 	if r.cfg.Schema != "" {
 		r.schema, r.tag = r.cfg.Schema, randomHex(4)
@@ -81,9 +89,151 @@ func (r *runner) setupDB(ctx context.Context) error {
 	return nil
 }
 
-func (r *runner) store() (*processed.Store, error) {
-	return processed.New(r.pool, processed.Config{Schema: r.schema, Partitioned: r.partitioned,
-		PurgePause: r.cfg.PurgePause, PurgeDutyCycle: r.cfg.PurgeDutyCycle})
+// dedupStore is a run's dedup store: a processed.Store on the run's
+// schema, or with Config.Shards a processed.Sharded over the shards'.
+type dedupStore interface {
+	dedup.Store
+	Migrate(ctx context.Context) error
+}
+
+// store returns a new dedup store for a mode's runtime or purge loop.
+func (r *runner) store() (dedupStore, error) {
+	cfg := processed.Config{Schema: r.schema, Partitioned: r.partitioned,
+		PurgePause: r.cfg.PurgePause, PurgeDutyCycle: r.cfg.PurgeDutyCycle}
+	if r.cfg.Shards == 0 {
+		st, err := processed.New(r.pool, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("dedup store: %w", err)
+		}
+		return st, nil
+	}
+	stores := make([]*processed.Store, len(r.shards))
+	for i, sh := range r.shards {
+		st, err := processed.New(sh.pool, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("dedup store of shard %d (%s): %w", i, sh.name, err)
+		}
+		stores[i] = st
+	}
+	s, err := processed.NewSharded(stores, processed.ShardedConfig{Map: processed.ShardMap{Shards: len(stores)}})
+	if err != nil {
+		return nil, fmt.Errorf("sharded dedup store: %w", err)
+	}
+	return s, nil
+}
+
+// shardDB is one database of a sharded run.
+type shardDB struct {
+	name string
+	pool *pgxpool.Pool // nil until connected
+}
+
+// dbs returns the pools of the databases the modes write to: the shards',
+// or the run's one.
+func (r *runner) dbs() []*pgxpool.Pool {
+	if r.cfg.Shards == 0 {
+		return []*pgxpool.Pool{r.pool}
+	}
+	out := make([]*pgxpool.Pool, len(r.shards))
+	for i, sh := range r.shards {
+		out[i] = sh.pool
+	}
+	return out
+}
+
+// onShard names shard i in err, in a sharded run.
+func (r *runner) onShard(i int, err error) error {
+	if err == nil || r.cfg.Shards == 0 {
+		return err
+	}
+	return fmt.Errorf("shard %d (%s): %w", i, r.shards[i].name, err)
+}
+
+// setupShards creates the shard databases on the server of r.pool, each
+// with the run's schema, connects to them, and migrates them through the
+// Sharded (which records its map on each). Every database it began to
+// create is in r.shards, for close to drop, from before its CREATE.
+func (r *runner) setupShards(ctx context.Context) error {
+	dsn := r.cfg.DatabaseURL
+	if err := r.checkConnections(ctx); err != nil {
+		return err
+	}
+	tag := randomHex(6)
+	r.schema, r.own, r.partitioned = "idemq_bench_"+tag, true, r.cfg.Partitioned
+	for i := range r.cfg.Shards {
+		sh := &shardDB{name: fmt.Sprintf("idemq_bench_%s_%d", tag, i)}
+		r.shards = append(r.shards, sh)
+		if _, err := r.pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{sh.name}.Sanitize()); err != nil {
+			return fmt.Errorf("create shard database %s (the role needs CREATEDB): %w", sh.name, err)
+		}
+		pcfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return redact.Error(fmt.Errorf("invalid database URL %s: %w", redact.DSN(dsn), err), dsn)
+		}
+		pcfg.ConnConfig.Database = sh.name
+		// The consumer's connections on this shard (Concurrency is per
+		// shard), plus the purge loop's and the verification's.
+		pcfg.MaxConns = int32(r.cfg.Concurrency + 2)
+		if pcfg.ConnConfig.ConnectTimeout == 0 {
+			pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
+		}
+		if sh.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err == nil {
+			err = sh.pool.Ping(ctx)
+		}
+		if err != nil {
+			return redact.Error(fmt.Errorf("connect to shard database %s on %s: %w", sh.name, redact.DSN(dsn), err), dsn)
+		}
+		if _, err := sh.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
+			return fmt.Errorf("create schema in shard database %s: %w", sh.name, err)
+		}
+	}
+	store, err := r.store()
+	if err != nil {
+		return err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrate the shards: %w", err)
+	}
+	if r.cfg.shardsReady != nil {
+		names := make([]string, len(r.shards))
+		for i, sh := range r.shards {
+			names[i] = sh.name
+		}
+		r.cfg.shardsReady(names)
+	}
+	return nil
+}
+
+// checkConnections refuses a sharded run whose runtime would hold more
+// connections at once (Concurrency on each shard, and the purge loop's)
+// than the server has free: its workers would fail to connect, and the
+// modes run into their time limit.
+func (r *runner) checkConnections(ctx context.Context) error {
+	var maxConns, reserved, inUse int
+	err := r.pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
+	current_setting('superuser_reserved_connections')::int,
+	(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int`).Scan(&maxConns, &reserved, &inUse)
+	if err != nil {
+		return fmt.Errorf("read the server's connection limit: %w", err)
+	}
+	per := r.cfg.Concurrency
+	if r.cfg.PurgeDuring {
+		per++
+	}
+	need, free := r.cfg.Shards*per, maxConns-reserved-inUse
+	if need > free {
+		return fmt.Errorf("%d shards at concurrency %d hold up to %d connections at once, and the server has %d free (max_connections %d, %d reserved, %d in use): lower the shards or the concurrency",
+			r.cfg.Shards, r.cfg.Concurrency, need, free, maxConns, reserved, inUse)
+	}
+	return nil
+}
+
+// dropShard drops a shard database, ending the sessions still on it.
+func (r *runner) dropShard(ctx context.Context, name string) error {
+	if _, err := r.pool.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop shard database %s: %w", name, err)
+	}
+	return nil
 }
 
 // runKey is key, made unique to the run in a schema it does not own.
@@ -104,15 +254,18 @@ func (r *runner) ledgerTable(key string) string {
 	return pgx.Identifier{r.schema, "ledger_" + strings.ReplaceAll(r.runKey(key), "-", "_")}.Sanitize()
 }
 
-// createLedger creates a run's business table. It has no unique key, so
-// that a double effect shows as count(*) > count(DISTINCT id).
+// createLedger creates a run's business table, on every shard in a
+// sharded run. It has no unique key, so that a double effect shows as
+// count(*) > count(DISTINCT id).
 func (r *runner) createLedger(ctx context.Context, key string) error {
-	_, err := r.pool.Exec(ctx, "CREATE TABLE "+r.ledgerTable(key)+` (
+	for i, db := range r.dbs() {
+		_, err := db.Exec(ctx, "CREATE TABLE "+r.ledgerTable(key)+` (
 	id     text        NOT NULL,
 	amount bigint      NOT NULL,
 	at     timestamptz NOT NULL DEFAULT now())`)
-	if err != nil {
-		return fmt.Errorf("create ledger: %w", err)
+		if err != nil {
+			return r.onShard(i, fmt.Errorf("create ledger: %w", err))
+		}
 	}
 	if !r.own {
 		r.ledgers = append(r.ledgers, r.ledgerTable(key))
@@ -126,14 +279,30 @@ func (r *runner) createLedger(ctx context.Context, key string) error {
 const prefillDay = `date_trunc('day', now() - interval '30 days')`
 
 // topUpPrefill makes sure the prefill consumer has at least n rows, processed
-// at noon 30 days ago (prefillDay), in the dedup table, with one INSERT ...
-// SELECT generate_series.
+// at noon 30 days ago (prefillDay), in the dedup table; in a sharded run,
+// n in all, split evenly over the shards.
 func (r *runner) topUpPrefill(ctx context.Context, n int) error {
+	dbs := r.dbs()
+	for i, db := range dbs {
+		share := n / len(dbs)
+		if i < n%len(dbs) {
+			share++
+		}
+		if err := r.onShard(i, r.topUpPrefillIn(ctx, db, share)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// topUpPrefillIn makes sure the prefill consumer has at least n rows in the
+// dedup table of db, with one INSERT ... SELECT generate_series.
+func (r *runner) topUpPrefillIn(ctx context.Context, db *pgxpool.Pool, n int) error {
 	if n == 0 {
 		return nil
 	}
 	var have int64
-	if err := r.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", prefillConsumer).Scan(&have); err != nil {
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", prefillConsumer).Scan(&have); err != nil {
 		return fmt.Errorf("count prefill: %w", err)
 	}
 	if have >= int64(n) {
@@ -151,12 +320,12 @@ func (r *runner) topUpPrefill(ctx context.Context, n int) error {
 	if r.partitioned {
 		into = pgx.Identifier{r.schema, "processed_messages" + "_g2"}.Sanitize()
 		gens := pgx.Identifier{r.schema, "processed_messages" + "_generations"}.Sanitize()
-		if _, err := r.pool.Exec(ctx, `UPDATE `+gens+` SET began_at = `+prefillDay+` + interval '1 day'
+		if _, err := db.Exec(ctx, `UPDATE `+gens+` SET began_at = `+prefillDay+` + interval '1 day'
 WHERE generation = (SELECT max(generation) - 1 FROM `+gens+`) AND began_at > `+prefillDay+` + interval '1 day'`); err != nil {
 			return fmt.Errorf("prefill: date the oldest generation: %w", err)
 		}
 	}
-	_, err := r.pool.Exec(ctx, "INSERT INTO "+into+` (consumer, message_id, fingerprint, processed_at, source)
+	_, err := db.Exec(ctx, "INSERT INTO "+into+` (consumer, message_id, fingerprint, processed_at, source)
 SELECT $1, 'p-' || g, sha256(int8send(g)), `+prefillDay+` + interval '12 hours', 'prefill'
 FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	if err != nil {
@@ -166,10 +335,10 @@ FROM generate_series(1, $2::bigint) AS g`+conflict, prefillConsumer, n)
 	// bulk load: without this, autovacuum's pass over the new rows and
 	// the checkpoint flushing them overlap the next mode (on two cores
 	// that cut batch-mode throughput by two thirds).
-	if _, err := r.pool.Exec(ctx, "VACUUM (ANALYZE) "+into); err != nil {
+	if _, err := db.Exec(ctx, "VACUUM (ANALYZE) "+into); err != nil {
 		return fmt.Errorf("vacuum: %w", err)
 	}
-	if _, err := r.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+	if _, err := db.Exec(ctx, "CHECKPOINT"); err != nil {
 		// CHECKPOINT needs superuser or pg_checkpoint: go on without.
 		r.log.Warn("bench: checkpoint after the prefill failed; the next mode may overlap it", "error", err)
 	}
@@ -303,6 +472,9 @@ func (r *runner) naiveApply(ctx context.Context, name, ledger string, id string,
 // verify compares the ledger and the dedup rows of consumer name with the
 // workload's unique ids.
 func (r *runner) verify(ctx context.Context, key, name string, res *Result) error {
+	if r.cfg.Shards > 0 {
+		return r.verifyShards(ctx, key, name, res)
+	}
 	if err := r.pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT id) FROM "+r.ledgerTable(key)).
 		Scan(&res.Effects, &res.DistinctEffects); err != nil {
 		return fmt.Errorf("count effects: %w", err)
@@ -325,4 +497,76 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	case <-ctx.Done():
 	}
+}
+
+// verifyShards is verify over the shards: the ledgers of all of them
+// together must hold every unique id once, the dedup rows of consumer name
+// on all of them one per unique id. An id is counted once however many
+// shards hold it, so that one applied on two shards while another is
+// missing fails the checks, as it does in one database.
+func (r *runner) verifyShards(ctx context.Context, key, name string, res *Result) error {
+	u := r.work.unique
+	// on[j] counts the shards whose ledger holds the workload's unique id
+	// j (up to 255); others holds the ids that are not the workload's.
+	on := make([]uint8, u)
+	others := map[string]bool{}
+	var claims, twice int64
+	res.ShardEffects = make([]int64, len(r.shards))
+	for i, sh := range r.shards {
+		rows, err := sh.pool.Query(ctx, "SELECT id, count(*) FROM "+r.ledgerTable(key)+" GROUP BY id")
+		if err != nil {
+			return r.onShard(i, fmt.Errorf("count effects: %w", err))
+		}
+		var (
+			id string
+			n  int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			res.Effects += n
+			res.ShardEffects[i] += n
+			j, ok := workloadIndex(id, u)
+			switch {
+			case !ok:
+				if !others[id] {
+					others[id] = true
+					res.DistinctEffects++
+				}
+			case on[j] == 0:
+				res.DistinctEffects++
+			case on[j] == 1:
+				twice++ // on a second shard
+			}
+			if ok && on[j] < 255 {
+				on[j]++
+			}
+			return nil
+		})
+		if err != nil {
+			return r.onShard(i, fmt.Errorf("count effects: %w", err))
+		}
+		var c int64
+		if err := sh.pool.QueryRow(ctx, "SELECT count(*) FROM "+r.dedupTable()+" WHERE consumer = $1", name).Scan(&c); err != nil {
+			return r.onShard(i, fmt.Errorf("count dedup rows: %w", err))
+		}
+		claims += c
+	}
+	want := int64(u)
+	if res.Effects != want || res.DistinctEffects != want || claims != want || twice > 0 || len(others) > 0 {
+		return fmt.Errorf("%w: %d effects, %d distinct, %d dedup rows over %d shards (ledger rows by shard %v; %d ids on two shards or more, %d ids not published); want %d each",
+			ErrVerify, res.Effects, res.DistinctEffects, claims, len(r.shards), res.ShardEffects, twice, len(others), want)
+	}
+	return nil
+}
+
+// workloadIndex returns j if id is msgID(j) of a unique id j below unique.
+func workloadIndex(id string, unique int) (int, bool) {
+	s, ok := strings.CutPrefix(id, "m-")
+	if !ok {
+		return 0, false
+	}
+	j, err := strconv.Atoi(s)
+	if err != nil || j < 0 || j >= unique || msgID(int32(j)) != id {
+		return 0, false
+	}
+	return j, true
 }

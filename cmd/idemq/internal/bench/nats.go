@@ -110,7 +110,7 @@ func (t *natsTarget) publish(ctx context.Context, msgs []*consumer.Message) erro
 			h[k] = v
 		}
 		h[natsIDHeader] = m.ID
-		out[i] = &consumer.Message{Body: m.Body, Headers: h}
+		out[i] = &consumer.Message{Key: m.Key, Body: m.Body, Headers: h}
 	}
 	return t.e.pub.Publish(ctx, t.subject, out...)
 }

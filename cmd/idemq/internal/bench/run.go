@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/processed"
 )
 
 // runMode measures one mode: a fresh queue or topic and ledger, the
@@ -24,7 +23,7 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	cfg := r.cfg
 	res = Result{
 		Broker: cfg.Broker, Mode: m, Messages: cfg.Messages, Unique: r.work.unique,
-		Concurrency: cfg.Concurrency, Phase: ph.name, Prefill: ph.prefill, PurgeDuring: ph.purge,
+		Concurrency: cfg.Concurrency, Shards: cfg.Shards, Phase: ph.name, Prefill: ph.prefill, PurgeDuring: ph.purge,
 	}
 	// A mode's runs in different phases need their own dedup scope and
 	// ledger.
@@ -63,8 +62,9 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 	name := "bench-" + r.runKey(key)
 	ledger := r.ledgerTable(key)
 
-	// The runtime's store, made before the clock starts.
-	var store *processed.Store
+	// The runtime's store, made before the clock starts: with Shards, a
+	// processed.Sharded over the shard databases.
+	var store dedupStore
 	if db && m != ModeNaive && m != ModeNaive1 {
 		if store, err = r.store(); err != nil {
 			return fail(err)
@@ -122,6 +122,14 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 			}
 			if cfg.Broker == BrokerNATS {
 				rcfg.MessageID = consumer.IDFromHeader(natsIDHeader)
+			}
+			if cfg.Shards > 0 && cfg.Broker == BrokerKafka {
+				// Kafka keys a message "topic/partition", which would
+				// route each partition to one shard; the shard key the
+				// publisher wrote as the record key, within its
+				// partition, spreads them (the ordering the kafka
+				// package documents for record keys).
+				rcfg.OrderingKey = func(m *consumer.Message) string { return m.Key + "/" + string(m.RecordKey) }
 			}
 			switch m {
 			case ModeIdemq:

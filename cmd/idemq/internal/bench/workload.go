@@ -19,11 +19,14 @@ import (
 const HeaderPublishedAt = "bench-published-at"
 
 // workload is the sequence of deliveries: delivery i carries unique id
-// seq[i]. A duplicate re-sends an earlier id with the same body. Ids and
-// bodies are derived from the index, so a 1M workload costs 4 MB.
+// seq[i]. A duplicate re-sends an earlier id with the same body (and key).
+// Ids, bodies and keys are derived from the index, so a 1M workload costs
+// 4 MB.
 type workload struct {
 	seq    []int32
 	unique int
+	// keyed gives every message a key (shardKey), for a sharded run.
+	keyed bool
 }
 
 func newWorkload(n int, dupRate float64, seed uint64) *workload {
@@ -41,6 +44,23 @@ func newWorkload(n int, dupRate float64, seed uint64) *workload {
 }
 
 func msgID(j int32) string { return "m-" + strconv.Itoa(int(j)) }
+
+// shardKeys is the number of distinct keys of a keyed workload.
+const shardKeys = 1000
+
+// shardKey is the key of unique message j, which a sharded run routes by:
+// an account, "acct-<j mod 1000>", so that ids spread over the shards and
+// a duplicate goes where its original went.
+func shardKey(j int32) string { return "acct-" + strconv.Itoa(int(j%shardKeys)) }
+
+// key is the Message.Key of unique message j: shardKey if the workload is
+// keyed, none otherwise.
+func (w *workload) key(j int32) string {
+	if !w.keyed {
+		return ""
+	}
+	return shardKey(j)
+}
 
 // amountOf is the ledger amount of unique message j.
 func amountOf(j int32) int64 { return int64(j%1000) + 1 }
@@ -88,6 +108,7 @@ func (w *workload) publish(ctx context.Context, pub publishFunc, published *atom
 				for _, j := range w.seq[start:end] {
 					msgs = append(msgs, &consumer.Message{
 						ID:      msgID(j),
+						Key:     w.key(j),
 						Body:    body(j),
 						Headers: map[string]string{HeaderPublishedAt: now},
 					})
@@ -122,7 +143,7 @@ func (w *workload) publishPaced(ctx context.Context, pub publishFunc, published 
 			case <-t.C:
 			}
 		}
-		m := &consumer.Message{ID: msgID(j), Body: body(j),
+		m := &consumer.Message{ID: msgID(j), Key: w.key(j), Body: body(j),
 			Headers: map[string]string{HeaderPublishedAt: strconv.FormatInt(time.Now().UnixNano(), 10)}}
 		if err := pub(ctx, []*consumer.Message{m}); err != nil {
 			return err
