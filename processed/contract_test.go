@@ -36,7 +36,66 @@ var layouts = []struct {
 // contract is one case of the suite, given a migrated store of a layout.
 type contract struct {
 	name string
-	run  func(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config)
+	run  func(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg processed.Config)
+}
+
+// contractStore is the store a case runs against: a *processed.Store, or a
+// shard of a processed.Sharded whose claims go through the Sharded
+// (shardUnderTest).
+type contractStore interface {
+	dedup.Store
+	Lookup(ctx context.Context, consumerName, id string) (processed.Row, error)
+	Stats(ctx context.Context, consumerName string) (processed.Stats, error)
+	Generations(ctx context.Context) ([]processed.Generation, error)
+	Maintain(ctx context.Context) error
+	Migrate(ctx context.Context) error
+	Version(ctx context.Context) (int, error)
+	Schema() string
+	Table() string
+	String() string
+	Pool() *pgxpool.Pool
+	Close()
+}
+
+// shardUnderTest is shard 1 of a two-shard processed.Sharded: every claim
+// goes through the Sharded's BeginClaim to it, with route (during a
+// reshard, from shard 0, whose dedup table is empty, so that each claim
+// also looks its id up there); the rest is the shard's own Store.
+type shardUnderTest struct {
+	*processed.Store
+	sharded *processed.Sharded
+	route   dedup.Route
+}
+
+func (s shardUnderTest) BeginClaim(ctx context.Context, cs []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	routed := append([]dedup.Claim(nil), cs...)
+	for i := range routed {
+		routed[i].Route = s.route
+	}
+	return s.sharded.BeginClaim(ctx, routed)
+}
+
+// shardedSetup makes the store a sharded case runs against: shard 1 of
+// cfg's layout, behind a Sharded whose shard 0 is another schema's store;
+// resharding configures a reshard from a map of the same two shards.
+func shardedSetup(t *testing.T, cfg processed.Config, resharding bool) (contractStore, *pgxpool.Pool) {
+	t.Helper()
+	other, _ := setup(t, processed.Config{Partitioned: cfg.Partitioned})
+	s, pool := setup(t, cfg)
+	sc := processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}
+	route := dedup.Route{Shard: 1, Was: 1}
+	if resharding {
+		sc.Previous = &processed.ShardMap{Name: "before", Shards: 2}
+		route.Was = 0
+	}
+	sh, err := processed.NewSharded([]*processed.Store{other, s}, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return shardUnderTest{Store: s, sharded: sh, route: route}, pool
 }
 
 func TestStoreContract(t *testing.T) {
@@ -57,34 +116,47 @@ func TestStoreContract(t *testing.T) {
 		{"OnlyTheRuntimeCommits", contractOnlyRuntimeCommits},
 		{"NotMigrated", contractNotMigrated},
 	}
+	// Each layout alone, and as a shard of a processed.Sharded: claims
+	// through its BeginClaim, and during a reshard, when each also looks
+	// its id up on the shard it was on before.
 	for _, layout := range layouts {
-		t.Run(layout.name, func(t *testing.T) {
-			t.Parallel()
-			for _, c := range cases {
-				t.Run(c.name, func(t *testing.T) {
-					t.Parallel()
-					s, pool := setup(t, layout.cfg)
-					c.run(t, s, pool, layout.cfg)
-				})
-			}
-		})
+		for _, sharded := range []string{"", "/shard", "/shard-resharding"} {
+			t.Run(layout.name+sharded, func(t *testing.T) {
+				t.Parallel()
+				for _, c := range cases {
+					t.Run(c.name, func(t *testing.T) {
+						t.Parallel()
+						var (
+							s    contractStore
+							pool *pgxpool.Pool
+						)
+						if sharded == "" {
+							s, pool = setup(t, layout.cfg)
+						} else {
+							s, pool = shardedSetup(t, layout.cfg, sharded == "/shard-resharding")
+						}
+						c.run(t, s, pool, layout.cfg)
+					})
+				}
+			})
+		}
 	}
 }
 
 // gen is the quoted generation table i of a partitioned store.
-func gen(s *processed.Store, i int) string {
+func gen(s contractStore, i int) string {
 	return pgx.Identifier{s.Schema(), fmt.Sprintf("%s_g%d", s.Table(), i)}.Sanitize()
 }
 
 // into is where claims insert: the plain table or the current generation.
-func into(s *processed.Store, cfg processed.Config) string {
+func into(s contractStore, cfg processed.Config) string {
 	if cfg.Partitioned {
 		return gen(s, 0)
 	}
 	return table(s)
 }
 
-func contractNewDuplicateMismatch(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
+func contractNewDuplicateMismatch(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
 	c := claimOf("billing", "m-1", "pay 10")
 	c.Partition, c.Offset = 3, 42
 	if got := claim(t, s, c)[0]; got.Outcome != dedup.ClaimNew || !got.ProcessedAt.IsZero() {
@@ -118,7 +190,7 @@ func contractNewDuplicateMismatch(t *testing.T, s *processed.Store, _ *pgxpool.P
 	}
 }
 
-func contractRejectsBadClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
+func contractRejectsBadClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
 	for name, cs := range map[string][]dedup.Claim{
 		"none":           nil,
 		"no consumer":    {claimOf("", "m", "x")},
@@ -133,7 +205,7 @@ func contractRejectsBadClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 	}
 }
 
-func contractRolledBack(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
+func contractRolledBack(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
 	c := claimOf("billing", "m-rb", "x")
 	tx, res, err := s.BeginClaim(ctx(t), []dedup.Claim{c})
 	if err != nil || res[0].Outcome != dedup.ClaimNew {
@@ -152,7 +224,7 @@ func contractRolledBack(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ pro
 
 // contractConcurrentClaims: many transactions claim one id at once, alone
 // and in batches; exactly one commits it as new.
-func contractConcurrentClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
+func contractConcurrentClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
 	const workers = 12
 	for round := range 5 {
 		id := fmt.Sprintf("race-%d", round)
@@ -227,7 +299,7 @@ func waitUntilBlocked(t *testing.T, pool *pgxpool.Pool, pid uint32) {
 // contractWaitsForUncommitted: a claim of an id another transaction has
 // claimed but not committed waits for it, then answers duplicate (it
 // committed) or new (it rolled back).
-func contractWaitsForUncommitted(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+func contractWaitsForUncommitted(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg processed.Config) {
 	for _, firstCommits := range []bool{true, false} {
 		c := claimOf("billing", fmt.Sprintf("m-race-%v", firstCommits), "x")
 		txA, res, err := s.BeginClaim(ctx(t), []dedup.Claim{c})
@@ -286,7 +358,7 @@ func contractWaitsForUncommitted(t *testing.T, s *processed.Store, pool *pgxpool
 
 // contractExecModes: the claims answer the same whatever the pool's query
 // exec mode (the simple protocol is what PgBouncer users run).
-func contractExecModes(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg processed.Config) {
+func contractExecModes(t *testing.T, s contractStore, _ *pgxpool.Pool, cfg processed.Config) {
 	for name, mode := range map[string]pgx.QueryExecMode{
 		"cache_statement": pgx.QueryExecModeCacheStatement,
 		"cache_describe":  pgx.QueryExecModeCacheDescribe,
@@ -359,7 +431,7 @@ func (r afterResults) Close() error {
 
 // contractRowVanishes: the committed row an id's INSERT conflicted with is
 // purged before the claim reads it: the claim claims the id afresh.
-func contractRowVanishes(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+func contractRowVanishes(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg processed.Config) {
 	c := claimOf("billing", "m-v", "x")
 	claim(t, s, c)
 	db := &afterBatchDB{Pool: pool}
@@ -389,7 +461,7 @@ func contractRowVanishes(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 // generation and a rotation; on a plain table, a purge of other rows),
 // round after round: every id is new exactly once. Round r's claims are
 // of consumer c<r>, and the upkeep purges c<r-2>.
-func contractAcrossBoundaries(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg processed.Config) {
+func contractAcrossBoundaries(t *testing.T, s contractStore, _ *pgxpool.Pool, cfg processed.Config) {
 	const (
 		rounds  = 8
 		ids     = 40
@@ -472,7 +544,7 @@ func contractAcrossBoundaries(t *testing.T, s *processed.Store, _ *pgxpool.Pool,
 
 // contractPurgeRacingClaims: a consumer's purge (and the upkeep) run in a
 // loop while its claims go on: no claim fails.
-func contractPurgeRacingClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool, _ processed.Config) {
+func contractPurgeRacingClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
 	c, cancel := context.WithTimeout(ctx(t), 1500*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -518,7 +590,7 @@ func contractPurgeRacingClaims(t *testing.T, s *processed.Store, _ *pgxpool.Pool
 // clock stepped back (an NTP step, a failover to a standby whose clock is
 // behind) leaves rows dated ahead of the present, and one stepped forward
 // rows dated behind; so it is after the boundaries moved.
-func contractDatedRows(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+func contractDatedRows(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg processed.Config) {
 	dated := map[string]string{"ahead-90m": "90 minutes", "ahead-3d": "3 days", "behind-30d": "-30 days"}
 	for id, by := range dated {
 		c := claimOf("c", id, "x")
@@ -568,7 +640,7 @@ VALUES ($1, $2, $3, now() + $4::interval)`, c.Consumer, c.MessageID, c.Fingerpri
 // short retention, one with none: the first's purges never take the
 // second's rows. On the partitioned layout the first's rows stay too, held
 // by the second, until it purges as well.
-func contractTwoConsumers(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg processed.Config) {
+func contractTwoConsumers(t *testing.T, s contractStore, _ *pgxpool.Pool, cfg processed.Config) {
 	for i := range 5 {
 		claim(t, s, claimOf("short", fmt.Sprintf("s-%d", i), "x"), claimOf("short", fmt.Sprintf("s-%d-b", i), "x"))
 		claim(t, s, claimOf("keeper", fmt.Sprintf("k-%d", i), "x"))
@@ -630,7 +702,7 @@ func contractTwoConsumers(t *testing.T, s *processed.Store, _ *pgxpool.Pool, cfg
 // began commits its claims: a COMMIT run as SQL in it fails and rolls it
 // back, and a transaction begun anew after the claim's ended does not
 // commit.
-func contractOnlyRuntimeCommits(t *testing.T, s *processed.Store, pool *pgxpool.Pool, _ processed.Config) {
+func contractOnlyRuntimeCommits(t *testing.T, s contractStore, pool *pgxpool.Pool, _ processed.Config) {
 	if _, err := pool.Exec(ctx(t), `CREATE TABLE `+pgx.Identifier{s.Schema(), "effects"}.Sanitize()+` (id text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -673,7 +745,7 @@ func contractOnlyRuntimeCommits(t *testing.T, s *processed.Store, pool *pgxpool.
 	}
 }
 
-func contractNotMigrated(t *testing.T, _ *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+func contractNotMigrated(t *testing.T, _ contractStore, pool *pgxpool.Pool, cfg processed.Config) {
 	cfg.Schema = testdb.Schema(t)
 	s, err := processed.New(pool, cfg)
 	if err != nil {
@@ -771,7 +843,7 @@ func TestDateStyleAndTimeZone(t *testing.T) {
 // id claimed beside them is new once, and the table is whole after them
 // (on the partitioned layout: three generations, no table left halfway
 // through a rotation).
-func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, cfg processed.Config) {
+func contractTwoJanitors(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg processed.Config) {
 	for i := range 20 {
 		claim(t, s, claimOf("old", fmt.Sprintf("o-%d", i), "x"))
 	}
@@ -791,7 +863,7 @@ func contractTwoJanitors(t *testing.T, s *processed.Store, pool *pgxpool.Pool, c
 		wg   sync.WaitGroup
 		news [60]atomic.Int32
 	)
-	for _, st := range []*processed.Store{s, s2} {
+	for _, st := range []contractStore{s, s2} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

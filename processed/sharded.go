@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -157,8 +158,9 @@ type Sharded struct {
 	prev   *ShardMap
 	owned  bool // OpenSharded made the stores: Close closes them
 
+	// checked is set once check has passed; checkMu serialises checks.
 	checkMu sync.Mutex
-	checked bool
+	checked atomic.Bool
 }
 
 // Sharded is a consumer.ShardedStore, with the Store's optional methods.
@@ -394,9 +396,12 @@ func (s *Sharded) readRecord(ctx context.Context, i int) (recorded, error) {
 // passed; it records the map on shards of a first use, and the reshard on
 // every shard when it begins.
 func (s *Sharded) check(ctx context.Context) error {
+	if s.checked.Load() {
+		return nil
+	}
 	s.checkMu.Lock()
 	defer s.checkMu.Unlock()
-	if s.checked {
+	if s.checked.Load() {
 		return nil
 	}
 	recs := make([]recorded, len(s.stores))
@@ -435,7 +440,7 @@ func (s *Sharded) check(ctx context.Context) error {
 			}
 		}
 		if present == len(recs) {
-			s.checked = true
+			s.checked.Store(true)
 			return nil
 		}
 		write = func(tx pgx.Tx, i int, st *statements) error {
@@ -462,7 +467,7 @@ func (s *Sharded) check(ctx context.Context) error {
 			if finished != s.cur.Shards || present != finished {
 				return refuse("the shards record a reshard from %s to %s as finished on %d of them", prev, cur, finished)
 			}
-			s.checked = true
+			s.checked.Store(true)
 			return nil
 		}
 		write = func(tx pgx.Tx, i int, st *statements) error {
@@ -497,7 +502,7 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
 		}
 	}
-	s.checked = true
+	s.checked.Store(true)
 	return nil
 }
 

@@ -53,7 +53,7 @@ func claimOf(consumerName, id, body string) dedup.Claim {
 }
 
 // claim claims cs with BeginClaim, the runtime's path, and commits.
-func claim(t *testing.T, s *processed.Store, cs ...dedup.Claim) []dedup.ClaimResult {
+func claim(t *testing.T, s dedup.Store, cs ...dedup.Claim) []dedup.ClaimResult {
 	t.Helper()
 	tx, res, err := s.BeginClaim(ctx(t), cs)
 	if tx != nil {
@@ -69,7 +69,12 @@ func claim(t *testing.T, s *processed.Store, cs ...dedup.Claim) []dedup.ClaimRes
 }
 
 // table is the quoted table (or view) of s.
-func table(s *processed.Store) string { return pgx.Identifier{s.Schema(), s.Table()}.Sanitize() }
+func table(s interface {
+	Schema() string
+	Table() string
+}) string {
+	return pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+}
 
 func TestPurgeDeletesInBatches(t *testing.T) {
 	t.Parallel()
