@@ -103,6 +103,9 @@ func newGenerations(schema, table string) *generations {
 // generation has.
 func (g *generations) claimTables() (string, []string) { return g.tables[0], g.tables[1:genCount] }
 
+// allTables are the four generations' tables, the retired one included.
+func (g *generations) allTables() []string { return g.tables[:] }
+
 // readFrom is the three generations as one relation, t, for the store's
 // reads: not the view, which also shows g3.
 func (g *generations) readFrom() string {

@@ -24,6 +24,8 @@ type layout interface {
 	// maintain is the upkeep (Store.Maintain); it returns the rows it
 	// retired.
 	maintain(ctx context.Context, s *Store, st *statements) (int64, error)
+	// allTables returns every quoted table that holds rows.
+	allTables() []string
 }
 
 // plain is the plain table: one table with a primary key, whose purge
@@ -46,6 +48,8 @@ func newPlain(table string) *plain {
 func (p *plain) claimTables() (string, []string) { return p.table, nil }
 
 func (p *plain) readFrom() string { return p.table + " AS t" }
+
+func (p *plain) allTables() []string { return []string{p.table} }
 
 // purge deletes the consumer's rows older than cutoff in batches of
 // Config.PurgeBatchSize, each its own short statement, paced by PurgePause

@@ -74,22 +74,28 @@ func (m ShardMap) validate(field string) error {
 	return nil
 }
 
-// route returns msg's shard under m.
-func (m ShardMap) route(msg *consumer.Message) (int, error) {
+// route returns msg's shard under m, and its shard key.
+func (m ShardMap) route(msg *consumer.Message) (int, string, error) {
 	key := msg.Key
 	if m.Key != nil {
 		k, err := m.Key(msg)
 		if err != nil {
-			return 0, fmt.Errorf("shard map %s: shard key: %w", m.id(), err)
+			return 0, "", fmt.Errorf("shard map %s: shard key: %w", m.id(), err)
 		}
 		key = k
 	}
 	if key == "" {
 		if m.Key == nil {
-			return 0, fmt.Errorf("shard map %s: the message has no ordering key (Message.Key), which the map routes by", m.id())
+			return 0, "", fmt.Errorf("shard map %s: the message has no ordering key (Message.Key), which the map routes by", m.id())
 		}
-		return 0, fmt.Errorf("shard map %s: the shard key is empty", m.id())
+		return 0, "", fmt.Errorf("shard map %s: the shard key is empty", m.id())
 	}
+	n, err := m.place(key)
+	return n, key, err
+}
+
+// place returns the shard of a shard key under m.
+func (m ShardMap) place(key string) (int, error) {
 	if m.Place == nil {
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(key))
@@ -247,13 +253,13 @@ func (s *Sharded) String() string {
 
 // Route returns msg's shard, and during a reshard its shard before it.
 func (s *Sharded) Route(msg *consumer.Message) (dedup.Route, error) {
-	n, err := s.cur.route(msg)
+	n, key, err := s.cur.route(msg)
 	if err != nil {
 		return dedup.Route{}, err
 	}
-	r := dedup.Route{Shard: n, Was: n}
+	r := dedup.Route{Shard: n, Was: n, Key: key}
 	if s.prev != nil {
-		if r.Was, err = s.prev.route(msg); err != nil {
+		if r.Was, _, err = s.prev.route(msg); err != nil {
 			return dedup.Route{}, fmt.Errorf("during the reshard from %s: %w", s.prev.id(), err)
 		}
 	}
@@ -507,14 +513,16 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 }
 
 // ErrReshardUnfinished is wrapped by FinishReshard's error while a shard
-// still holds dedup rows from before the reshard.
+// still holds dedup rows from before the reshard that the new map places
+// elsewhere, or that have no shard key.
 var ErrReshardUnfinished = errors.New("processed: the reshard cannot finish yet")
 
-// FinishReshard ends the reshard this store is configured for, once no
-// shard holds a dedup row from before it began: every message applied
-// before it has then aged out of the dedup window (Retention's purges),
-// so the old map has nothing left to say. Until then it returns an error
-// wrapping ErrReshardUnfinished that names each shard's oldest such row.
+// FinishReshard ends the reshard this store is configured for, once the
+// old map has nothing left to say: no shard holds a dedup row from before
+// the reshard that the new map places on another shard (MoveRows moves
+// them), or that has no shard key (those age out through the janitor's
+// purges). Until then it returns an error wrapping ErrReshardUnfinished
+// that counts them per shard. It reads every row from before the reshard.
 // Afterwards the shards record Map alone: start the consumers without
 // Previous (a store that still has it keeps working). Shards the new map
 // leaves are forgotten: their records are deleted.
@@ -540,17 +548,17 @@ func (s *Sharded) FinishReshard(ctx context.Context) error {
 	}
 	var left []string
 	for i, st := range s.stores {
-		n, oldest, err := st.rowsBefore(ctx, since)
+		rep, err := s.misplaced(ctx, i, st, since)
 		if err != nil {
 			return fmt.Errorf("processed: finish the reshard: shard %d: %w", i, err)
 		}
-		if n > 0 {
-			left = append(left, fmt.Sprintf("shard %d holds %d from before it (the oldest processed %s)", i, n, oldest.UTC().Format(time.RFC3339)))
+		if rep.Misplaced > 0 || rep.Unkeyed > 0 {
+			left = append(left, fmt.Sprintf("shard %d holds %d rows from before it that the map places on another shard (MoveRows moves them) and %d without a shard key (purged once older than the retention)",
+				i, rep.Misplaced, rep.Unkeyed))
 		}
 	}
 	if len(left) > 0 {
-		return fmt.Errorf("%w: it began %s, and %s; the janitor's purges remove them once they are older than the retention",
-			ErrReshardUnfinished, since.UTC().Format(time.RFC3339), strings.Join(left, "; "))
+		return fmt.Errorf("%w: it began %s, and %s", ErrReshardUnfinished, since.UTC().Format(time.RFC3339), strings.Join(left, "; "))
 	}
 	cur, prev := s.cur.id(), s.prev.id()
 	for i, st := range s.stores {
@@ -567,6 +575,30 @@ func (s *Sharded) FinishReshard(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// misplaced counts shard i's rows from before since that the map places
+// on another shard, and those without a shard key.
+func (s *Sharded) misplaced(ctx context.Context, i int, st *Store, since time.Time) (MoveReport, error) {
+	var rep MoveReport
+	err := scanRows(ctx, st, since, func(page []movedRow) error {
+		rep.Scanned += int64(len(page))
+		for _, r := range page {
+			if r.key == nil {
+				rep.Unkeyed++
+				continue
+			}
+			n, err := s.cur.place(*r.key)
+			if err != nil {
+				return err
+			}
+			if n != i {
+				rep.Misplaced++
+			}
+		}
+		return nil
+	})
+	return rep, err
 }
 
 // Migrate migrates every shard, then checks the maps against the shards'

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -437,14 +438,59 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 	if err := during.FinishReshard(ctx(t)); !errors.Is(err, processed.ErrReshardUnfinished) || !strings.Contains(err.Error(), "shard 0 holds") {
 		t.Fatalf("FinishReshard with the first 200 rows left: %v", err)
 	}
-	// Once the purges have removed them, it can.
-	for i, d := range dbs {
-		if _, err := d.pool.Exec(ctx(t), "UPDATE processed_messages SET processed_at = processed_at - interval '2 days' WHERE message_id < 'm200'"); err != nil {
+	// The rows of the keys that moved go to the new shard; an unkeyed row
+	// (claimed by the shard's store alone) stays until purged.
+	claim(t, dbs[0].store, dedup.Claim{Consumer: "ledger", MessageID: "unkeyed", Partition: -1, Offset: -1})
+	if _, err := dbs[0].pool.Exec(ctx(t), "UPDATE processed_messages SET processed_at = processed_at - interval '2 days' WHERE message_id = 'unkeyed'"); err != nil {
+		t.Fatal(err)
+	}
+	var movedRows int64
+	for from := 0; from < 2; from++ {
+		rep, err := during.MoveRows(ctx(t), from, 2, nil)
+		if err != nil {
+			t.Fatalf("MoveRows %d→2: %v", from, err)
+		}
+		t.Logf("MoveRows %d→2: %+v", from, rep)
+		movedRows += rep.Moved
+		if from == 0 && rep.Unkeyed != 1 {
+			t.Fatalf("MoveRows %d→2: %+v, want the unkeyed row counted", from, rep)
+		}
+	}
+	// The first 200 rows of the moved keys are now on shard 2, and nowhere
+	// else; each id is on one shard.
+	rowsOn := func(i int) map[string]bool {
+		rows, err := dbs[i].pool.Query(ctx(t), "SELECT message_id FROM processed_messages")
+		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.store.Purge(ctx(t), "ledger", 24*time.Hour); err != nil {
-			t.Fatalf("purge shard %d: %v", i, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
 		}
+		out := map[string]bool{}
+		for _, id := range ids {
+			out[id] = true
+		}
+		return out
+	}
+	on := []map[string]bool{rowsOn(0), rowsOn(1), rowsOn(2)}
+	for _, m := range first {
+		r, _ := during.Route(m)
+		for i := range on {
+			if on[i][m.ID] != (i == r.Shard) {
+				t.Fatalf("%s (shard %d, was %d): a row on shard %d is %v", m.ID, r.Shard, r.Was, i, on[i][m.ID])
+			}
+		}
+	}
+	if movedRows == 0 {
+		t.Fatal("MoveRows moved nothing")
+	}
+	// Only the unkeyed row holds the reshard now.
+	if err := during.FinishReshard(ctx(t)); !errors.Is(err, processed.ErrReshardUnfinished) || !strings.Contains(err.Error(), "0 rows from before it that the map places on another shard (MoveRows moves them) and 1 without a shard key") {
+		t.Fatalf("FinishReshard with an unkeyed row left: %v", err)
+	}
+	if _, err := dbs[0].store.Purge(ctx(t), "ledger", 24*time.Hour); err != nil {
+		t.Fatal(err)
 	}
 	if err := during.FinishReshard(ctx(t)); err != nil {
 		t.Fatalf("FinishReshard: %v", err)
@@ -465,5 +511,19 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 	}
 	if err := old.Migrate(ctx(t)); !errors.Is(err, processed.ErrShardMapChanged) {
 		t.Fatalf("the old map after the reshard: %v, want ErrShardMapChanged", err)
+	}
+
+	// With the new map alone, everything delivered once more is a
+	// duplicate: the moved rows answer for the moved keys.
+	if err := broker.Publish(ctx(t), "q", first...); err != nil {
+		t.Fatal(err)
+	}
+	if stats, err := runSharded(t, broker, "q", after, &deadLetters{}, 0); err != nil || stats.Applied != 0 || stats.Duplicates != int64(len(first)) {
+		t.Fatalf("after the reshard: %+v, %v", stats, err)
+	}
+	for id, at := range effects(t, dbs) {
+		if len(at) != 1 {
+			t.Fatalf("%s applied on shards %v", id, at)
+		}
 	}
 }

@@ -231,9 +231,10 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	// table is, and whether the objects this version's claims and purges
 	// use exist (the latest migrations made them).
 	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL,
-	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)`,
+	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)
+	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped)`,
 		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitCheckSuffix}.Sanitize(),
-		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired]).Scan(&kind, &hasGens, &current); err != nil {
+		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0]).Scan(&kind, &hasGens, &current); err != nil {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
@@ -257,7 +258,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if !current {
 		// A table of earlier migrations lacks what the claims use: this
 		// version of idemq refuses it until Migrate has run.
-		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons)")
+		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons, the shard key)")
 	}
 	st := newStatements(schema, s.cfg.Table, lay)
 	s.st.Store(st)
@@ -292,14 +293,14 @@ func newStatements(schema, table string, lay layout) *statements {
 		}
 		return b.String()
 	}
-	head := `INSERT INTO ` + into + ` (consumer, message_id, fingerprint, source, partition, "offset")`
+	head := `INSERT INTO ` + into + ` (consumer, message_id, fingerprint, source, partition, "offset", shard_key)`
 	st.insert = head + `
-SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1)
-FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(id, fp, src, part, off)` + where("u.id") + `
+SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1), NULLIF(u.sk, '')
+FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::text[]) AS u(id, fp, src, part, off, sk)` + where("u.id") + `
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING message_id`
 	st.insertOne = head + `
-SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint` + where("$2::text") + `
+SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint, NULLIF($8::text, '')` + where("$2::text") + `
 ON CONFLICT (consumer, message_id) DO NOTHING`
 	from := lay.readFrom()
 	st.existingOne = `SELECT fingerprint, processed_at FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
@@ -529,7 +530,7 @@ func (b *batch) args(c dedup.Claim) []any {
 	if c.Offset >= 0 {
 		offset = c.Offset
 	}
-	return []any{c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset, b.token}
+	return []any{c.Consumer, c.MessageID, c.Fingerprint[:], c.Source, partition, offset, b.token, c.Route.Key}
 }
 
 // insertArgs are the arguments of the claim INSERT for pending; a negative
@@ -540,11 +541,12 @@ func (b *batch) insertArgs(pending []dedup.Claim) []any {
 	srcs := make([]string, len(pending))
 	parts := make([]int32, len(pending))
 	offs := make([]int64, len(pending))
+	keys := make([]string, len(pending))
 	for i, c := range pending {
-		ids[i], fps[i], srcs[i] = c.MessageID, c.Fingerprint[:], c.Source
+		ids[i], fps[i], srcs[i], keys[i] = c.MessageID, c.Fingerprint[:], c.Source, c.Route.Key
 		parts[i], offs[i] = max(c.Partition, -1), max(c.Offset, -1)
 	}
-	return []any{b.name, ids, fps, srcs, parts, offs, b.token}
+	return []any{b.name, ids, fps, srcs, parts, offs, b.token, keys}
 }
 
 // finish records the ids the INSERT inserted, reads the rows the others
@@ -795,26 +797,6 @@ func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Row, error
 		return Row{}, s.wrap("lookup", err)
 	}
 	return r, nil
-}
-
-// rowsBefore counts the rows of every consumer processed before t, and
-// returns the oldest one's time.
-func (s *Store) rowsBefore(ctx context.Context, t time.Time) (int64, time.Time, error) {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	var (
-		n      int64
-		oldest *time.Time
-	)
-	if err := s.db.QueryRow(ctx, "SELECT count(*), min(processed_at) FROM "+st.layout.readFrom()+" WHERE processed_at < $1", t).Scan(&n, &oldest); err != nil {
-		return 0, time.Time{}, s.wrap("count rows before the reshard", err)
-	}
-	if oldest == nil {
-		return n, time.Time{}, nil
-	}
-	return n, *oldest, nil
 }
 
 // Stats summarises the rows of one consumer, or of all.

@@ -294,9 +294,9 @@ func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 			defer func() { _ = tx.Rollback(context.Background()) }()
 			for name, c := range map[string]struct{ types, args string }{
 				"existing":    {"(text, text[])", "('c', ARRAY['id-1', 'id-2', 'id-3'])"},
-				"insert":      {"(text, text[], bytea[], text[], int[], bigint[], text)", "('c', ARRAY['id-1', 'id-2', 'new'], ARRAY[sha256(''), sha256(''), sha256('')], ARRAY['', '', ''], ARRAY[-1, -1, -1], ARRAY[-1, -1, -1]::bigint[], 'token')"},
+				"insert":      {"(text, text[], bytea[], text[], int[], bigint[], text, text[])", "('c', ARRAY['id-1', 'id-2', 'new'], ARRAY[sha256(''), sha256(''), sha256('')], ARRAY['', '', ''], ARRAY[-1, -1, -1], ARRAY[-1, -1, -1]::bigint[], 'token', ARRAY['', '', ''])"},
 				"existingOne": {"(text, text)", "('c', 'id-1')"},
-				"insertOne":   {"(text, text, bytea, text, int, bigint, text)", "('c', 'id-1', sha256(''), '', NULL, NULL, 'token')"},
+				"insertOne":   {"(text, text, bytea, text, int, bigint, text, text)", "('c', 'id-1', sha256(''), '', NULL, NULL, 'token', '')"},
 			} {
 				if _, err := tx.Exec(ctx(t), "PREPARE idemq_plan_test"+c.types+" AS "+sqls[name]); err != nil {
 					t.Fatal(err)

@@ -123,6 +123,7 @@ func TestMigrateEarlierPartitionedLayout(t *testing.T) {
 		`DROP FUNCTION ` + q("processed_messages_commit_check") + `(text)`,
 		`DROP TABLE ` + q("processed_messages_horizons"),
 		`DROP TABLE ` + q("processed_messages_shard_map"),
+		`ALTER TABLE ` + q("processed_messages") + ` DROP COLUMN shard_key`,
 		`ALTER TABLE ` + q("processed_messages") + ` RENAME TO processed_messages_before`,
 		`CREATE TABLE ` + q("processed_messages") + ` (LIKE ` + q("processed_messages_before") + ` INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (processed_at)`,
 		`CREATE TABLE ` + q("processed_messages_default") + ` PARTITION OF ` + q("processed_messages") + ` DEFAULT`,

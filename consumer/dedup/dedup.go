@@ -42,6 +42,9 @@ type Route struct {
 	// applied there is applied again. It equals Shard when no reshard is
 	// under way, or the message stays where it was.
 	Was int
+	// Key is the shard key the map placed the message by, which the store
+	// keeps with the claim so that a reshard can move its row.
+	Key string
 }
 
 // ClaimOutcome says what a claim found.
