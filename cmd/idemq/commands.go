@@ -31,6 +31,7 @@ var commands = []*command{
 	migrateCommand,
 	processedShowCommand,
 	processedPurgeCommand,
+	processedMoveCommand,
 	dlqInspectCommand,
 	dlqReplayCommand,
 	benchCommand,
