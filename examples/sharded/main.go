@@ -10,8 +10,10 @@
 //  3. reshard to three: every payment is delivered again with new ones;
 //     the accounts that moved to the new shard find their old payments on
 //     their old shard, so nothing is applied twice;
-//  4. finish: the reshard cannot finish while rows from before it remain
-//     (the janitor's purges remove them once they age out).
+//  4. move: the dedup rows of the accounts that moved go to the new shard
+//     (Sharded.MoveRows), each checked there before its delete;
+//  5. finish: the reshard ends (FinishReshard), and a consumer of the new
+//     map alone finds every payment, delivered once more, already applied.
 //
 // It uses the in-memory broker and the Postgres server of DATABASE_URL
 // (defaulting to the local one), where it recreates three databases,
@@ -53,8 +55,9 @@ const (
 const usage = `Usage: go run ./examples/sharded [-h]
 
 One consumer over a dedup store sharded across databases, resharded from two
-databases to three while every payment is delivered again. It shows each
-payment applied exactly once, on its account's shard, and exits 1 if not.
+databases to three while every payment is delivered again, the moved
+accounts' dedup rows moved, and the reshard finished. It shows each payment
+applied exactly once, on its account's shard, and exits 1 if not.
 
 It uses the in-memory broker and the Postgres server of $DATABASE_URL, by
 default
@@ -185,12 +188,40 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "3. three shards:  %d accounts of %d moved to shard 2; %d payments received, %d applied, %d duplicates skipped; ledger rows per shard %v\n",
 		len(moved), accounts, st.Received, st.Applied, st.Duplicates, counts)
 
-	// 4. Finishing the reshard.
-	err = three.FinishReshard(ctx)
-	if !errors.Is(err, processed.ErrReshardUnfinished) {
-		return fmt.Errorf("FinishReshard with the rows from before the reshard still there: %v, want ErrReshardUnfinished", err)
+	// 4. The rows of the moved accounts go to their new shard.
+	if err := three.FinishReshard(ctx); !errors.Is(err, processed.ErrReshardUnfinished) {
+		return fmt.Errorf("FinishReshard with the moved accounts' rows on their old shards: %v, want ErrReshardUnfinished", err)
 	}
-	fmt.Fprintf(out, "4. finish:        refused while the dedup rows of the %d payments applied before it remain\n", first)
+	var moves []string
+	for from := 0; from < 2; from++ {
+		rep, err := three.MoveRows(ctx, from, 2, nil)
+		if err != nil {
+			return err
+		}
+		moves = append(moves, fmt.Sprintf("%d from shard %d", rep.Moved, from))
+	}
+	fmt.Fprintf(out, "4. move:          the moved accounts' dedup rows to shard 2: %s, each checked there before its delete\n", strings.Join(moves, ", "))
+
+	// 5. The reshard ends; a consumer of the new map alone.
+	if err := three.FinishReshard(ctx); err != nil {
+		return err
+	}
+	after, err := processed.OpenSharded(ctx, urls, cfg, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
+	if err != nil {
+		return err
+	}
+	defer after.Close()
+	if err := broker.Publish(ctx, queue, batch...); err != nil {
+		return err
+	}
+	if st, err = consume(ctx, broker, after, dl); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "5. finish:        the reshard ended; the new map alone: %d payments delivered again, %d applied, %d duplicates skipped\n",
+		st.Received, st.Applied, st.Duplicates)
+	if st.Applied != 0 {
+		return fmt.Errorf("%d payments applied again after the reshard", st.Applied)
+	}
 
 	// Every payment once, in all the shards together.
 	seen, err := paymentShards(ctx, urls)
