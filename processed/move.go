@@ -80,6 +80,31 @@ ORDER BY consumer, message_id LIMIT $3`
 	}
 }
 
+// scanPlaced reads st's rows as scanRows does, counting them and those
+// without a shard key in rep, and calls fn with each page's keyed rows and
+// the shard the map places each on.
+func (s *Sharded) scanPlaced(ctx context.Context, st *Store, before time.Time, rep *MoveReport, fn func(keyed []movedRow, shards []int) error) error {
+	return scanRows(ctx, st, before, func(page []movedRow) error {
+		rep.Scanned += int64(len(page))
+		var (
+			keyed  []movedRow
+			shards []int
+		)
+		for _, r := range page {
+			if r.key == nil {
+				rep.Unkeyed++
+				continue
+			}
+			n, err := s.cur.place(*r.key)
+			if err != nil {
+				return fmt.Errorf("processed: place a row's shard key: %w", err)
+			}
+			keyed, shards = append(keyed, r), append(shards, n)
+		}
+		return fn(keyed, shards)
+	})
+}
+
 // MoveRows moves the dedup rows of shard from whose shard keys the map
 // (ShardedConfig.Map) places on shard to: during a reshard, the rows of
 // the keys that moved, so that FinishReshard can end it without waiting
@@ -110,19 +135,10 @@ func (s *Sharded) MoveRows(ctx context.Context, from, to int, progress func(Move
 	if err != nil {
 		return rep, err
 	}
-	err = scanRows(ctx, src, time.Time{}, func(page []movedRow) error {
-		rep.Scanned += int64(len(page))
+	err = s.scanPlaced(ctx, src, time.Time{}, &rep, func(keyed []movedRow, shards []int) error {
 		var move []movedRow
-		for _, r := range page {
-			if r.key == nil {
-				rep.Unkeyed++
-				continue
-			}
-			n, err := s.cur.place(*r.key)
-			if err != nil {
-				return fmt.Errorf("processed: move rows: %w", err)
-			}
-			if n == to {
+		for j, r := range keyed {
+			if shards[j] == to {
 				move = append(move, r)
 			}
 		}

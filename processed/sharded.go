@@ -581,17 +581,8 @@ func (s *Sharded) FinishReshard(ctx context.Context) error {
 // on another shard, and those without a shard key.
 func (s *Sharded) misplaced(ctx context.Context, i int, st *Store, since time.Time) (MoveReport, error) {
 	var rep MoveReport
-	err := scanRows(ctx, st, since, func(page []movedRow) error {
-		rep.Scanned += int64(len(page))
-		for _, r := range page {
-			if r.key == nil {
-				rep.Unkeyed++
-				continue
-			}
-			n, err := s.cur.place(*r.key)
-			if err != nil {
-				return err
-			}
+	err := s.scanPlaced(ctx, st, since, &rep, func(_ []movedRow, shards []int) error {
+		for _, n := range shards {
 			if n != i {
 				rep.Misplaced++
 			}
