@@ -615,6 +615,27 @@ func (s *Sharded) eachShard(f func(i int, st *Store) error) error {
 	return errors.Join(errs...)
 }
 
+// Lookup returns the row for consumerName and id from the shard that
+// holds it, or an error wrapping ErrNotFound: each shard is asked in turn,
+// as the id alone does not say which shard its message went to. It makes a
+// Sharded the Store of package dlq's classification and replay.
+func (s *Sharded) Lookup(ctx context.Context, consumerName, id string) (Row, error) {
+	var errs []error
+	for i, st := range s.stores {
+		r, err := st.Lookup(ctx, consumerName, id)
+		switch {
+		case err == nil:
+			return r, nil
+		case !errors.Is(err, ErrNotFound):
+			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))
+		}
+	}
+	if len(errs) > 0 {
+		return Row{}, errors.Join(errs...)
+	}
+	return Row{}, fmt.Errorf("%w: consumer %q, message id %q on any of %s", ErrNotFound, consumerName, id, s)
+}
+
 // Ping pings every shard.
 func (s *Sharded) Ping(ctx context.Context) error {
 	return s.eachShard(func(_ int, st *Store) error { return st.Ping(ctx) })

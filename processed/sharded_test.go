@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dedup"
+	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
 )
@@ -214,6 +216,15 @@ func TestShardedAppliesEachMessageOnceOnItsKeysShard(t *testing.T) {
 			}
 			if len(used) != 3 {
 				t.Fatalf("shards used: %v, want all three", used)
+			}
+			// Lookup finds each id on whichever shard holds it.
+			for _, m := range all[:300] {
+				if r, err := s.Lookup(ctx(t), "ledger", m.ID); err != nil || r.MessageID != m.ID {
+					t.Fatalf("Lookup(%s): %+v, %v", m.ID, r, err)
+				}
+			}
+			if _, err := s.Lookup(ctx(t), "ledger", "never"); !errors.Is(err, processed.ErrNotFound) {
+				t.Fatalf("Lookup(never): %v, want ErrNotFound", err)
 			}
 		})
 	}
@@ -525,5 +536,101 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 		if len(at) != 1 {
 			t.Fatalf("%s applied on shards %v", id, at)
 		}
+	}
+}
+
+// Dead letters of a sharded consumer replay through the same path: each
+// lands on its key's shard, once, and a second replay skips them all (the
+// Sharded's Lookup finds each on its shard).
+func TestShardedDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 2)
+	s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	broker := memory.NewBroker()
+	var msgs []*consumer.Message
+	for i := 0; i < 40; i++ {
+		msgs = append(msgs, keyed(fmt.Sprintf("m%02d", i), fmt.Sprintf("k%02d", i), "x"))
+	}
+	if err := broker.Publish(ctx(t), "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var broken atomic.Bool
+	broken.Store(true)
+	cfg := func(src consumer.Source) consumer.Config {
+		dsub, err := broker.Subscribe("q", memory.SubscribeOptions{DeadLetter: "q.dlq"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = dsub.Close() })
+		dl := dsub.DeadLetterer()
+		return consumer.Config{Name: "ledger", Source: src, Store: s, DeadLetterer: dl,
+			Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if broken.Load() {
+					return consumer.Permanent(errors.New("handler bug"))
+				}
+				_, err := tx.Exec(ctx, "INSERT INTO effects (message_id, key, body) VALUES ($1, $2, $3)", m.ID, m.Key, string(m.Body))
+				return err
+			}}
+	}
+	sub, err := broker.Subscribe("q", memory.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := consumer.New(cfg(sub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	waitCtx, wcancel := context.WithTimeout(ctx(t), 20*time.Second)
+	defer wcancel()
+	if err := broker.WaitFor(waitCtx, "q", memory.Drained); err != nil {
+		t.Fatal(err)
+	}
+	for rt.Stats().InFlight > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil || rt.Stats().DeadLettered != 40 {
+		t.Fatalf("the broken run: %+v, %v", rt.Stats(), err)
+	}
+	copies := broker.Messages("q.dlq")
+
+	replay := func() dlq.Result {
+		t.Helper()
+		n := broker.Ready("q.dlq")
+		dsub, err := broker.Subscribe("q.dlq", memory.SubscribeOptions{Prefetch: max(n, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := dlq.Replay(ctx(t), dlq.ReplayConfig{Browser: dlq.SourceBrowser(dsub, n, 200*time.Millisecond), Consumer: cfg(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	broken.Store(false)
+	if res := replay(); res.Applied != 40 || res.FailedAgain != 0 {
+		t.Fatalf("replay: %+v", res)
+	}
+	eff := effects(t, dbs)
+	for _, m := range msgs {
+		r, _ := s.Route(m)
+		if at := eff[m.ID]; len(at) != 1 || at[0] != r.Shard {
+			t.Fatalf("%s applied on shards %v, its shard is %d", m.ID, at, r.Shard)
+		}
+	}
+	if err := broker.Publish(ctx(t), "q.dlq", copies...); err != nil {
+		t.Fatal(err)
+	}
+	if res := replay(); res.Applied != 0 || res.Skipped != 40 {
+		t.Fatalf("second replay: %+v", res)
 	}
 }
