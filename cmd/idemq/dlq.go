@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/brokers/rabbitmq"
@@ -19,6 +20,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/processed"
 )
 
 var dlqInspectCommand = &command{
@@ -478,8 +480,13 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	fs.StringVar(&retention, "retention", "", "the dedup table's retention window (e.g. 72h or 7d); older messages need --force")
 	fs.StringVar(&destination, "destination", "", "republish to this queue, topic, subject or stream instead of each message's original source")
 	fs.StringVar(&keyFiles, "verify-key-file", "", keyFileFlag+"; replay only those one verifies, leave the rest in the DLQ")
+	var shardURLs listOfFlag
+	fs.Var(&shardURLs, "shard-url", "a shard of a sharded dedup store (processed.Sharded): repeat it for each, instead of --database-url; originals are looked up on every shard")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	if len(shardURLs) > 0 && db.url != "" {
+		return usagef("--shard-url and --database-url: give the shards' URLs, or the one database's")
 	}
 	keys, err := readKeyFiles(keyFiles)
 	if err != nil {
@@ -503,11 +510,11 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 	} else if !asJSON {
 		fmt.Fprintln(e.stderr, "idemq: no --retention given: the replay-horizon guard is off")
 	}
-	store, dbConn, err := db.openStore(ctx, e, 0, 0, 0)
+	store, closeStore, err := lookupStore(ctx, e, db, shardURLs)
 	if err != nil {
 		return err
 	}
-	defer closeConn(dbConn)
+	defer closeStore()
 	conn, err := bf.open(ctx, !dryRun)
 	if err != nil {
 		return err
@@ -522,7 +529,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 			Progress: func(c dlq.Classification) { prog.update("classified %d (scanned %d)", len(c.Items), c.Scanned) }})
 		prog.done()
 		if err != nil {
-			return hint(err, store)
+			return store.hint(err)
 		}
 		if asJSON {
 			enc := json.NewEncoder(e.stdout)
@@ -591,7 +598,7 @@ func runDLQReplay(ctx context.Context, e *env, c *command, args []string) error 
 			res.Truncated, dlq.HeaderOriginalSize, dlq.HeaderOriginalSHA256, "x-idemq-source", "x-idemq-offset")
 	}
 	if err != nil {
-		return hint(err, store)
+		return store.hint(err)
 	}
 	if res.BeyondHorizon > 0 && !force {
 		fmt.Fprintf(e.stderr, "idemq: %d messages are older than --retention %s and were left in place; replay them with --force once you are sure their dedup rows were not purged\n", res.BeyondHorizon, retention)
@@ -649,4 +656,58 @@ func (p *progress) done() {
 	if p.used {
 		fmt.Fprint(p.w, "\r\033[K")
 	}
+}
+
+// dlqStore is where dlq replay looks originals up: one database's store,
+// or every shard of a sharded one.
+type dlqStore struct {
+	rowLookuper
+	first *processed.Store // for the hint of a table not migrated
+}
+
+// rowLookuper looks a message's dedup row up.
+type rowLookuper interface {
+	Lookup(ctx context.Context, consumerName, id string) (processed.Row, error)
+}
+
+func (d dlqStore) hint(err error) error { return hint(err, d.first) }
+
+// lookupStore opens the dedup store of the flags, or with shardURLs the
+// shards' (a processed.Sharded, whose Lookup asks each in turn), and the
+// function that closes it.
+func lookupStore(ctx context.Context, e *env, db dbFlags, shardURLs []string) (dlqStore, func(), error) {
+	if len(shardURLs) == 0 {
+		store, conn, err := db.openStore(ctx, e, 0, 0, 0)
+		if err != nil {
+			return dlqStore{}, nil, err
+		}
+		return dlqStore{store, store}, func() { closeConn(conn) }, nil
+	}
+	var (
+		stores []*processed.Store
+		conns  []*pgx.Conn
+	)
+	closeAll := func() {
+		for _, c := range conns {
+			closeConn(c)
+		}
+	}
+	for i, u := range shardURLs {
+		sd := db
+		sd.url = u
+		store, conn, err := sd.openStore(ctx, e, 0, 0, 0)
+		if err != nil {
+			closeAll()
+			return dlqStore{}, nil, fmt.Errorf("shard %d: %w", i, err)
+		}
+		stores, conns = append(stores, store), append(conns, conn)
+	}
+	// Only its Lookup is used, which needs no map: the count is the
+	// shards'.
+	sharded, err := processed.NewSharded(stores, processed.ShardedConfig{Map: processed.ShardMap{Shards: len(stores)}})
+	if err != nil {
+		closeAll()
+		return dlqStore{}, nil, err
+	}
+	return dlqStore{sharded, stores[0]}, closeAll, nil
 }
