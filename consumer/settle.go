@@ -67,7 +67,7 @@ func (r *Runtime) applyFrom(ctx context.Context, items []item, failed *attemptRe
 				continue
 			}
 			r.stats.dbErrors.Add(1)
-			if res.out == outConnLost && r.dbReachable(ctx) {
+			if res.out == outConnLost && r.dbReachable(ctx, items[0].claim.Route.Shard) {
 				// The connection died under this transaction while the
 				// database answers others: maybe a message that costs
 				// its connection.
@@ -193,10 +193,14 @@ func (r *Runtime) split(ctx context.Context, items []item, failed int) {
 	r.apply(ctx, items[mid:])
 }
 
-// dbReachable reports whether the database answers a fresh transaction.
-func (r *Runtime) dbReachable(ctx context.Context) bool {
+// dbReachable reports whether the database answers a fresh transaction:
+// with a ShardedStore, the database of shard.
+func (r *Runtime) dbReachable(ctx context.Context, shard int) bool {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if r.router != nil {
+		return r.router.PingShard(pctx, shard) == nil
+	}
 	return r.cfg.Store.Ping(pctx) == nil
 }
 

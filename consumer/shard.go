@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -27,6 +28,11 @@ type ShardedStore interface {
 	// Route returns msg's shard, or an error if it has none. It is called
 	// once per delivery, on the runtime's receive path: keep it cheap.
 	Route(msg *Message) (dedup.Route, error)
+	// PingShard is Ping for one shard: the runtime asks the shard of a
+	// transaction whose connection died, to tell a message that costs its
+	// connection from a database that is down, without another shard's
+	// outage deciding it.
+	PingShard(ctx context.Context, shard int) error
 }
 
 // errRoutePanicked is the error of a Route that panicked.

@@ -636,6 +636,14 @@ func (s *Sharded) Lookup(ctx context.Context, consumerName, id string) (Row, err
 	return Row{}, fmt.Errorf("%w: consumer %q, message id %q on any of %s", ErrNotFound, consumerName, id, s)
 }
 
+// PingShard pings shard i.
+func (s *Sharded) PingShard(ctx context.Context, i int) error {
+	if i < 0 || i >= len(s.stores) {
+		return fmt.Errorf("processed: ping shard %d of %d", i, len(s.stores))
+	}
+	return s.stores[i].Ping(ctx)
+}
+
 // Ping pings every shard.
 func (s *Sharded) Ping(ctx context.Context) error {
 	return s.eachShard(func(_ int, st *Store) error { return st.Ping(ctx) })

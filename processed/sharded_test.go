@@ -634,3 +634,59 @@ func TestShardedDeadLetterReplay(t *testing.T) {
 		t.Fatalf("second replay: %+v", res)
 	}
 }
+
+// A message that costs its connection is dead-lettered after
+// MaxConnLosses while its shard answers, even with another shard down: the
+// runtime asks the message's shard, not every shard, whether the database
+// is reachable.
+func TestShardedConnectionKillerWithAnotherShardDown(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 2)
+	s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	dbs[1].pool.Close() // shard 1 is down from now on
+	var m *consumer.Message
+	for i := 0; m == nil; i++ {
+		c := keyed("killer", fmt.Sprintf("k%d", i), "x")
+		if r, _ := s.Route(c); r.Shard == 0 {
+			m = c
+		}
+	}
+	broker := memory.NewBroker()
+	if err := broker.Publish(ctx(t), "q", m); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := broker.Subscribe("q", memory.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := &deadLetters{}
+	rt, err := consumer.New(consumer.Config{Name: "ledger", Source: sub, Store: s, DeadLetterer: dl,
+		Retry: consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxConnLosses: 2},
+		Handler: func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			_, err := tx.Exec(ctx, "SELECT pg_terminate_backend(pg_backend_pid())")
+			return err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(15 * time.Second)
+	for len(dl.all()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection killer was not dead-lettered in 15s while its shard answered: %+v", rt.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f := dl.all()["killer|x"]; f.Class != consumer.ClassRetryableExhausted || !strings.Contains(f.Err.Error(), "lost the database connection") {
+		t.Fatalf("dead letter: %+v", f)
+	}
+}
