@@ -78,7 +78,7 @@ func (m ShardMap) validate(field string) error {
 func (m ShardMap) route(msg *consumer.Message) (int, string, error) {
 	key := msg.Key
 	if m.Key != nil {
-		k, err := m.Key(msg)
+		k, err := callMap(m, "Key", func() (string, error) { return m.Key(msg) })
 		if err != nil {
 			return 0, "", fmt.Errorf("shard map %s: shard key: %w", m.id(), err)
 		}
@@ -101,7 +101,7 @@ func (m ShardMap) place(key string) (int, error) {
 		_, _ = h.Write([]byte(key))
 		return jumpHash(h.Sum64(), m.Shards), nil
 	}
-	n, err := m.Place(key)
+	n, err := callMap(m, "Place", func() (int, error) { return m.Place(key) })
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("shard map %s: place shard key %q: %w", m.id(), key, err)
@@ -109,6 +109,16 @@ func (m ShardMap) place(key string) (int, error) {
 		return 0, fmt.Errorf("shard map %s: Place put shard key %q on shard %d, outside 0..%d", m.id(), key, n, m.Shards-1)
 	}
 	return n, nil
+}
+
+// callMap calls one of m's functions, turning a panic into an error.
+func callMap[T any](m ShardMap, name string, f func() (T, error)) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("shard map %s: %s panicked: %v", m.id(), name, p)
+		}
+	}()
+	return f()
 }
 
 // jumpHash is Lamping and Veach's jump consistent hash: the bucket of key

@@ -249,6 +249,8 @@ func TestShardedUnroutableIsDeadLettered(t *testing.T) {
 				return 0, nil
 			case "globex":
 				return 1, nil
+			case "chaos":
+				panic("a bug in the tenant table")
 			}
 			return 0, fmt.Errorf("unknown tenant %q", key)
 		},
@@ -267,7 +269,7 @@ func TestShardedUnroutableIsDeadLettered(t *testing.T) {
 		}
 		return m
 	}
-	if err := broker.Publish(ctx(t), "q", msg("a1", "acme"), msg("none", ""), msg("g1", "globex"), msg("who", "initech"), msg("a2", "acme")); err != nil {
+	if err := broker.Publish(ctx(t), "q", msg("a1", "acme"), msg("none", ""), msg("g1", "globex"), msg("who", "initech"), msg("a2", "acme"), msg("bug", "chaos")); err != nil {
 		t.Fatal(err)
 	}
 	dl := &deadLetters{}
@@ -275,7 +277,7 @@ func TestShardedUnroutableIsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Applied != 3 || st.DeadLettered != 2 {
+	if st.Applied != 3 || st.DeadLettered != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 	eff := effects(t, dbs)
@@ -283,7 +285,7 @@ func TestShardedUnroutableIsDeadLettered(t *testing.T) {
 		t.Fatalf("effects %v", eff)
 	}
 	got := dl.all()
-	for key, want := range map[string]string{"none|x": "no tenant header", "who|x": `unknown tenant "initech"`} {
+	for key, want := range map[string]string{"none|x": "no tenant header", "who|x": `unknown tenant "initech"`, "bug|x": "Place panicked: a bug in the tenant table"} {
 		f, ok := got[key]
 		if !ok || f.Class != consumer.ClassUnroutable || !strings.Contains(f.Err.Error(), want) {
 			t.Fatalf("dead letter %s: %+v, want class unroutable with %q", key, f, want)
