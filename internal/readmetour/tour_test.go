@@ -33,8 +33,8 @@ const (
 // (streams_test.go) are deleted after the tour as well.
 var (
 	tourSchemas   = []string{"idemq_quickstart", "idemq_example_nats", "idemq_redis"}
-	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention", "processed_messages_horizons"} // in public
-	tourFunctions = []string{"processed_messages_commit_check(text)", "processed_messages_commit_guard()"}                                         // in public
+	tourTables    = []string{"processed_messages", "processed_messages_migrations", "processed_messages_retention", "processed_messages_horizons", "processed_messages_shard_map"} // in public
+	tourFunctions = []string{"processed_messages_commit_check(text)", "processed_messages_commit_guard()"}                                                                         // in public
 	tourQueues    = []string{"payments", "payments.dlq"}
 	tourExchanges = []string{"payments.dlx"}
 )
