@@ -112,18 +112,26 @@ func (d *deadLetters) all() map[string]consumer.Failure {
 	return out
 }
 
+// migratedSharded returns a Sharded over shards with cfg, migrated.
+func migratedSharded(t *testing.T, shards []*processed.Store, cfg processed.ShardedConfig) *processed.Sharded {
+	t.Helper()
+	s, err := processed.NewSharded(shards, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // runSharded consumes what is published on broker's queue through store
 // until it is drained and settled, and returns the runtime's error.
 func runSharded(t *testing.T, broker *memory.Broker, queue string, store consumer.ShardedStore, dl *deadLetters, batchSize int) (consumer.Stats, error) {
 	t.Helper()
-	sub, err := broker.Subscribe(queue, memory.SubscribeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := consumer.New(consumer.Config{
-		Name:   "ledger",
-		Source: sub,
-		Store:  store,
+	return settle(t, broker, queue, consumer.Config{
+		Name:  "ledger",
+		Store: store,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			return consumer.ExecLater(ctx, tx, "INSERT INTO effects (message_id, key, body) VALUES ($1, $2, $3)", m.ID, m.Key, string(m.Body))
 		},
@@ -132,6 +140,18 @@ func runSharded(t *testing.T, broker *memory.Broker, queue string, store consume
 		DeadLetterer:    dl,
 		ShutdownTimeout: 5 * time.Second,
 	})
+}
+
+// settle runs a runtime of cfg over a new subscription to broker's queue
+// until what the queue holds is settled, and returns the runtime's error.
+func settle(t *testing.T, broker *memory.Broker, queue string, cfg consumer.Config) (consumer.Stats, error) {
+	t.Helper()
+	sub, err := broker.Subscribe(queue, memory.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Source = sub
+	rt, err := consumer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,13 +188,7 @@ func TestShardedAppliesEachMessageOnceOnItsKeysShard(t *testing.T) {
 		t.Run(fmt.Sprintf("BatchSize=%d", bs), func(t *testing.T) {
 			t.Parallel()
 			dbs := newShardDBs(t, 3)
-			s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Migrate(ctx(t)); err != nil {
-				t.Fatal(err)
-			}
+			s := migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
 			broker := memory.NewBroker()
 			var all []*consumer.Message
 			for i := 0; i < 300; i++ {
@@ -307,13 +321,7 @@ func TestShardedUnroutableIsDeadLettered(t *testing.T) {
 func TestShardedRefusesAnotherMap(t *testing.T) {
 	t.Parallel()
 	dbs := newShardDBs(t, 3)
-	two, err := processed.NewSharded(stores(dbs[:2]), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := two.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	migratedSharded(t, stores(dbs[:2]), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}) // records key/2
 	if err := dbs[2].store.Migrate(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -349,13 +357,7 @@ func TestShardedRefusesAnotherMap(t *testing.T) {
 
 	// A reshard from 2 to 3 begins; from then on the old map is refused,
 	// and the new one without Previous too.
-	moving, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := moving.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	migratedSharded(t, st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}}) // records the reshard
 	refused("the old map", st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}, "records shard 0 of a reshard from key/2 to key/3")
 	refused("no Previous", st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}}, "keep ShardedConfig.Previous")
 }
@@ -367,13 +369,7 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 	t.Parallel()
 	dbs := newShardDBs(t, 3)
 	st := stores(dbs)
-	before, err := processed.NewSharded(st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := before.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	before := migratedSharded(t, st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
 	broker := memory.NewBroker()
 	var first []*consumer.Message
 	for i := 0; i < 200; i++ {
@@ -386,13 +382,7 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 		t.Fatalf("before the reshard: %+v, %v", stats, err)
 	}
 
-	during, err := processed.NewSharded(st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := during.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	during := migratedSharded(t, st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
 	moved := 0
 	for _, m := range first {
 		r, err := during.Route(m)
@@ -547,13 +537,7 @@ func TestShardedReshardAppliesNothingTwice(t *testing.T) {
 func TestShardedDeadLetterReplay(t *testing.T) {
 	t.Parallel()
 	dbs := newShardDBs(t, 2)
-	s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s := migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
 	broker := memory.NewBroker()
 	var msgs []*consumer.Message
 	for i := 0; i < 40; i++ {
@@ -564,14 +548,14 @@ func TestShardedDeadLetterReplay(t *testing.T) {
 	}
 	var broken atomic.Bool
 	broken.Store(true)
-	cfg := func(src consumer.Source) consumer.Config {
+	cfg := func() consumer.Config {
 		dsub, err := broker.Subscribe("q", memory.SubscribeOptions{DeadLetter: "q.dlq"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = dsub.Close() })
 		dl := dsub.DeadLetterer()
-		return consumer.Config{Name: "ledger", Source: src, Store: s, DeadLetterer: dl,
+		return consumer.Config{Name: "ledger", Store: s, DeadLetterer: dl,
 			Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if broken.Load() {
 					return consumer.Permanent(errors.New("handler bug"))
@@ -580,28 +564,8 @@ func TestShardedDeadLetterReplay(t *testing.T) {
 				return err
 			}}
 	}
-	sub, err := broker.Subscribe("q", memory.SubscribeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := consumer.New(cfg(sub))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(rctx) }()
-	waitCtx, wcancel := context.WithTimeout(ctx(t), 20*time.Second)
-	defer wcancel()
-	if err := broker.WaitFor(waitCtx, "q", memory.Drained); err != nil {
-		t.Fatal(err)
-	}
-	for rt.Stats().InFlight > 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil || rt.Stats().DeadLettered != 40 {
-		t.Fatalf("the broken run: %+v, %v", rt.Stats(), err)
+	if stats, err := settle(t, broker, "q", cfg()); err != nil || stats.DeadLettered != 40 {
+		t.Fatalf("the broken run: %+v, %v", stats, err)
 	}
 	copies := broker.Messages("q.dlq")
 
@@ -612,7 +576,7 @@ func TestShardedDeadLetterReplay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := dlq.Replay(ctx(t), dlq.ReplayConfig{Browser: dlq.SourceBrowser(dsub, n, 200*time.Millisecond), Consumer: cfg(nil)})
+		res, err := dlq.Replay(ctx(t), dlq.ReplayConfig{Browser: dlq.SourceBrowser(dsub, n, 200*time.Millisecond), Consumer: cfg()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -644,13 +608,7 @@ func TestShardedDeadLetterReplay(t *testing.T) {
 func TestShardedConnectionKillerWithAnotherShardDown(t *testing.T) {
 	t.Parallel()
 	dbs := newShardDBs(t, 2)
-	s, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s := migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
 	dbs[1].pool.Close() // shard 1 is down from now on
 	var m *consumer.Message
 	for i := 0; m == nil; i++ {
@@ -663,30 +621,16 @@ func TestShardedConnectionKillerWithAnotherShardDown(t *testing.T) {
 	if err := broker.Publish(ctx(t), "q", m); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := broker.Subscribe("q", memory.SubscribeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	dl := &deadLetters{}
-	rt, err := consumer.New(consumer.Config{Name: "ledger", Source: sub, Store: s, DeadLetterer: dl,
+	// settle fails the test if the killer is still retrying after 20s.
+	stats, err := settle(t, broker, "q", consumer.Config{Name: "ledger", Store: s, DeadLetterer: dl,
 		Retry: consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxConnLosses: 2},
 		Handler: func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
 			_, err := tx.Exec(ctx, "SELECT pg_terminate_backend(pg_backend_pid())")
 			return err
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(rctx) }()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(15 * time.Second)
-	for len(dl.all()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the connection killer was not dead-lettered in 15s while its shard answered: %+v", rt.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err != nil || stats.DeadLettered != 1 {
+		t.Fatalf("the connection killer: %+v, %v", stats, err)
 	}
 	if f := dl.all()["killer|x"]; f.Class != consumer.ClassRetryableExhausted || !strings.Contains(f.Err.Error(), "lost the database connection") {
 		t.Fatalf("dead letter: %+v", f)
