@@ -636,3 +636,55 @@ func TestShardedConnectionKillerWithAnotherShardDown(t *testing.T) {
 		t.Fatalf("dead letter: %+v", f)
 	}
 }
+
+// MoveRows runs while the consumers do: redeliveries of the moved keys'
+// messages, racing the copy and the delete, each find the row on one shard
+// or the other, and none is applied again.
+func TestShardedMoveRowsRacingClaims(t *testing.T) {
+	t.Parallel()
+	dbs := newShardDBs(t, 3)
+	st := stores(dbs)
+	before := migratedSharded(t, st[:2], processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	broker := memory.NewBroker()
+	var first []*consumer.Message
+	for i := 0; i < 600; i++ {
+		first = append(first, keyed(fmt.Sprintf("m%03d", i), fmt.Sprintf("k%03d", i), "x"))
+	}
+	if err := broker.Publish(ctx(t), "q", first...); err != nil {
+		t.Fatal(err)
+	}
+	if stats, err := runSharded(t, broker, "q", before, &deadLetters{}, 0); err != nil || stats.Applied != 600 {
+		t.Fatalf("before the reshard: %+v, %v", stats, err)
+	}
+	during := migratedSharded(t, st, processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}, Previous: &processed.ShardMap{Shards: 2}})
+	for range 3 {
+		if err := broker.Publish(ctx(t), "q", first...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved := make(chan error, 1)
+	go func() {
+		for from := 0; from < 2; from++ {
+			if _, err := during.MoveRows(ctx(t), from, 2, nil); err != nil {
+				moved <- err
+				return
+			}
+		}
+		moved <- nil
+	}()
+	stats, err := runSharded(t, broker, "q", during, &deadLetters{}, 0)
+	if merr := <-moved; merr != nil {
+		t.Fatalf("MoveRows: %v", merr)
+	}
+	if err != nil || stats.Applied != 0 || stats.Duplicates != 3*600 {
+		t.Fatalf("during the move: %+v, %v", stats, err)
+	}
+	for id, at := range effects(t, dbs) {
+		if len(at) != 1 {
+			t.Fatalf("%s applied on shards %v", id, at)
+		}
+	}
+	if err := during.FinishReshard(ctx(t)); err != nil {
+		t.Fatalf("FinishReshard after the move: %v", err)
+	}
+}
