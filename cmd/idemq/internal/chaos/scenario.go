@@ -286,6 +286,8 @@ func (s Scenario) validate() error {
 		return bad("fault counts must not be negative")
 	case s.ConnCuts > 0 && s.Broker != BrokerChain:
 		return bad("ConnCuts is a chain scenario's")
+	case s.Sabotage == SabotageEffectOutsideTx && s.Shards > 0:
+		return bad("%s writes to the scenario's database, which a sharded scenario's checker does not read for effects", SabotageEffectOutsideTx)
 	case s.Sabotage == SabotageBlindReshard && s.ReshardFrom == 0:
 		return bad("%s needs ReshardFrom", SabotageBlindReshard)
 	case s.Sabotage == SabotageNoDedup && s.Broker != BrokerChain:
