@@ -54,6 +54,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 	}
 	for i := range genCount + 1 {
 		names["g"+strconv.Itoa(i)] = "_g" + strconv.Itoa(i)
+		names["brin"+strconv.Itoa(i)] = "_g" + strconv.Itoa(i) + "_applied"
 	}
 	return pgmigrate.Target{Schema: schema, Table: s.cfg.Table, Line: line, Indexes: names}, nil
 }
