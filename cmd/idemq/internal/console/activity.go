@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -193,15 +194,36 @@ type countRange struct {
 	From, To time.Time
 }
 
-// dedupTable returns the quoted dedup table, and whether it is the plain
-// layout, whose index the applied chart reads.
-func (s *Server) dedupTable(ctx context.Context) (string, bool, error) {
-	t := pgx.Identifier{s.cfg.Store.Schema(), s.cfg.Store.Table()}.Sanitize()
-	var kind *string
-	if err := s.cfg.DB.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, t).Scan(&kind); err != nil {
-		return t, false, fmt.Errorf("read the dedup table's layout: %w", err)
+// dedupTable returns the quoted dedup table, or the reason the applied
+// chart cannot count it by time: it does not exist, or it has the
+// partitioned layout without the BRIN indexes on processed_at that
+// migration gen/0002 gives each generation. The plain layout is counted
+// through its (consumer, processed_at) index, the partitioned one
+// through the view of its generations, each scanned by its BRIN index.
+func (s *Server) dedupTable(ctx context.Context) (table, unavailable string, err error) {
+	schema, name := s.cfg.Store.Schema(), s.cfg.Store.Table()
+	table = pgx.Identifier{schema, name}.Sanitize()
+	gens := make([]string, 4)
+	for i := range gens {
+		gens[i] = pgx.Identifier{schema, name + "_g" + strconv.Itoa(i)}.Sanitize()
 	}
-	return t, kind != nil && *kind == "r", nil
+	var (
+		kind    *string
+		indexed int
+	)
+	if err := s.cfg.DB.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
+	(SELECT count(DISTINCT i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+	 WHERE a.amname = 'brin' AND i.indrelid = ANY(ARRAY(SELECT to_regclass(g) FROM unnest($2::text[]) AS g)))`,
+		table, gens).Scan(&kind, &indexed); err != nil {
+		return table, "", fmt.Errorf("read the dedup table's layout: %w", err)
+	}
+	switch {
+	case kind == nil:
+		return table, "Not drawn: the dedup table " + s.cfg.Store.String() + " does not exist.", nil
+	case *kind == "v" && indexed < len(gens):
+		return table, "Not drawn: the dedup table " + s.cfg.Store.String() + " has the partitioned layout, and its generations lack the indexes on processed_at (migration gen/0002) to count by time without reading them whole: run 'idemq migrate'.", nil
+	}
+	return table, "", nil
 }
 
 // applied counts names' applied messages per bucket of both windows:
@@ -523,12 +545,11 @@ func (s *Server) activity(ctx context.Context, names []string, now, closed time.
 		}
 		c.Series, c.Counts, c.Other = stack(full, n)
 	}
-	table, plain, err := s.dedupTable(ctx)
+	table, why, err := s.dedupTable(ctx)
 	switch {
 	case err != nil:
 		ah.Err, ad.Err = s.clean(err), s.clean(err)
-	case !plain:
-		why := "Not drawn: the dedup table " + s.cfg.Store.String() + " does not exist, or has the partitioned layout, whose generations have no index on (consumer, processed_at) to count by time without reading them whole."
+	case why != "":
 		ah.Unavailable, ad.Unavailable = why, why
 	case len(names) > 0:
 		minutes, hours, err := s.applied(ctx, table, names, hw, dw, closed)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/outbox"
@@ -32,13 +33,7 @@ func TestChartQueriesUseIndexes(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
-	store, err := processed.New(pool, processed.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	migratedStore(t, pool, processed.Config{Schema: schema})
 	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -80,22 +75,64 @@ FROM generate_series(1, 200000) AS i`,
 		{"outbox backlog", backlogSQL(ot), "timestamptz, timestamptz", []any{dw.start, now}, "outbox", "next_attempt_at >="},
 		{"consumers", consumersSQL(dd), "", nil, "processed_messages", "consumer >"},
 	} {
-		// ANALYZE runs the query: plain EXPLAIN does not show the subplan
-		// of the consumers' recursive query.
-		plans := map[string]string{"custom": explain(t, pool, "EXPLAIN (ANALYZE, COSTS OFF) "+q.sql, q.args...)}
-		if q.types != "" {
-			plans["generic"] = explainGeneric(t, pool, q.sql, q.types, q.args)
+		checkPlans(t, pool, q.name, q.sql, q.types, q.args, q.cond)
+	}
+}
+
+// checkPlans EXPLAINs sql with args, as a custom plan and (with types) as
+// a generic one, and fails unless both read every table by an index whose
+// condition holds cond.
+func checkPlans(t *testing.T, pool *pgxpool.Pool, name, sql, types string, args []any, cond string) {
+	t.Helper()
+	// ANALYZE runs the query: plain EXPLAIN does not show the subplan of
+	// the consumers' recursive query.
+	plans := map[string]string{"custom": explain(t, pool, "EXPLAIN (ANALYZE, COSTS OFF) "+sql, args...)}
+	if types != "" {
+		plans["generic"] = explainGeneric(t, pool, sql, types, args)
+	}
+	for kind, plan := range plans {
+		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index") {
+			t.Errorf("%s, %s plan: not an index scan:\n%s", name, kind, plan)
 		}
-		for kind, plan := range plans {
-			if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index") {
-				t.Errorf("%s, %s plan: not an index scan:\n%s", q.name, kind, plan)
-			}
-			if !strings.Contains(plan, "Index Cond: ") || !strings.Contains(plan[strings.Index(plan, "Index Cond: "):], q.cond) {
-				t.Errorf("%s, %s plan: the index is not bounded by %q:\n%s", q.name, kind, q.cond, plan)
-			}
-			t.Logf("%s, %s plan:\n%s", q.name, kind, plan)
+		if !strings.Contains(plan, "Index Cond: ") || !strings.Contains(plan[strings.Index(plan, "Index Cond: "):], cond) {
+			t.Errorf("%s, %s plan: the index is not bounded by %q:\n%s", name, kind, cond, plan)
+		}
+		t.Logf("%s, %s plan:\n%s", name, kind, plan)
+	}
+}
+
+// TestChartQueriesUseIndexesPartitioned: on the partitioned layout, with
+// 300,000 rows over 30 days in its four generations (the retired one not
+// yet emptied), analyzed, the applied chart's count reads each
+// generation by its BRIN index on processed_at, bounded by the window.
+func TestChartQueriesUseIndexesPartitioned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills tables of 300,000 rows")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	migratedStore(t, pool, processed.Config{Schema: schema, Partitioned: true})
+	// Each generation holds a span of the 30 days, in the order its rows
+	// were claimed: g3 the oldest, g0 the newest.
+	for g := range 4 {
+		tbl := pgx.Identifier{schema, "processed_messages_g" + strconv.Itoa(g)}.Sanitize()
+		if _, err := pool.Exec(ctx, `INSERT INTO `+tbl+` (consumer, message_id, fingerprint, processed_at)
+SELECT 'consumer-' || (i % 3), 'm-' || i, decode(repeat('00', 32), 'hex'), now() - (300000 - i) * 8.64 * interval '1 second'
+FROM generate_series($1::int * 75000 + 1, $1::int * 75000 + 75000) AS i ORDER BY i`, 3-g); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+tbl); err != nil {
+			t.Fatal(err)
 		}
 	}
+	dd := pgx.Identifier{schema, "processed_messages"}.Sanitize()
+	hw, dw := windowsAt(time.Now())
+	checkPlans(t, pool, "applied, minutes", appliedSQL(dd), "text[], timestamptz, timestamptz, bigint",
+		[]any{[]string{"consumer-1"}, hw.start, hw.end(), int64(60)}, "processed_at >=")
+	checkPlans(t, pool, "applied, hours, two consumers", appliedSQL(dd), "text[], timestamptz, timestamptz, bigint",
+		[]any{[]string{"consumer-1", "consumer-2"}, dw.start, dw.end(), int64(3600)}, "processed_at >=")
 }
 
 func explain(t *testing.T, db interface {

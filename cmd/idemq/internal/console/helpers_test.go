@@ -366,3 +366,16 @@ func mustNot(t *testing.T, body string, bad ...string) {
 		}
 	}
 }
+
+// migratedStore is a dedup store of cfg on pool, migrated.
+func migratedStore(t *testing.T, pool *pgxpool.Pool, cfg processed.Config) *processed.Store {
+	t.Helper()
+	store, err := processed.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}

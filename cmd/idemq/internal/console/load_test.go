@@ -19,8 +19,12 @@ import (
 // them in the last day of one consumer, the rest in two others; it logs
 // the time of the first page load (every bucket counted), of a second one
 // (closed buckets from the cache) and of the charts alone in each, and the
-// plans of the first load's count queries. It fills a schema of its own,
-// dropped at the end. docs/observability.md reports its figures.
+// plans of the first load's count queries. With
+// IDEMQ_CONSOLE_LOAD_LAYOUT=partitioned the table has the partitioned
+// layout, its rows in the generations by age (g0 the last two days, g1
+// and g2 the rest), each in the order they would have been claimed. It
+// fills a schema of its own, dropped at the end. docs/observability.md
+// reports its figures.
 func TestChartsPageLoad(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("IDEMQ_CONSOLE_LOAD_ROWS"))
 	if n <= 0 {
@@ -29,7 +33,8 @@ func TestChartsPageLoad(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	schema := testdb.Schema(t)
-	store, err := processed.New(pool, processed.Config{Schema: schema})
+	partitioned := os.Getenv("IDEMQ_CONSOLE_LOAD_LAYOUT") == "partitioned"
+	store, err := processed.New(pool, processed.Config{Schema: schema, Partitioned: partitioned})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,25 +44,45 @@ func TestChartsPageLoad(t *testing.T) {
 	tbl := pgx.Identifier{schema, "processed_messages"}.Sanitize()
 	busy := n * 6 / 10
 	start := time.Now()
-	for _, q := range []struct {
-		sql  string
-		args []any
-	}{
-		{`INSERT INTO ` + tbl + ` (consumer, message_id, fingerprint, processed_at)
-SELECT 'ledger', 'l-' || i, decode(repeat('00', 32), 'hex'), now() - (i::float8 / $1) * interval '24 hours' FROM generate_series(1, $1) AS i`, []any{busy}},
-		{`INSERT INTO ` + tbl + ` (consumer, message_id, fingerprint, processed_at)
-SELECT 'consumer-' || (i % 2), 'o-' || i, decode(repeat('00', 32), 'hex'), now() - (i::float8 / $1) * interval '7 days' FROM generate_series(1, $1) AS i`, []any{n - busy}},
-		{`VACUUM (ANALYZE) ` + tbl, nil},
-	} {
-		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
-			t.Fatal(err)
+	rows := `SELECT 'ledger' AS consumer, 'l-' || i AS message_id, decode(repeat('00', 32), 'hex') AS fingerprint, now() - (i::float8 / $1) * interval '24 hours' AS processed_at FROM generate_series(1, $1) AS i
+UNION ALL SELECT 'consumer-' || (i % 2), 'o-' || i, decode(repeat('00', 32), 'hex'), now() - (i::float8 / $2) * interval '7 days' FROM generate_series(1, $2) AS i`
+	// Each table's rows, by age: [from, to) days.
+	type part struct {
+		table    string
+		from, to int
+	}
+	parts := []part{{tbl, 0, 8}}
+	if partitioned {
+		parts = nil
+		for g, days := range [][2]int{{0, 2}, {2, 5}, {5, 8}} {
+			parts = append(parts, part{pgx.Identifier{schema, "processed_messages_g" + strconv.Itoa(g)}.Sanitize(), days[0], days[1]})
+		}
+	}
+	for _, p := range parts {
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{`INSERT INTO ` + p.table + ` (consumer, message_id, fingerprint, processed_at)
+SELECT * FROM (` + rows + `) AS r WHERE processed_at <= now() - $3 * interval '1 day' AND processed_at > now() - $4 * interval '1 day' ORDER BY processed_at`,
+				[]any{busy, n - busy, p.from, p.to}},
+			{`VACUUM (ANALYZE) ` + p.table, nil},
+		} {
+			if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	var size string
-	if err := pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_total_relation_size($1))`, tbl).Scan(&size); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT pg_size_pretty(sum(pg_total_relation_size(t::regclass))) FROM unnest($1::text[]) AS t`, func() (ts []string) {
+		for _, p := range parts {
+			ts = append(ts, p.table)
+		}
+		return ts
+	}()).Scan(&size); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("filled %d rows (%d of ledger in the last day) in %s: %s with its indexes", n, busy, time.Since(start).Round(time.Second), size)
+	t.Logf("filled %d rows (%d of ledger in the last day; partitioned: %t) in %s: %s with their indexes", n, busy, partitioned, time.Since(start).Round(time.Second), size)
 
 	srv, err := New(Config{Store: store, DB: pool, Consumers: []string{"ledger"}})
 	if err != nil {
