@@ -129,14 +129,26 @@ type clock func(ctx context.Context) (now, closedBefore time.Time, err error)
 // dbClock reads the database's clock, the one processed_at is written
 // with, and the start of the oldest transaction of a client open on this
 // database (other than its own), as far as the console's role may see.
+// With shards, now is shard 0's, and a bucket is closed once it is on
+// every shard.
 func (s *Server) dbClock(ctx context.Context) (now, closedBefore time.Time, err error) {
-	var oldest *time.Time
-	err = s.cfg.DB.QueryRow(ctx, `SELECT now(), (SELECT min(xact_start) FROM pg_stat_activity
-	WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid())`).Scan(&now, &oldest)
-	if err != nil {
-		return now, now, fmt.Errorf("read the database's clock: %w", err)
+	for i, sh := range s.shards {
+		var (
+			t      time.Time
+			oldest *time.Time
+		)
+		err = sh.DB.QueryRow(ctx, `SELECT now(), (SELECT min(xact_start) FROM pg_stat_activity
+	WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid())`).Scan(&t, &oldest)
+		if err != nil {
+			return now, now, s.onShard(i, fmt.Errorf("read the database's clock: %w", err))
+		}
+		if c := settled(t, oldest); i == 0 {
+			now, closedBefore = t, c
+		} else if c.Before(closedBefore) {
+			closedBefore = c
+		}
 	}
-	return now, settled(now, oldest), nil
+	return now, closedBefore, nil
 }
 
 // settled is the time before which buckets are closed at now, with the
@@ -194,14 +206,15 @@ type countRange struct {
 	From, To time.Time
 }
 
-// dedupTable returns the quoted dedup table, or the reason the applied
-// chart cannot count it by time: it does not exist, or it has the
-// partitioned layout without the BRIN indexes on processed_at that
-// migration gen/0002 gives each generation. The plain layout is counted
-// through its (consumer, processed_at) index, the partitioned one
-// through the view of its generations, each scanned by its BRIN index.
-func (s *Server) dedupTable(ctx context.Context) (table, unavailable string, err error) {
-	schema, name := s.cfg.Store.Schema(), s.cfg.Store.Table()
+// dedupTable returns the quoted dedup table of a shard (or the one
+// database), or the reason the applied chart cannot count it by time: it
+// does not exist, or it has the partitioned layout without the BRIN
+// indexes on processed_at that migration gen/0002 gives each generation.
+// The plain layout is counted through its (consumer, processed_at) index,
+// the partitioned one through the view of its generations, each scanned
+// by its BRIN index.
+func dedupTable(ctx context.Context, sh Shard) (table, unavailable string, err error) {
+	schema, name := sh.Store.Schema(), sh.Store.Table()
 	table = pgx.Identifier{schema, name}.Sanitize()
 	gens := make([]string, 4)
 	for i := range gens {
@@ -211,7 +224,7 @@ func (s *Server) dedupTable(ctx context.Context) (table, unavailable string, err
 		kind    *string
 		indexed int
 	)
-	if err := s.cfg.DB.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
+	if err := sh.DB.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)),
 	(SELECT count(DISTINCT i.indrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
 	 WHERE a.amname = 'brin' AND i.indrelid = ANY(ARRAY(SELECT to_regclass(g) FROM unnest($2::text[]) AS g)))`,
 		table, gens).Scan(&kind, &indexed); err != nil {
@@ -219,17 +232,18 @@ func (s *Server) dedupTable(ctx context.Context) (table, unavailable string, err
 	}
 	switch {
 	case kind == nil:
-		return table, "Not drawn: the dedup table " + s.cfg.Store.String() + " does not exist.", nil
+		return table, "Not drawn: the dedup table " + sh.Store.String() + " does not exist.", nil
 	case *kind == "v" && indexed < len(gens):
-		return table, "Not drawn: the dedup table " + s.cfg.Store.String() + " has the partitioned layout, and its generations lack the indexes on processed_at (migration gen/0002) to count by time without reading them whole: run 'idemq migrate'.", nil
+		return table, "Not drawn: the dedup table " + sh.Store.String() + " has the partitioned layout, and its generations lack the indexes on processed_at (migration gen/0002) to count by time without reading them whole: run 'idemq migrate'.", nil
 	}
 	return table, "", nil
 }
 
 // applied counts names' applied messages per bucket of both windows:
 // closed buckets from the cache, the others with one range scan per
-// window's step, from the first bucket not cached.
-func (s *Server) applied(ctx context.Context, table string, names []string, hw, dw window, closed time.Time) (minutes, hours map[string][]int64, err error) {
+// window's step and table (one a shard), from the first bucket not
+// cached.
+func (s *Server) applied(ctx context.Context, tables []string, names []string, hw, dw window, closed time.Time) (minutes, hours map[string][]int64, err error) {
 	fresh := map[countKey]int64{} // this load's counts of open buckets
 	get := func(k countKey) (int64, bool) {
 		if v, ok := fresh[k]; ok {
@@ -244,21 +258,23 @@ func (s *Server) applied(ctx context.Context, table string, names []string, hw, 
 		if s.countHook != nil {
 			s.countHook(countRange{Step: step, From: from, To: to})
 		}
-		rows, err := s.cfg.DB.Query(ctx, appliedSQL(table), names, from, to, int64(step/time.Second))
-		if err != nil {
-			return fmt.Errorf("count applied messages: %w", err)
-		}
 		got := map[countKey]int64{}
-		var (
-			name   string
-			bucket int64
-			n      int64
-		)
-		if _, err := pgx.ForEachRow(rows, []any{&name, &bucket, &n}, func() error {
-			got[countKey{consumer: name, step: step, start: bucket * int64(step/time.Second)}] = n
-			return nil
-		}); err != nil {
-			return fmt.Errorf("count applied messages: %w", err)
+		for i, sh := range s.shards {
+			rows, err := sh.DB.Query(ctx, appliedSQL(tables[i]), names, from, to, int64(step/time.Second))
+			if err != nil {
+				return s.onShard(i, fmt.Errorf("count applied messages: %w", err))
+			}
+			var (
+				name   string
+				bucket int64
+				n      int64
+			)
+			if _, err := pgx.ForEachRow(rows, []any{&name, &bucket, &n}, func() error {
+				got[countKey{consumer: name, step: step, start: bucket * int64(step/time.Second)}] += n
+				return nil
+			}); err != nil {
+				return s.onShard(i, fmt.Errorf("count applied messages: %w", err))
+			}
 		}
 		for _, name := range names {
 			for t := from; t.Before(to); t = t.Add(step) {
@@ -545,14 +561,31 @@ func (s *Server) activity(ctx context.Context, names []string, now, closed time.
 		}
 		c.Series, c.Counts, c.Other = stack(full, n)
 	}
-	table, why, err := s.dedupTable(ctx)
-	switch {
+	var (
+		tables   []string
+		why      string
+		tableErr error
+	)
+	for i, sh := range s.shards {
+		t, w, err := dedupTable(ctx, sh)
+		tables = append(tables, t)
+		if err != nil && tableErr == nil {
+			tableErr = s.onShard(i, err)
+		}
+		if w != "" && why == "" {
+			why = w
+			if len(s.cfg.Shards) > 0 {
+				why = fmt.Sprintf("Shard %d: %s", i, w)
+			}
+		}
+	}
+	switch err := tableErr; {
 	case err != nil:
 		ah.Err, ad.Err = s.clean(err), s.clean(err)
 	case why != "":
 		ah.Unavailable, ad.Unavailable = why, why
 	case len(names) > 0:
-		minutes, hours, err := s.applied(ctx, table, names, hw, dw, closed)
+		minutes, hours, err := s.applied(ctx, tables, names, hw, dw, closed)
 		if err != nil {
 			ah.Err, ad.Err = s.clean(err), s.clean(err)
 		}

@@ -61,6 +61,17 @@ type ConsumerStatus struct {
 	// PurgeEligible is nil without a retention.
 	PurgeEligible *int64
 	LastApplied   *processed.Row
+	// Shards are, with Config.Shards, the consumer's status on each shard,
+	// in order; the fields above are then their total (the last applied
+	// and the oldest of all, the sum of the counts).
+	Shards []ConsumerStatus
+}
+
+// Shard is one database of a dedup store sharded across several
+// (processed.Sharded): its shard's store, and the database it uses.
+type Shard struct {
+	Store *processed.Store
+	DB    processed.DB
 }
 
 // Token is one operator's token: Name is what the audit records.
@@ -87,15 +98,25 @@ type Table struct{ Schema, Name string }
 
 // Config configures the console.
 type Config struct {
-	// Store is the dedup store, for lookups and the dry run. Required.
+	// Store is the dedup store, for lookups and the dry run. Required,
+	// unless Shards is given.
 	Store *processed.Store
 	// DB is the database the Store uses: the console creates its audit
 	// table (idemq_console_audit, in the Store's schema) and reads the
-	// outbox and HTTP key tables there. Required.
+	// outbox and HTTP key tables there. Required, unless Shards is given.
 	DB processed.DB
-	// Status reads a consumer's overview row. Defaults to the row counts
-	// of Store.Stats alone.
-	Status func(ctx context.Context, consumer string) (ConsumerStatus, error)
+	// Shards are the databases of a dedup store sharded across several
+	// (processed.Sharded), shard 0 first, in its map's order. The
+	// overview and each consumer's page then show every shard's rows and
+	// their total, the applied charts sum the shards, and lookups, dry
+	// runs and replays look an id up on each shard. Leave Store and DB
+	// nil: shard 0's database holds the audit table and the janitor's
+	// reports (a Sharded records them there), and the outbox and HTTP key
+	// tables are read there. Defaults to none: one database, Store's.
+	Shards []Shard
+	// Status reads a consumer's overview row in one database (Store's, or
+	// each shard's). Defaults to the row counts of Store.Stats alone.
+	Status func(ctx context.Context, db Shard, consumer string) (ConsumerStatus, error)
 	// Consumers are always shown, besides those found in the dedup table.
 	Consumers []string
 	// Retention is the dedup retention: the purge-eligible count and the
@@ -162,12 +183,31 @@ type Server struct {
 	counts    *countCache
 	clock     clock
 	countHook func(countRange)
+	// shards are the dedup store's databases: Config.Shards, or Store's
+	// alone. lookup finds a dedup row in any of them.
+	shards []Shard
+	lookup interface {
+		Lookup(ctx context.Context, consumerName, id string) (processed.Row, error)
+	}
 }
 
 // New validates cfg and returns the console.
 func New(cfg Config) (*Server, error) {
-	if cfg.Store == nil || cfg.DB == nil {
+	shards := cfg.Shards
+	switch {
+	case len(shards) > 0 && (cfg.Store != nil || cfg.DB != nil):
+		return nil, errors.New("console: give Shards, or Store and DB, not both")
+	case len(shards) > 0:
+		for i, sh := range shards {
+			if sh.Store == nil || sh.DB == nil {
+				return nil, fmt.Errorf("console: shard %d needs its Store and DB", i)
+			}
+		}
+		cfg.Store, cfg.DB = shards[0].Store, shards[0].DB
+	case cfg.Store == nil || cfg.DB == nil:
 		return nil, errors.New("console: Store and DB are required")
+	default:
+		shards = []Shard{{Store: cfg.Store, DB: cfg.DB}}
 	}
 	if cfg.Rate == 0 {
 		cfg.Rate = 50
@@ -193,8 +233,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, sessions: newSessions(), jobs: newJobs(),
 		audit: &audit{db: cfg.DB, schema: cfg.Store.Schema()}, locks: map[string]chan struct{}{}, dlqs: map[string]DLQ{},
-		counts: &countCache{m: map[countKey]int64{}}}
+		counts: &countCache{m: map[countKey]int64{}}, shards: shards, lookup: cfg.Store}
 	s.clock = s.dbClock
+	if len(cfg.Shards) > 0 {
+		stores := make([]*processed.Store, len(shards))
+		for i, sh := range shards {
+			stores[i] = sh.Store
+		}
+		// Only its Lookup is used, which asks each shard and needs no map.
+		sharded, err := processed.NewSharded(stores, processed.ShardedConfig{Map: processed.ShardMap{Shards: len(stores)}})
+		if err != nil {
+			return nil, fmt.Errorf("console: %w", err)
+		}
+		s.lookup = sharded
+	}
 	for _, d := range cfg.DLQs {
 		if _, dup := s.dlqs[d.ID()]; dup {
 			return nil, fmt.Errorf("console: dead-letter queue %s given twice", d.ID())

@@ -73,9 +73,9 @@ func TestConsoleOverview(t *testing.T) {
 func TestConsoleOverviewStatusFunc(t *testing.T) {
 	eligible := int64(2)
 	b := newBundle(t, func(c *Config) {
-		c.Status = func(ctx context.Context, name string) (ConsumerStatus, error) {
-			st, err := c.Store.Stats(ctx, name)
-			rec, _ := c.Store.Lookup(ctx, name, "pay-1")
+		c.Status = func(ctx context.Context, db Shard, name string) (ConsumerStatus, error) {
+			st, err := db.Store.Stats(ctx, name)
+			rec, _ := db.Store.Lookup(ctx, name, "pay-1")
 			return ConsumerStatus{Consumer: name, Rows: st.Rows, Oldest: st.Oldest, PurgeEligible: &eligible, LastApplied: &rec}, err
 		}
 	})

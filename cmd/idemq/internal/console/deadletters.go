@@ -196,7 +196,7 @@ func (s *Server) classify(ctx context.Context, sel selection) (dlq.Classificatio
 	err := s.withConn(ctx, sel.DLQ, false, func(c *Conn) error {
 		var err error
 		cl, err = dlq.Classify(ctx, dlq.ClassifyConfig{Browser: &groupBrowser{Browser: c.Browser, fingerprint: sel.Fingerprint},
-			Store: s.cfg.Store, Filter: dlq.Filter{MessageIDs: sel.IDs}, Limit: s.cfg.ScanLimit,
+			Store: s.lookup, Filter: dlq.Filter{MessageIDs: sel.IDs}, Limit: s.cfg.ScanLimit,
 			Retention: s.cfg.Retention, VerifyKeys: s.cfg.VerifyKeys})
 		return err
 	})
@@ -273,7 +273,7 @@ func (s *Server) requeue(ctx context.Context, action string, sel selection, prog
 			Filter: dlq.Filter{MessageIDs: sel.IDs}, Limit: s.cfg.ScanLimit, Rate: s.cfg.Rate, Retention: s.cfg.Retention,
 			VerifyKeys: s.cfg.VerifyKeys, Progress: progress}
 		if action == "replay" {
-			cfg.Store = s.cfg.Store
+			cfg.Store = s.lookup
 		}
 		var err error
 		res, err = dlq.Requeue(ctx, cfg)

@@ -141,25 +141,37 @@ type dlqStatus struct {
 
 type httpKeyStats struct{ Rows, InProgress, Completed int64 }
 
+// consumers lists Config.Consumers and the consumers with rows in the
+// dedup table (in any shard's).
 func (s *Server) consumers(ctx context.Context) ([]string, error) {
 	out := slices.Clone(s.cfg.Consumers)
-	rows, err := s.cfg.DB.Query(ctx, consumersSQL(pgx.Identifier{s.cfg.Store.Schema(), s.cfg.Store.Table()}.Sanitize()))
-	if pgmigrate.IsUndefined(err) {
-		return out, fmt.Errorf("the dedup table %s does not exist: run 'idemq migrate' (or give --schema and --table)", s.cfg.Store)
-	}
-	if err != nil {
-		return out, err
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return out, err
-	}
-	for _, n := range names {
-		if !slices.Contains(out, n) {
-			out = append(out, n)
+	for i, sh := range s.shards {
+		rows, err := sh.DB.Query(ctx, consumersSQL(pgx.Identifier{sh.Store.Schema(), sh.Store.Table()}.Sanitize()))
+		if pgmigrate.IsUndefined(err) {
+			err = fmt.Errorf("the dedup table %s does not exist: run 'idemq migrate' (or give --schema and --table)", sh.Store)
+		}
+		var names []string
+		if err == nil {
+			names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return out, s.onShard(i, err)
+		}
+		for _, n := range names {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
 		}
 	}
 	return out, nil
+}
+
+// onShard says which shard err is from, with Config.Shards.
+func (s *Server) onShard(i int, err error) error {
+	if len(s.cfg.Shards) == 0 {
+		return err
+	}
+	return fmt.Errorf("shard %d: %w", i, err)
 }
 
 // consumersSQL lists the first 200 consumers with rows in table, by name.
@@ -174,12 +186,44 @@ func consumersSQL(table string) string {
 SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 200`
 }
 
+// consumerStatus is a consumer's overview row: with Config.Shards, each
+// shard's and their total.
 func (s *Server) consumerStatus(ctx context.Context, name string) (ConsumerStatus, error) {
-	if s.cfg.Status != nil {
-		return s.cfg.Status(ctx, name)
+	read := func(sh Shard) (ConsumerStatus, error) {
+		if s.cfg.Status != nil {
+			return s.cfg.Status(ctx, sh, name)
+		}
+		st, err := sh.Store.Stats(ctx, name)
+		return ConsumerStatus{Consumer: name, Rows: st.Rows, Oldest: st.Oldest}, err
 	}
-	st, err := s.cfg.Store.Stats(ctx, name)
-	return ConsumerStatus{Consumer: name, Rows: st.Rows, Oldest: st.Oldest}, err
+	if len(s.cfg.Shards) == 0 {
+		return read(s.shards[0])
+	}
+	total := ConsumerStatus{Consumer: name}
+	for i, sh := range s.shards {
+		st, err := read(sh)
+		if err != nil {
+			return total, s.onShard(i, err)
+		}
+		total.Shards = append(total.Shards, st)
+		total.Rows += st.Rows
+		if !st.Oldest.IsZero() && (total.Oldest.IsZero() || st.Oldest.Before(total.Oldest)) {
+			total.Oldest = st.Oldest
+		}
+		if st.PurgeEligible != nil && (i == 0 || total.PurgeEligible != nil) {
+			n := *st.PurgeEligible
+			if total.PurgeEligible != nil {
+				n += *total.PurgeEligible
+			}
+			total.PurgeEligible = &n
+		} else {
+			total.PurgeEligible = nil
+		}
+		if l := st.LastApplied; l != nil && (total.LastApplied == nil || l.ProcessedAt.After(total.LastApplied.ProcessedAt)) {
+			total.LastApplied = l
+		}
+	}
+	return total, nil
 }
 
 func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
@@ -560,7 +604,7 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	v.Consumers, _ = s.consumers(ctx)
 	if v.Consumer != "" && v.ID != "" {
 		v.Searched = true
-		row, err := s.cfg.Store.Lookup(ctx, v.Consumer, v.ID)
+		row, err := s.lookup.Lookup(ctx, v.Consumer, v.ID)
 		switch {
 		case errors.Is(err, processed.ErrNotFound):
 			v.NotFound = true

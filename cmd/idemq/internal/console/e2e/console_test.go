@@ -187,7 +187,7 @@ FROM generate_series(1, 60) AS i`, nil},
 		Outbox: console.Table{Schema: schema, Name: "outbox"}, HTTPKeys: console.Table{Schema: schema, Name: "idempotency_keys"},
 		// `idemq console` reads this with `idemq status`'s code; here, the
 		// same two facts from the seeded table.
-		Status: func(ctx context.Context, name string) (console.ConsumerStatus, error) {
+		Status: func(ctx context.Context, _ console.Shard, name string) (console.ConsumerStatus, error) {
 			st, err := store.Stats(ctx, name)
 			if err != nil {
 				return console.ConsumerStatus{}, err
