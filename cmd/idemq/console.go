@@ -47,6 +47,13 @@ default). Its pages:
   Lookup        consumer and message id: applied or not, when, from where, and
                 its dead-letter copies; an HTTP idempotency key's state
 
+With a dedup store sharded across databases (processed.Sharded), give each
+shard's URL with --shard-url, in the map's order, instead of --database-url:
+the overview and a consumer's page show each shard's rows and their total,
+the applied charts sum the shards, and lookups, dry runs and replays look an
+id up on every shard. Shard 0 holds the audit table, and its outbox and HTTP
+key tables are the ones shown.
+
 Replays need a token: --token, $IDEMQ_CONSOLE_TOKEN or --token-file (one per
 line), each "name:secret" (the audit records the name) or a bare secret.
 Prefer $IDEMQ_CONSOLE_TOKEN or --token-file to --token, which other users of
@@ -96,12 +103,14 @@ type consoleFlags struct {
 	hosts        listFlag
 	streams      streamDLQFlags
 	recon        string
+	shardURLs    listOfFlag
 }
 
 func runConsole(ctx context.Context, e *env, c *command, args []string) error {
 	var f consoleFlags
 	fs := c.flagSet()
 	f.db.register(fs)
+	fs.Var(&f.shardURLs, "shard-url", "a shard of a sharded dedup store (processed.Sharded), in the map's order: repeat it for each, instead of --database-url; shard 0 holds the audit, the outbox and the HTTP keys shown")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on; beyond loopback only with a token")
 	fs.Var(&f.retention, "retention", "the dedup retention: purge-eligible counts and the replay-horizon guard, a `duration` such as 72h or 7d")
 	fs.StringVar(&f.amqpURL, "amqp-url", "", "RabbitMQ URL for --dlq-queue (default $AMQP_URL, then "+rabbitmq.DefaultURL+")")
@@ -259,22 +268,37 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 		return cfg, nil, err
 	}
 
-	store, err := f.db.openPool(ctx, e)
+	shards, err := f.openShards(ctx, e)
 	if err != nil {
 		return cfg, nil, err
 	}
+	closeAll := func() {
+		for _, sh := range shards {
+			sh.Store.Close()
+		}
+	}
+	store := shards[0].Store
 	if err := inSearchPath(ctx, store.Pool(), &ob, &hk); err != nil {
-		store.Close()
+		closeAll()
 		return cfg, nil, err
 	}
 	dbURL, _ := f.db.databaseURL(e)
-	cfg = console.Config{Store: store, DB: store.Pool(), Retention: f.retention.d, Tokens: tokens, ReadOnly: f.readOnly,
+	cfg = console.Config{Retention: f.retention.d, Tokens: tokens, ReadOnly: f.readOnly,
 		VerifyKeys: keys, Rate: f.rate, Outbox: ob, HTTPKeys: hk, AllowedHosts: f.hosts, Reconciliation: f.recon,
-		Secrets: append([]string{dbURL, amqpURL}, f.streams.secrets(e)...),
+		Secrets: append([]string{dbURL, amqpURL}, append(f.streams.secrets(e), f.shardURLs...)...),
 		Logger:  slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
-	cfg.Info = append(cfg.Info, [2]string{"Postgres", redact.DSN(dbURL)}, [2]string{"dedup table", store.String()})
-	cfg.Status = func(ctx context.Context, name string) (console.ConsumerStatus, error) {
-		return consoleStatus(ctx, store, name, f.retention)
+	if len(f.shardURLs) == 0 {
+		cfg.Store, cfg.DB = store, store.Pool()
+		cfg.Info = append(cfg.Info, [2]string{"Postgres", redact.DSN(dbURL)})
+	} else {
+		cfg.Shards = shards
+		for i, u := range f.shardURLs {
+			cfg.Info = append(cfg.Info, [2]string{fmt.Sprintf("Postgres, shard %d", i), redact.DSN(u)})
+		}
+	}
+	cfg.Info = append(cfg.Info, [2]string{"dedup table", store.String()})
+	cfg.Status = func(ctx context.Context, db console.Shard, name string) (console.ConsumerStatus, error) {
+		return consoleStatus(ctx, db.Store, name, f.retention)
 	}
 	for _, q := range f.queues {
 		bf := &brokerFlags{broker: "rabbitmq", amqpURL: amqpURL, queue: q}
@@ -294,7 +318,36 @@ func (f *consoleFlags) config(ctx context.Context, e *env) (console.Config, func
 		cfg.DLQs = append(cfg.DLQs, consoleDLQ(bf, func(ctx context.Context) statusDLQ { return statusStreamDepth(ctx, bf) }))
 	}
 	cfg.Info = append(cfg.Info, f.streams.info(e)...)
-	return cfg, store.Close, nil
+	return cfg, closeAll, nil
+}
+
+// openShards opens the dedup store of --database-url, or each of
+// --shard-url's, with a pool.
+func (f *consoleFlags) openShards(ctx context.Context, e *env) ([]console.Shard, error) {
+	if len(f.shardURLs) == 0 {
+		store, err := f.db.openPool(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		return []console.Shard{{Store: store, DB: store.Pool()}}, nil
+	}
+	if f.db.url != "" {
+		return nil, usagef("--shard-url and --database-url: give the shards' URLs, or the one database's")
+	}
+	var shards []console.Shard
+	for i, u := range f.shardURLs {
+		sd := f.db
+		sd.url = u
+		store, err := sd.openPool(ctx, e)
+		if err != nil {
+			for _, sh := range shards {
+				sh.Store.Close()
+			}
+			return nil, fmt.Errorf("shard %d: %w", i, err)
+		}
+		shards = append(shards, console.Shard{Store: store, DB: store.Pool()})
+	}
+	return shards, nil
 }
 
 // consoleDLQ is a dead-letter queue opened as `idemq dlq` opens it, with

@@ -10,7 +10,6 @@ import (
 	"github.com/idemq/idemq/brokers/redisstream"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dedup"
-	"github.com/idemq/idemq/processed"
 )
 
 // dlq replay --shard-url looks each dead letter's original up on every
@@ -19,15 +18,7 @@ func TestDLQReplayShards(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	urls := shardDatabases(t, 2)
-	s, err := processed.OpenSharded(ctx, urls, processed.Config{}, processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	urls, s := migratedShards(t, 2)
 	f := newRedisFixtureWith(ctx, t, redisstream.Config{})
 	for i := range 4 {
 		f.deadLetter(ctx, t, fmt.Sprint("o-", i), fmt.Sprint(`{"o":`, i, `}`), consumer.Failure{Class: consumer.ClassPermanent, Err: errors.New("bug")})

@@ -46,16 +46,8 @@ func shardDatabases(t *testing.T, n int) []string {
 // the map, and the totals; URLs given in another order are flagged.
 func TestStatusShards(t *testing.T) {
 	t.Parallel()
-	urls := shardDatabases(t, 2)
+	urls, s := migratedShards(t, 2)
 	ctx := context.Background()
-	s, err := processed.OpenSharded(ctx, urls, processed.Config{}, processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	for i, shard := range []int{0, 1, 1} {
 		tx, res, err := s.BeginClaim(ctx, []dedup.Claim{{Consumer: "ledger", MessageID: "m" + string(rune('0'+i)),
 			Partition: -1, Offset: -1, Route: dedup.Route{Shard: shard, Was: shard}}})
@@ -92,4 +84,21 @@ func TestStatusShards(t *testing.T) {
 	}
 
 	want(t, idemq(t, "status", "--consumer", "ledger", "--shard-url", urls[0], "--database-url", urls[1]), exitUsage, "", "--shard-url and --database-url")
+}
+
+// migratedShards is a sharded store of key/n over n fresh databases,
+// migrated, closed when the test ends, and the databases' URLs.
+func migratedShards(t *testing.T, n int) ([]string, *processed.Sharded) {
+	t.Helper()
+	ctx := context.Background()
+	urls := shardDatabases(t, n)
+	s, err := processed.OpenSharded(ctx, urls, processed.Config{}, processed.ShardedConfig{Map: processed.ShardMap{Shards: n}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return urls, s
 }
