@@ -76,6 +76,23 @@ type Config struct {
 	// reports a plain table as not migrated until Migrate converts it.
 	Partitioned bool
 
+	// ShardKeyInPrimaryKey asks Migrate to make the dedup key (consumer,
+	// shard_key, message_id) instead of (consumer, message_id), for a
+	// distributed Postgres such as Citus: it distributes a table by a
+	// column that every unique index must hold, and keeps ON CONFLICT and
+	// whole single-node transactions for rows co-located by it. Distribute
+	// the table by shard_key, co-located with your business tables (see
+	// docs/sharding.md). Every claim then needs a shard key, which only a
+	// Sharded gives (one shard, for a Citus coordinator; the runtime stops
+	// on a claim without one), and an id is unique per consumer and key: a
+	// message must keep its key when redelivered, as Message.Key and a
+	// ShardMap.Key of the message do. Plain layout only. Defaults to false.
+	//
+	// As with Partitioned, the store reads the table's key once: a store
+	// without the field refuses a table keyed so, and one with it reports
+	// a table that is not as not migrated until Migrate converts it.
+	ShardKeyInPrimaryKey bool
+
 	// MaxConns sizes the pool Open makes (pgxpool's MaxConns): each of a
 	// runtime's Concurrency workers holds one connection for its
 	// transaction, and its janitor one more. Defaults to the URL's
@@ -128,6 +145,9 @@ func (c Config) validate() error {
 	}
 	if c.PurgeBatchSize < 1 {
 		return &consumer.ConfigError{Field: "PurgeBatchSize", Reason: fmt.Sprintf("%d, must be positive", c.PurgeBatchSize)}
+	}
+	if c.ShardKeyInPrimaryKey && c.Partitioned {
+		return &consumer.ConfigError{Field: "ShardKeyInPrimaryKey", Reason: "the partitioned layout keeps (consumer, message_id) as its key: set one of the two"}
 	}
 	return nil
 }

@@ -33,6 +33,14 @@ var layouts = []struct {
 	{"partitioned", processed.Config{Partitioned: true}},
 }
 
+// keyedLayout has the shard key in the primary key: the contract suite
+// runs it only as a shard (a claim needs a shard key, which a Sharded
+// gives it).
+var keyedLayout = struct {
+	name string
+	cfg  processed.Config
+}{"keyed", processed.Config{ShardKeyInPrimaryKey: true}}
+
 // contract is one case of the suite, given a migrated store of a layout.
 type contract struct {
 	name string
@@ -75,15 +83,43 @@ func (s shardUnderTest) BeginClaim(ctx context.Context, cs []dedup.Claim) (pgx.T
 	return s.sharded.BeginClaim(ctx, routed)
 }
 
+// contractKey is the shard key of every claim of the suite: the shard
+// under test's route's, and what a case's own store of the keyed layout
+// claims with (withKey).
+const contractKey = "acct-1"
+
+// keyedStore is a store whose claims carry key, as a Sharded's would.
+type keyedStore struct {
+	*processed.Store
+	key string
+}
+
+func (s keyedStore) BeginClaim(ctx context.Context, cs []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	keyed := append([]dedup.Claim(nil), cs...)
+	for i := range keyed {
+		keyed[i].Route.Key = s.key
+	}
+	return s.Store.BeginClaim(ctx, keyed)
+}
+
+// withKey is a case's own store of cfg: with the shard key in the primary
+// key, its claims carry contractKey.
+func withKey(s *processed.Store, cfg processed.Config) keyedStore {
+	if cfg.ShardKeyInPrimaryKey {
+		return keyedStore{s, contractKey}
+	}
+	return keyedStore{s, ""}
+}
+
 // shardedSetup makes the store a sharded case runs against: shard 1 of
 // cfg's layout, behind a Sharded whose shard 0 is another schema's store;
 // resharding configures a reshard from a map of the same two shards.
 func shardedSetup(t *testing.T, cfg processed.Config, resharding bool) (contractStore, *pgxpool.Pool) {
 	t.Helper()
-	other, _ := setup(t, processed.Config{Partitioned: cfg.Partitioned})
+	other, _ := setup(t, processed.Config{Partitioned: cfg.Partitioned, ShardKeyInPrimaryKey: cfg.ShardKeyInPrimaryKey})
 	s, pool := setup(t, cfg)
 	sc := processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}}
-	route := dedup.Route{Shard: 1, Was: 1}
+	route := dedup.Route{Shard: 1, Was: 1, Key: contractKey}
 	if resharding {
 		sc.Previous = &processed.ShardMap{Name: "before", Shards: 2}
 		route.Was = 0
@@ -119,8 +155,11 @@ func TestStoreContract(t *testing.T) {
 	// Each layout alone, and as a shard of a processed.Sharded: claims
 	// through its BeginClaim, and during a reshard, when each also looks
 	// its id up on the shard it was on before.
-	for _, layout := range layouts {
+	for _, layout := range append(layouts, keyedLayout) {
 		for _, sharded := range []string{"", "/shard", "/shard-resharding"} {
+			if sharded == "" && layout.cfg.ShardKeyInPrimaryKey {
+				continue
+			}
 			t.Run(layout.name+sharded, func(t *testing.T) {
 				t.Parallel()
 				for _, c := range cases {
@@ -311,10 +350,11 @@ func contractWaitsForUncommitted(t *testing.T, s contractStore, pool *pgxpool.Po
 			t.Fatal(err)
 		}
 		cfg.Schema = s.Schema()
-		onConn, err := processed.New(conn.Conn(), cfg)
+		onStore, err := processed.New(conn.Conn(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		onConn := withKey(onStore, cfg)
 		answer := make(chan claimAnswer, 1)
 		go func() {
 			defer conn.Release()
@@ -378,10 +418,11 @@ func contractExecModes(t *testing.T, s contractStore, _ *pgxpool.Pool, cfg proce
 		}
 		defer pool.Close()
 		cfg.Schema = s.Schema()
-		on, err := processed.New(pool, cfg)
+		st, err := processed.New(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		on := withKey(st, cfg)
 		for i := range 2 { // twice: cached statements the second time
 			c := claimOf("billing", fmt.Sprintf("%s-%d", name, i), "pay 10")
 			c.Partition, c.Offset = 2, 7
@@ -441,10 +482,11 @@ func contractRowVanishes(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg 
 		}
 	}
 	cfg.Schema = s.Schema()
-	on, err := processed.New(db, cfg)
+	st, err := processed.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	on := withKey(st, cfg)
 	if got := claim(t, on, c, claimOf("billing", "m-w", "x")); got[0].Outcome != dedup.ClaimNew || got[1].Outcome != dedup.ClaimNew {
 		t.Fatalf("claim of a row purged in between: %+v, want new", got)
 	}
@@ -594,8 +636,12 @@ func contractDatedRows(t *testing.T, s contractStore, pool *pgxpool.Pool, cfg pr
 	dated := map[string]string{"ahead-90m": "90 minutes", "ahead-3d": "3 days", "behind-30d": "-30 days"}
 	for id, by := range dated {
 		c := claimOf("c", id, "x")
-		if _, err := pool.Exec(ctx(t), `INSERT INTO `+into(s, cfg)+` (consumer, message_id, fingerprint, processed_at)
-VALUES ($1, $2, $3, now() + $4::interval)`, c.Consumer, c.MessageID, c.Fingerprint[:], by); err != nil {
+		var key any // NULL, or the key of the claims of a keyed layout
+		if cfg.ShardKeyInPrimaryKey {
+			key = contractKey
+		}
+		if _, err := pool.Exec(ctx(t), `INSERT INTO `+into(s, cfg)+` (consumer, message_id, fingerprint, processed_at, shard_key)
+VALUES ($1, $2, $3, now() + $4::interval, $5)`, c.Consumer, c.MessageID, c.Fingerprint[:], by, key); err != nil {
 			t.Fatal(err)
 		}
 	}

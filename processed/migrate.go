@@ -8,7 +8,7 @@ import (
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
 
-//go:embed migrations/*.sql migrations/gen/*.sql
+//go:embed migrations/*.sql migrations/gen/*.sql migrations/keyed/*.sql
 var migrationFS embed.FS
 
 var (
@@ -16,6 +16,9 @@ var (
 	// genMigrations make the partitioned layout (Config.Partitioned): a
 	// line of their own, applied after the main line's.
 	genMigrations = pgmigrate.Load("processed", migrationFS, "migrations/gen")
+	// keyedMigrations put the shard key in the primary key
+	// (Config.ShardKeyInPrimaryKey): a line of their own too.
+	keyedMigrations = pgmigrate.Load("processed", migrationFS, "migrations/keyed")
 )
 
 // Migration is one embedded schema migration, of the dedup table or of the
@@ -42,6 +45,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 	names := map[string]string{
 		"processed_at_index":          "_processed_at",
 		"consumer_processed_at_index": "_consumer_age",
+		"consumer_id_index":           "_consumer_id",
 		"retention_table":             retentionSuffix,
 		"horizons_table":              horizonsSuffix,
 		"shard_map_table":             shardMapSuffix,
@@ -73,6 +77,11 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 // first, with its rows (migration 0003), then converted. Convert with the
 // consumers stopped: a store that read the plain layout refuses to claim
 // into the converted table (consumer.ErrNotMigrated), and a runtime using it stops.
+//
+// With Config.ShardKeyInPrimaryKey it applies that line's migrations
+// (recorded in Config.Table+"_keyed_migrations") in a transaction of its
+// own: the primary key becomes (consumer, shard_key, message_id), keeping
+// the rows. Convert with the consumers stopped, as above.
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := s.migrate(ctx)
 	return err
@@ -89,6 +98,12 @@ func (s *Store) migrate(ctx context.Context) ([]Migration, error) {
 		t.Line = "gen"
 		var more []Migration
 		more, err = genMigrations.Migrate(ctx, s.db, t)
+		applied = append(applied, more...)
+	}
+	if err == nil && s.cfg.ShardKeyInPrimaryKey {
+		t.Line = "keyed"
+		var more []Migration
+		more, err = keyedMigrations.Migrate(ctx, s.db, t)
 		applied = append(applied, more...)
 	}
 	// The layout is read again at the next use.

@@ -178,14 +178,18 @@ func copyRows(ctx context.Context, st *Store, stm *statements, rows []movedRow) 
 	for i, r := range rows {
 		cons[i], ids[i], fps[i], ats[i], srcs[i], parts[i], offs[i], keys[i] = r.Consumer, r.MessageID, r.Fingerprint, r.ProcessedAt, r.Source, r.Partition, r.Offset, r.key
 	}
+	sk := "u.sk"
+	if stm.keyed {
+		sk = "coalesce(u.sk, '')" // its shard keys are never NULL
+	}
 	q := `INSERT INTO ` + into + ` (consumer, message_id, fingerprint, processed_at, source, partition, "offset", shard_key)
-SELECT u.c, u.id, u.fp, u.at, u.src, u.part, u.off, u.sk
+SELECT u.c, u.id, u.fp, u.at, u.src, u.part, u.off, ` + sk + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::timestamptz[], $5::text[], $6::int[], $7::bigint[], $8::text[]) AS u(c, id, fp, at, src, part, off, sk)
 WHERE true`
 	for _, g := range others {
 		q += "\n\tAND NOT EXISTS (SELECT 1 FROM " + g + " g WHERE g.consumer = u.c AND g.message_id = u.id)"
 	}
-	q += "\nON CONFLICT (consumer, message_id) DO NOTHING"
+	q += "\nON CONFLICT " + stm.conflictKey() + " DO NOTHING"
 	tag, err := st.db.Exec(ctx, q, cons, ids, fps, ats, srcs, parts, offs, keys)
 	if err != nil {
 		return 0, st.wrap("copy rows", err)

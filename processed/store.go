@@ -162,6 +162,18 @@ type statements struct {
 	horizons, recordHorizon string
 	// shardMap is the table of a sharded store's map (see Sharded).
 	shardMap string
+	// keyed says the primary key holds the shard key
+	// (Config.ShardKeyInPrimaryKey).
+	keyed bool
+}
+
+// conflictKey is the primary key's columns, the claims' ON CONFLICT
+// target.
+func (st *statements) conflictKey() string {
+	if st.keyed {
+		return "(consumer, shard_key, message_id)"
+	}
+	return "(consumer, message_id)"
 }
 
 // Store is a dedup.Store with the three optional methods dedup.Store
@@ -224,17 +236,19 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	gen := newGenerations(schema, s.cfg.Table)
 	var lay layout = gen
 	var (
-		kind             *string
-		hasGens, current bool
+		kind                    *string
+		hasGens, current, keyed bool
 	)
 	// From the catalog, which needs no privilege on the tables: what the
 	// table is, and whether the objects this version's claims and purges
 	// use exist (the latest migrations made them).
 	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL,
 	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)
-	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped)`,
+	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped),
+	EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+		WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attname = 'shard_key')`,
 		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitCheckSuffix}.Sanitize(),
-		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0]).Scan(&kind, &hasGens, &current); err != nil {
+		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0]).Scan(&kind, &hasGens, &current, &keyed); err != nil {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
@@ -243,6 +257,10 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	switch {
 	case kind == nil:
 		return nil, notMigrated("does not exist")
+	case keyed && !s.cfg.ShardKeyInPrimaryKey:
+		return nil, &consumer.ConfigError{Field: "ShardKeyInPrimaryKey", Reason: fmt.Sprintf("not set, and %s keeps the shard key in its primary key", s)}
+	case *kind == "r" && s.cfg.ShardKeyInPrimaryKey && !keyed:
+		return nil, notMigrated("has (consumer, message_id) as its primary key, and Config.ShardKeyInPrimaryKey asks for the shard key in it: Migrate converts it")
 	case *kind == "r" && s.cfg.Partitioned:
 		return nil, notMigrated("is a plain table, and Config.Partitioned asks for the partitioned layout: Migrate converts it")
 	case *kind == "r":
@@ -260,7 +278,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 		// version of idemq refuses it until Migrate has run.
 		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons, the shard key)")
 	}
-	st := newStatements(schema, s.cfg.Table, lay)
+	st := newStatements(schema, s.cfg.Table, lay, keyed)
 	s.st.Store(st)
 	return st, nil
 }
@@ -274,9 +292,9 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 const raiseSyncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on'
 	ELSE current_setting('synchronous_commit') END, true)`
 
-func newStatements(schema, table string, lay layout) *statements {
+func newStatements(schema, table string, lay layout, keyed bool) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
-	st := &statements{schema: schema, qTable: t, layout: lay,
+	st := &statements{schema: schema, qTable: t, layout: lay, keyed: keyed,
 		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
 		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
 		shardMap:    pgx.Identifier{schema, table + shardMapSuffix}.Sanitize(),
@@ -294,16 +312,28 @@ func newStatements(schema, table string, lay layout) *statements {
 		return b.String()
 	}
 	head := `INSERT INTO ` + into + ` (consumer, message_id, fingerprint, source, partition, "offset", shard_key)`
+	// Without the shard key in the primary key, a claim without one
+	// stores NULL; with it, every claim has one (see newBatch).
+	key, keyOne := `NULLIF(u.sk, '')`, `NULLIF($8::text, '')`
+	if keyed {
+		key, keyOne = `u.sk`, `$8::text`
+	}
 	st.insert = head + `
-SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1), NULLIF(u.sk, '')
+SELECT $1, u.id, u.fp, u.src, NULLIF(u.part, -1), NULLIF(u.off, -1), ` + key + `
 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[], $8::text[]) AS u(id, fp, src, part, off, sk)` + where("u.id") + `
-ON CONFLICT (consumer, message_id) DO NOTHING
+ON CONFLICT ` + st.conflictKey() + ` DO NOTHING
 RETURNING message_id`
 	st.insertOne = head + `
-SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint, NULLIF($8::text, '')` + where("$2::text") + `
-ON CONFLICT (consumer, message_id) DO NOTHING`
+SELECT $1::text, $2::text, $3::bytea, $4::text, $5::integer, $6::bigint, ` + keyOne + where("$2::text") + `
+ON CONFLICT ` + st.conflictKey() + ` DO NOTHING`
 	from := lay.readFrom()
-	st.existingOne = `SELECT fingerprint, processed_at FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
+	// A claim's own row, by its primary key: with the shard key in it, by
+	// the key as well ($3, the claims' keys, in the same order as $2).
+	sameKey, sameKeyOne, arrays, cols := "", "", "$2::text[]", "id"
+	if keyed {
+		sameKey, sameKeyOne, arrays, cols = " AND shard_key = u.sk", " AND shard_key = $3", "$2::text[], $3::text[]", "id, sk"
+	}
+	st.existingOne = `SELECT fingerprint, processed_at FROM ` + from + ` WHERE consumer = $1 AND message_id = $2` + sameKeyOne + ` LIMIT 1`
 	// One primary-key probe per id (per generation), whatever the planner
 	// believes. The plain form, WHERE consumer = $1 AND message_id =
 	// ANY($2), is planned as an index scan on consumer alone that filters
@@ -314,10 +344,10 @@ ON CONFLICT (consumer, message_id) DO NOTHING`
 	// join. (The purge's index on consumer and processed_at would be
 	// another such scan; its collation keeps it out: migration 0005.)
 	st.existing = `SELECT p.message_id, p.fingerprint, p.processed_at
-FROM unnest($2::text[]) AS u(id)
+FROM unnest(` + arrays + `) AS u(` + cols + `)
 CROSS JOIN LATERAL (
 	SELECT message_id, fingerprint, processed_at FROM ` + from + `
-	WHERE consumer = $1 AND message_id = u.id
+	WHERE consumer = $1 AND message_id = u.id` + sameKey + `
 	LIMIT 1) AS p`
 	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
 FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
@@ -427,6 +457,14 @@ func (s *Store) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx, [
 	st, err := s.statements(ctx)
 	if err != nil {
 		return nil, nil, err
+	}
+	if st.keyed {
+		for _, c := range claims {
+			if c.Route.Key == "" {
+				return nil, nil, fmt.Errorf("processed: %s keeps the shard key in its primary key, and message %q has no shard key: claim through a Sharded, whose map keys every message: %w",
+					s, c.MessageID, consumer.ErrInvalidConfig)
+			}
+		}
 	}
 	for attempt := 1; ; attempt++ {
 		tx, res, err := s.claimOnce(ctx, st, b)
@@ -642,7 +680,11 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 	}
 	if len(ids) == 1 {
 		id = ids[0]
-		bt.Queue(st.existingOne, b.name, id).QueryRow(func(row pgx.Row) error {
+		args := []any{b.name, id}
+		if st.keyed {
+			args = append(args, b.claims[b.index[id]].Route.Key)
+		}
+		bt.Queue(st.existingOne, args...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&fp, &at)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -653,7 +695,15 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 			return record()
 		})
 	} else {
-		bt.Queue(st.existing, b.name, ids).Query(func(rows pgx.Rows) error {
+		args := []any{b.name, ids}
+		if st.keyed {
+			keys := make([]string, len(ids))
+			for i, id := range ids {
+				keys[i] = b.claims[b.index[id]].Route.Key
+			}
+			args = append(args, keys)
+		}
+		bt.Queue(st.existing, args...).Query(func(rows pgx.Rows) error {
 			_, err := pgx.ForEachRow(rows, []any{&id, &fp, &at}, record)
 			return err
 		})
