@@ -108,14 +108,16 @@ func (d *dbFlags) connect(ctx context.Context, e *env, cfg processed.Config) (pr
 	return detected, conn, nil
 }
 
-// detectLayout returns cfg with Partitioned set to the layout the table it
-// names has, cfg as it is if the table does not exist yet: the command
-// works on whatever table it finds, where a consumer states the layout it
-// expects and its store refuses a table that disagrees.
+// detectLayout returns cfg with Partitioned and ShardKeyInPrimaryKey set
+// to what the table it names has, cfg as it is if the table does not
+// exist yet: the command works on whatever table it finds, where a
+// consumer states the layout it expects and its store refuses a table
+// that disagrees.
 func detectLayout(ctx context.Context, conn *pgx.Conn, cfg processed.Config) (processed.Config, error) {
 	l, err := readLayout(ctx, conn, cfg.Schema, cfg.Table)
 	if err == nil && l != layoutNone {
 		cfg.Partitioned = l == layoutGenerations
+		cfg.ShardKeyInPrimaryKey, err = keyedByShard(ctx, conn, cfg.Schema, cfg.Table)
 	}
 	return cfg, err
 }

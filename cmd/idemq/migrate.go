@@ -41,6 +41,13 @@ Without --partitioned, a table that has the partitioned layout keeps it
 (its migrations are applied too), a plain table stays plain, and a table of
 the earlier range-partitioned layout is made plain again, with its rows.
 
+With --shard-key-in-primary-key, a plain table's primary key becomes
+(consumer, shard_key, message_id), in a transaction of its own, keeping its
+rows (those claimed without a shard key get the empty one), for a
+distributed Postgres (Citus) that distributes the table by shard_key beside
+the business tables (see processed.Config.ShardKeyInPrimaryKey and
+docs/sharding.md). A table keyed so stays so.
+
 Examples:
   idemq migrate
   idemq migrate --partitioned`,
@@ -87,6 +94,19 @@ func readLayout(ctx context.Context, conn *pgx.Conn, schema, table string) (tabl
 	return tableLayout("relkind " + *kind), nil
 }
 
+// keyedByShard reads whether the primary key of the table schema.table
+// holds the shard key (processed.Config.ShardKeyInPrimaryKey).
+func keyedByShard(ctx context.Context, conn *pgx.Conn, schema, table string) (bool, error) {
+	var keyed bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+	WHERE i.indrelid = to_regclass(quote_ident(coalesce(nullif($1, ''), current_schema())) || '.' || quote_ident($2))
+	AND i.indisprimary AND a.attname = 'shard_key')`, schema, table).Scan(&keyed)
+	if err != nil {
+		return false, fmt.Errorf("read the primary key of %s: %w", table, err)
+	}
+	return keyed, nil
+}
+
 // latestVersion is the version Migrate brings the dedup table's main line
 // of migrations to.
 func latestVersion() int {
@@ -102,14 +122,19 @@ func generationNames(table string) string {
 
 func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	var (
-		db          dbFlags
-		partitioned bool
+		db                dbFlags
+		partitioned       bool
+		shardKeyInPrimary bool
 	)
 	fs := c.flagSet()
 	db.register(fs)
+	fs.BoolVar(&shardKeyInPrimary, "shard-key-in-primary-key", false, "make the dedup key (consumer, shard_key, message_id), for a distributed Postgres (Citus) that distributes the table by shard_key; plain layout only (see processed.Config.ShardKeyInPrimaryKey)")
 	fs.BoolVar(&partitioned, "partitioned", false, "give the dedup table the partitioned layout (three generations of rows, retired whole), converting a plain table and keeping its rows")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
 		return err
+	}
+	if partitioned && shardKeyInPrimary {
+		return usagef("--partitioned and --shard-key-in-primary-key: the partitioned layout keeps (consumer, message_id) as its key")
 	}
 	// The store takes the layout the table has (detectLayout), so that
 	// a partitioned table's own migrations are applied too; --partitioned
@@ -120,6 +145,7 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	defer closeConn(conn)
 	cfg.Partitioned = cfg.Partitioned || partitioned
+	cfg.ShardKeyInPrimaryKey = cfg.ShardKeyInPrimaryKey || shardKeyInPrimary
 	store, err := processed.New(conn, cfg)
 	if err != nil {
 		return err
@@ -151,6 +177,9 @@ func runMigrate(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	for _, line := range layoutReport(store, was, is) {
 		fmt.Fprintf(e.stdout, "%s: %s\n", store, line)
+	}
+	if cfg.ShardKeyInPrimaryKey {
+		fmt.Fprintf(e.stdout, "%s: primary key (consumer, shard_key, message_id): distribute it by shard_key, and claim through a processed.Sharded (docs/sharding.md)\n", store)
 	}
 	if partitioned && is != layoutGenerations {
 		// Migrate succeeded, so this is not expected: fail rather than
