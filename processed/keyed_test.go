@@ -3,6 +3,7 @@ package processed_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -38,10 +39,18 @@ func TestShardKeyInPrimaryKey(t *testing.T) {
 	if _, _, err := s.BeginClaim(ctx(t), []dedup.Claim{withKey(claimOf("c", "keyed", "x"), "acct-1")}); !errors.Is(err, consumer.ErrNotMigrated) {
 		t.Fatalf("before the migration: %v, want ErrNotMigrated", err)
 	}
+	// A row without a key would never be found again by a keyed claim:
+	// the conversion waits until it has one.
+	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
+	if err := s.Migrate(ctx(t)); err == nil || !strings.Contains(err.Error(), "1 dedup rows") {
+		t.Fatalf("converting with a row without a key: %v, want a refusal", err)
+	}
+	if _, err := pool.Exec(ctx(t), `UPDATE `+table+` SET shard_key = 'acct-9' WHERE message_id = 'unkeyed'`); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Migrate(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	table := pgx.Identifier{s.Schema(), s.Table()}.Sanitize()
 	rows, err := pool.Query(ctx(t), `SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE i.indrelid = $1::regclass AND i.indisunique
 AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) AND a.attname = 'shard_key')`, table)
@@ -56,7 +65,7 @@ AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a
 	if err == nil {
 		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	if err != nil || fmt.Sprint(keys) != "[keyed=acct-1 unkeyed=]" {
+	if err != nil || fmt.Sprint(keys) != "[keyed=acct-1 unkeyed=acct-9]" {
 		t.Fatalf("rows after the migration: %v, %v", keys, err)
 	}
 
@@ -144,4 +153,117 @@ WHERE p.message_id IS NULL`).Scan(&apart); err != nil || apart != 0 {
 			}
 		})
 	}
+}
+
+// MoveRows between shards whose tables keep the shard key in their primary
+// key moves each row of an id and key on its own: the rows of one id under
+// two keys the map places apart are parted, and pages that end between
+// two rows of one id lose neither.
+func TestShardKeyInPrimaryKeyMoveRows(t *testing.T) {
+	t.Parallel()
+	shards, s := keyedShards(t, processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+	on := keysOn(t, s, 2, 1600)
+	// On shard 0: one row that stays first, then 750 ids under two keys
+	// both placed on shard 1 (a page of 1000 ends between the two rows of
+	// an id), then id "x" under a key of each shard.
+	type row struct{ id, key string }
+	rows := []row{{"a-0", on[0][0]}}
+	for i := range 750 {
+		id := fmt.Sprintf("m%04d", i)
+		rows = append(rows, row{id, on[1][2*i]}, row{id, on[1][2*i+1]})
+	}
+	rows = append(rows, row{"x", on[0][1]}, row{"x", on[1][1500]})
+	tbl := pgx.Identifier{shards[0].Schema(), shards[0].Table()}.Sanitize()
+	for _, r := range rows {
+		if _, err := shards[0].Pool().Exec(ctx(t), `INSERT INTO `+tbl+` (consumer, message_id, fingerprint, shard_key) VALUES ('c', $1, sha256(convert_to($2, 'UTF8')), $2)`, r.id, r.key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := s.MoveRows(ctx(t), 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Moved != 1501 || rep.Unkeyed != 0 {
+		t.Fatalf("moved %+v, want the 1501 rows placed on shard 1", rep)
+	}
+	left := func(st *processed.Store) []string {
+		t.Helper()
+		q, err := st.Pool().Query(ctx(t), `SELECT message_id || '=' || shard_key FROM `+pgx.Identifier{st.Schema(), st.Table()}.Sanitize()+` ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(q, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got, want := fmt.Sprint(left(shards[0])), fmt.Sprint([]string{"a-0=" + on[0][0], "x=" + on[0][1]}); got != want {
+		t.Fatalf("shard 0 keeps %s, want %s", got, want)
+	}
+	if n := len(left(shards[1])); n != 1501 {
+		t.Fatalf("shard 1 holds %d rows, want 1501", n)
+	}
+}
+
+// During a reshard of shards that keep the shard key in their primary key,
+// a moved message is looked up on its old shard under its own key: the
+// same id applied there under another key does not make it a duplicate.
+func TestShardKeyInPrimaryKeyReshard(t *testing.T) {
+	t.Parallel()
+	everyKeyOn0 := func(string) (int, error) { return 0, nil }
+	_, s := keyedShards(t, processed.ShardedConfig{Map: processed.ShardMap{Name: "new", Shards: 2},
+		Previous: &processed.ShardMap{Name: "old", Shards: 2, Place: everyKeyOn0}})
+	on := keysOn(t, s, 1, 1)
+	stayKey, movedKey := on[0][0], on[1][0]
+	route := func(key string) dedup.Route {
+		r, err := s.Route(&consumer.Message{ID: "x", Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// x under stayKey was applied on shard 0 before the reshard.
+	old := claimOf("c", "x", "body")
+	old.Route = route(stayKey)
+	claim(t, s, old)
+	moved := claimOf("c", "x", "body")
+	moved.Route = route(movedKey)
+	if moved.Route.Was != 0 || moved.Route.Shard != 1 {
+		t.Fatalf("route %+v, want from shard 0 to 1", moved.Route)
+	}
+	if got := claim(t, s, moved)[0].Outcome; got != dedup.ClaimNew {
+		t.Fatalf("x under the moved key: %v, want new (x was applied under another key)", got)
+	}
+	if got := claim(t, s, moved)[0].Outcome; got != dedup.ClaimDuplicate {
+		t.Fatalf("x under the moved key again: %v, want duplicate", got)
+	}
+}
+
+// keyedShards is a Sharded of cfg over two stores, each in a schema of its
+// own, that keep the shard key in their primary key, migrated.
+func keyedShards(t *testing.T, cfg processed.ShardedConfig) ([]*processed.Store, *processed.Sharded) {
+	t.Helper()
+	var shards []*processed.Store
+	for range 2 {
+		st, _ := setup(t, processed.Config{ShardKeyInPrimaryKey: true})
+		shards = append(shards, st)
+	}
+	return shards, migratedSharded(t, shards, cfg)
+}
+
+// keysOn finds keys ("k-<n>") that s's map places on shard 0 and on shard
+// 1, at least n0 and n1 of them.
+func keysOn(t *testing.T, s *processed.Sharded, n0, n1 int) map[int][]string {
+	t.Helper()
+	on := map[int][]string{}
+	for i := 0; len(on[0]) < n0 || len(on[1]) < n1; i++ {
+		k := fmt.Sprintf("k-%d", i)
+		r, err := s.Route(&consumer.Message{ID: "x", Key: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		on[r.Shard] = append(on[r.Shard], k)
+	}
+	return on
 }

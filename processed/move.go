@@ -35,26 +35,33 @@ type movedRow struct {
 	key *string
 }
 
-// scanRows reads shard st's rows in pages of (consumer, message_id) order,
-// those processed before before if it is not zero, and calls fn with each
-// page.
+// scanRows reads shard st's rows in pages of primary key order, those
+// processed before before if it is not zero, and calls fn with each page.
 func scanRows(ctx context.Context, st *Store, before time.Time, fn func([]movedRow) error) error {
 	stm, err := st.statements(ctx)
 	if err != nil {
 		return err
 	}
+	after, order := `(consumer, message_id) > ($1, $2)`, `consumer, message_id`
+	if stm.keyed {
+		after, order = `(consumer, shard_key, message_id) > ($1, $5, $2)`, `consumer, shard_key, message_id`
+	}
 	q := `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset", shard_key FROM ` + stm.layout.readFrom() + `
-WHERE (consumer, message_id) > ($1, $2) AND ($4::timestamptz IS NULL OR processed_at < $4)
-ORDER BY consumer, message_id LIMIT $3`
+WHERE ` + after + ` AND ($4::timestamptz IS NULL OR processed_at < $4)
+ORDER BY ` + order + ` LIMIT $3`
 	var (
-		lastConsumer, lastID string
-		cutoff               *time.Time
+		lastConsumer, lastID, lastKey string
+		cutoff                        *time.Time
 	)
 	if !before.IsZero() {
 		cutoff = &before
 	}
 	for {
-		rows, err := st.db.Query(ctx, q, lastConsumer, lastID, movePage, cutoff)
+		args := []any{lastConsumer, lastID, movePage, cutoff}
+		if stm.keyed {
+			args = append(args, lastKey)
+		}
+		rows, err := st.db.Query(ctx, q, args...)
 		if err != nil {
 			return st.wrap("read the rows to move", err)
 		}
@@ -74,6 +81,9 @@ ORDER BY consumer, message_id LIMIT $3`
 		}
 		last := page[len(page)-1]
 		lastConsumer, lastID = last.Consumer, last.MessageID
+		if last.key != nil {
+			lastKey = *last.key
+		}
 		if len(page) < movePage {
 			return nil
 		}
@@ -91,7 +101,7 @@ func (s *Sharded) scanPlaced(ctx context.Context, st *Store, before time.Time, r
 			shards []int
 		)
 		for _, r := range page {
-			if r.key == nil {
+			if r.key == nil || *r.key == "" { // the empty key: a row inserted by hand
 				rep.Unkeyed++
 				continue
 			}
@@ -194,31 +204,45 @@ WHERE true`
 	if err != nil {
 		return 0, st.wrap("copy rows", err)
 	}
-	// Read them back: every id must be there, with its fingerprint.
-	check, err := st.db.Query(ctx, `SELECT p.consumer, p.message_id, p.fingerprint
-FROM unnest($1::text[], $2::text[]) AS u(c, id)
+	// Read them back: every id must be there, with its fingerprint (with
+	// the shard key in the primary key, every id and key).
+	sameKey, keyOf := "", func(*string) string { return "" }
+	if stm.keyed {
+		sameKey, keyOf = " AND shard_key = u.sk", func(k *string) string {
+			if k == nil {
+				return ""
+			}
+			return *k
+		}
+	}
+	checkKeys := make([]string, len(rows))
+	for i, r := range rows {
+		checkKeys[i] = keyOf(r.key)
+	}
+	check, err := st.db.Query(ctx, `SELECT p.consumer, p.message_id, u.sk, p.fingerprint
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u(c, id, sk)
 CROSS JOIN LATERAL (SELECT consumer, message_id, fingerprint FROM `+stm.layout.readFrom()+`
-	WHERE consumer = u.c AND message_id = u.id LIMIT 1) AS p`, cons, ids)
+	WHERE consumer = u.c AND message_id = u.id`+sameKey+` LIMIT 1) AS p`, cons, ids, checkKeys)
 	if err != nil {
 		return 0, st.wrap("check the copied rows", err)
 	}
-	type ck struct{ c, id string }
+	type ck struct{ c, id, sk string }
 	have := map[ck][]byte{}
 	for check.Next() {
-		var c, id string
+		var c, id, sk string
 		var fp []byte
-		if err := check.Scan(&c, &id, &fp); err != nil {
+		if err := check.Scan(&c, &id, &sk, &fp); err != nil {
 			check.Close()
 			return 0, err
 		}
-		have[ck{c, id}] = fp
+		have[ck{c, id, sk}] = fp
 	}
 	check.Close()
 	if err := check.Err(); err != nil {
 		return 0, st.wrap("check the copied rows", err)
 	}
 	for _, r := range rows {
-		fp, ok := have[ck{r.Consumer, r.MessageID}]
+		fp, ok := have[ck{r.Consumer, r.MessageID, keyOf(r.key)}]
 		switch {
 		case !ok:
 			return 0, fmt.Errorf("the row of consumer %q, message id %q is not there after the copy", r.Consumer, r.MessageID)
@@ -229,18 +253,19 @@ CROSS JOIN LATERAL (SELECT consumer, message_id, fingerprint FROM `+stm.layout.r
 	return int64(len(rows)) - tag.RowsAffected(), nil
 }
 
-// deleteRows deletes rows from every table of st's layout, in one
-// transaction.
+// deleteRows deletes rows, each of its id and shard key, from every table
+// of st's layout, in one transaction.
 func deleteRows(ctx context.Context, st *Store, stm *statements, rows []movedRow) error {
 	cons := make([]string, len(rows))
 	ids := make([]string, len(rows))
+	keys := make([]*string, len(rows))
 	for i, r := range rows {
-		cons[i], ids[i] = r.Consumer, r.MessageID
+		cons[i], ids[i], keys[i] = r.Consumer, r.MessageID, r.key
 	}
 	return pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error {
 		for _, t := range stm.layout.allTables() {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+t+` t USING unnest($1::text[], $2::text[]) AS u(c, id)
-WHERE t.consumer = u.c AND t.message_id = u.id`, cons, ids); err != nil {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+t+` t USING unnest($1::text[], $2::text[], $3::text[]) AS u(c, id, sk)
+WHERE t.consumer = u.c AND t.message_id = u.id AND t.shard_key IS NOT DISTINCT FROM u.sk`, cons, ids, keys); err != nil {
 				return st.wrap("delete the moved rows", err)
 			}
 		}

@@ -345,7 +345,11 @@ func (s *Sharded) movedRows(ctx context.Context, claims []dedup.Claim) (map[int]
 		}
 		var b pgx.Batch
 		for _, i := range idx {
-			b.Queue(stm.lookup, claims[i].Consumer, claims[i].MessageID)
+			if stm.keyed {
+				b.Queue(stm.lookupKey, claims[i].Consumer, claims[i].MessageID, claims[i].Route.Key)
+			} else {
+				b.Queue(stm.lookup, claims[i].Consumer, claims[i].MessageID)
+			}
 		}
 		br := st.db.SendBatch(ctx, &b)
 		for _, i := range idx {

@@ -158,6 +158,9 @@ type statements struct {
 	// function that checks the token before the commit (see txOptions).
 	syncCommit, commitCheck string
 	lookup, stats           string
+	// lookupKey is lookup of one shard key's row ($3), on a table with
+	// the shard key in its primary key.
+	lookupKey string
 	// horizons is the table of purge horizons, recordHorizon its upsert.
 	horizons, recordHorizon string
 	// shardMap is the table of a sharded store's map (see Sharded).
@@ -351,6 +354,8 @@ CROSS JOIN LATERAL (
 	LIMIT 1) AS p`
 	st.lookup = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
 FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 LIMIT 1`
+	st.lookupKey = `SELECT consumer, message_id, fingerprint, processed_at, source, partition, "offset"
+FROM ` + from + ` WHERE consumer = $1 AND message_id = $2 AND shard_key = $3`
 	st.stats = `SELECT count(*), min(processed_at) FROM ` + from + ` WHERE $1::text = '' OR consumer = $1::text`
 	st.recordHorizon = `INSERT INTO ` + st.horizons + ` AS h (consumer, purge_before, older_than_ms)
 VALUES ($1, now() - $2::bigint * interval '1 microsecond', $2::bigint / 1000)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -254,7 +255,7 @@ func TestLookup(t *testing.T) {
 // and in generic plans, even when the statistics do not know the consumer.
 // The plain "consumer = $1 AND message_id = ANY($2)" is planned here as a
 // scan of every row of the consumer with message_id as a filter. With the
-// shard key in the primary key, the reads of existing rows probe by key
+// shard key in the primary key, the reads of existing rows match the key
 // too.
 func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 	t.Parallel()
@@ -326,6 +327,9 @@ func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 					if strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Filter: (message_id") ||
 						(strings.HasPrefix(name, "existing") && probes != len(tables)) {
 						t.Errorf("%s, %s: does not probe each primary key per id:\n%s", name, mode, plan)
+					}
+					if layout.cfg.ShardKeyInPrimaryKey && strings.HasPrefix(name, "existing") && !regexp.MustCompile(`(Index Cond|Filter): .*shard_key = `).MatchString(plan) {
+						t.Errorf("%s, %s: does not read the row of the claim's shard key:\n%s", name, mode, plan)
 					}
 				}
 				if _, err := tx.Exec(ctx(t), "DEALLOCATE idemq_plan_test"); err != nil {
