@@ -177,6 +177,9 @@ type Sharded struct {
 	// checked is set once check has passed; checkMu serialises checks.
 	checkMu sync.Mutex
 	checked atomic.Bool
+	// shardChecked[i] is set once shard i alone has passed checkShard
+	// while check could not read another shard.
+	shardChecked []atomic.Bool
 }
 
 // Sharded is a consumer.ShardedStore, with the Store's optional methods.
@@ -217,7 +220,7 @@ func NewSharded(shards []*Store, cfg ShardedConfig) (*Sharded, error) {
 			return nil, &consumer.ConfigError{Field: "shards", Reason: fmt.Sprintf("shard %d is nil", i)}
 		}
 	}
-	return &Sharded{stores: append([]*Store(nil), shards...), cur: cur, prev: prev}, nil
+	return &Sharded{stores: append([]*Store(nil), shards...), cur: cur, prev: prev, shardChecked: make([]atomic.Bool, len(shards))}, nil
 }
 
 // OpenSharded opens a Store on each of databaseURLs, shard i on the i-th,
@@ -285,9 +288,6 @@ func (s *Sharded) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx,
 	if len(claims) == 0 {
 		return nil, nil, errors.New("processed: BeginClaim with no claims")
 	}
-	if err := s.check(ctx); err != nil {
-		return nil, nil, err
-	}
 	shard := claims[0].Route.Shard
 	for _, c := range claims {
 		if c.Route.Shard != shard {
@@ -296,6 +296,9 @@ func (s *Sharded) BeginClaim(ctx context.Context, claims []dedup.Claim) (pgx.Tx,
 		if c.Route.Shard < 0 || c.Route.Shard >= len(s.stores) || c.Route.Was < 0 || c.Route.Was >= len(s.stores) {
 			return nil, nil, fmt.Errorf("processed: a claim routed to shard %d (before the reshard %d), outside the %d shards", c.Route.Shard, c.Route.Was, len(s.stores))
 		}
+	}
+	if err := s.checkShard(ctx, shard); err != nil {
+		return nil, nil, err
 	}
 	// The rows of moved messages on their old shards. No claim goes to
 	// an old shard for them any more (every store of the old map was
@@ -523,6 +526,34 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 		}
 	}
 	s.checked.Store(true)
+	return nil
+}
+
+// checkShard is check, for a claim on shard i. When check cannot read
+// another shard (it does not answer), and no reshard is configured, shard
+// i may be claimed on if it records this map, as shard i, itself: so a
+// process that starts while a shard is down applies the other shards'
+// messages. A refusal, a table not migrated and a configuration error
+// stop every claim, as check's do, and so does a reshard: its records
+// must be read on every shard.
+func (s *Sharded) checkShard(ctx context.Context, i int) error {
+	if s.shardChecked[i].Load() {
+		return nil // and not check again: it would wait on the shard that is down
+	}
+	err := s.check(ctx)
+	var refused *shardMapError
+	if err == nil || s.prev != nil || errors.As(err, &refused) ||
+		errors.Is(err, consumer.ErrNotMigrated) || errors.Is(err, consumer.ErrInvalidConfig) {
+		return err
+	}
+	r, rerr := s.readRecord(ctx, i)
+	if rerr != nil {
+		return rerr
+	}
+	if !r.present || r.shard != i || r.mapID != s.cur.id() || r.previous != nil {
+		return err
+	}
+	s.shardChecked[i].Store(true)
 	return nil
 }
 
