@@ -205,19 +205,16 @@ WHERE true`
 		return 0, st.wrap("copy rows", err)
 	}
 	// Read them back: every id must be there, with its fingerprint (with
-	// the shard key in the primary key, every id and key).
-	sameKey, keyOf := "", func(*string) string { return "" }
+	// the shard key in the primary key, every id and key; checkKeys[i] is
+	// row i's key there, "" elsewhere).
+	sameKey, checkKeys := "", make([]string, len(rows))
 	if stm.keyed {
-		sameKey, keyOf = " AND shard_key = u.sk", func(k *string) string {
-			if k == nil {
-				return ""
+		sameKey = " AND shard_key = u.sk"
+		for i, r := range rows {
+			if r.key != nil {
+				checkKeys[i] = *r.key
 			}
-			return *k
 		}
-	}
-	checkKeys := make([]string, len(rows))
-	for i, r := range rows {
-		checkKeys[i] = keyOf(r.key)
 	}
 	check, err := st.db.Query(ctx, `SELECT p.consumer, p.message_id, u.sk, p.fingerprint
 FROM unnest($1::text[], $2::text[], $3::text[]) AS u(c, id, sk)
@@ -241,8 +238,8 @@ CROSS JOIN LATERAL (SELECT consumer, message_id, fingerprint FROM `+stm.layout.r
 	if err := check.Err(); err != nil {
 		return 0, st.wrap("check the copied rows", err)
 	}
-	for _, r := range rows {
-		fp, ok := have[ck{r.Consumer, r.MessageID, keyOf(r.key)}]
+	for i, r := range rows {
+		fp, ok := have[ck{r.Consumer, r.MessageID, checkKeys[i]}]
 		switch {
 		case !ok:
 			return 0, fmt.Errorf("the row of consumer %q, message id %q is not there after the copy", r.Consumer, r.MessageID)
