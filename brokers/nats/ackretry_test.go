@@ -175,3 +175,93 @@ func TestAckGivesUpAtAckWait(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestAckBatchRetriedUntilAnswered: a batch's acks that get no answer
+// are sent again, each, until the server answers; AckBatch then succeeds
+// and every message of the batch is acked on the server.
+func TestAckBatchRetriedUntilAnswered(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	n := newTopology(t, 0)
+	px := newAckEater(t)
+	cfg := n.config()
+	cfg.URL = px.URL()
+	cfg.AckWait = 20 * time.Second
+	src := newSource(t, cfg)
+	src.Configure(consumer.SourceSettings{Window: 32})
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	const count = 20
+	for i := range count {
+		if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-" + strconv.Itoa(i), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds := make([]consumer.Delivery, count)
+	for i := range ds {
+		ds[i] = brokertest.Receive(ctx, t, src)
+	}
+
+	px.dropping.Store(true)
+	time.AfterFunc(time.Second, func() { px.dropping.Store(false) })
+	if err := src.AckBatch(ctx, ds); err != nil {
+		t.Fatalf("AckBatch after 1s of lost acks: %v", err)
+	}
+	if px.dropped.Load() < count {
+		t.Fatalf("%d acks dropped: the test did not test anything", px.dropped.Load())
+	}
+	ci, err := js(t).Consumer(ctx, n.stream, n.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := ci.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.AckFloor.Stream != count {
+		t.Fatalf("ack pending %d, ack floor %d: want all %d acked", info.NumAckPending, info.AckFloor.Stream, count)
+	}
+	if st := src.Stats(); st.Acked != count || st.AckFailures != 0 || st.AckRetries < count {
+		t.Fatalf("stats %+v: want %d acked, each sent again at least once", st, count)
+	}
+	for _, d := range ds {
+		if err := d.Ack(ctx); !errors.Is(err, consumer.ErrDeliveryStale) {
+			t.Fatalf("a second ack: %v, want ErrDeliveryStale", err)
+		}
+	}
+}
+
+// TestAckWithNoRespondersRetriesAtBackoff: an ack nobody takes (here the
+// durable is gone; in a cluster, while it has no leader) is answered by
+// the server with a no-responders status. That answer acks nothing, and
+// the ack is sent again after the backoff (50 ms, doubling), not at the
+// end of a 2 s attempt, until AckWait runs out.
+func TestAckWithNoRespondersRetriesAtBackoff(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	n := newTopology(t, 0)
+	cfg := n.config()
+	cfg.AckWait = 3 * time.Second
+	src := newSource(t, cfg)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: "m-1", Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	d := brokertest.Receive(ctx, t, src)
+	if err := js(t).DeleteConsumer(ctx, n.stream, n.durable); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := d.Ack(ctx)
+	if !errors.Is(err, consumer.ErrDeliveryStale) {
+		t.Fatalf("Ack with nobody to take it: %v, want ErrDeliveryStale", err)
+	}
+	took := time.Since(start)
+	// 50+100+200+400+800+1000 ms of backoff fit in AckWait's 3 s: six
+	// retries, where waiting out 2 s attempts sends one.
+	if st := src.Stats(); st.AckRetries < 4 || st.AckFailures != 1 || st.Acked != 0 {
+		t.Fatalf("stats %+v after %s: want 4 or more retries", st, took)
+	}
+	if took > cfg.AckWait+time.Second {
+		t.Fatalf("Ack gave up after %s, AckWait is %s", took, cfg.AckWait)
+	}
+}

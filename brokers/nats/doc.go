@@ -19,8 +19,9 @@
 // still hand out (the first on its subject past its ack floor), so that no
 // dedup row is purged while its message can come back.
 //
-// Acks are confirmed: Ack is a double ack, which returns nil only once the
-// server recorded it. The runtime acks only after the dedup row and the
+// Acks are confirmed: each ack asks the server for an answer, and Ack
+// returns nil only once the server recorded it; AckBatch sends a batch's
+// acks together and waits for all their answers at once. The runtime acks only after the dedup row and the
 // effect (or the dead-letter copy) committed. Nack is a nak delayed by
 // [Config].NakDelay; a message is never terminated (Term), whatever the
 // requeue flag, since JetStream has no dead-letter queue of its own and

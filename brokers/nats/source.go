@@ -72,6 +72,7 @@ type Source struct {
 	dl  consumer.DeadLetterer
 	log atomic.Pointer[slog.Logger]
 	m   mapper
+	ack *acker
 
 	life     context.Context // done once Close starts
 	stop     context.CancelFunc
@@ -140,6 +141,10 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		return nil, err
 	}
 	s.nc, s.js = nc, js
+	if s.ack, err = newAcker(s); err != nil {
+		nc.Close()
+		return nil, err
+	}
 	s.life, s.stop = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -476,53 +481,16 @@ func (d *delivery) release() bool {
 // Message returns the delivered message.
 func (d *delivery) Message() *consumer.Message { return d.msg }
 
-// Ack acks the message and waits for the server to confirm it (a double
-// ack), so that a nil return means JetStream will not redeliver it.
-//
-// An ack that gets no answer within ackAttempt (the durable's leader is
-// gone while its replicas elect another, the connection is being
-// re-established) is sent again, with backoff, until the server answers or
-// the message's AckWait runs out: JetStream acks by stream sequence, so
-// the ack is good on any connection and any leader until then, and a
-// leader election costs its own length rather than AckWait. After that,
-// or once ctx ends, Ack returns an error wrapping
+// Ack acks the message and waits for the server to confirm it, so that a
+// nil return means JetStream will not redeliver it. An ack that gets no
+// answer is sent again until the message's AckWait runs out (see
+// acker.ack); after that, or once ctx ends, Ack returns an error wrapping
 // consumer.ErrDeliveryStale: the message comes back, and dedup skips it.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.settle("ack"); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	due := d.due
-	d.mu.Unlock()
-	wait := ackRetryInitial
-	for {
-		actx, cancel := context.WithDeadline(ctx, earliest(time.Now().Add(ackAttempt), due))
-		err := d.m.DoubleAck(actx)
-		cancel()
-		if err == nil {
-			d.src.acked.Add(1)
-			return nil
-		}
-		if cerr := d.src.closedErr(); cerr != nil {
-			d.src.ackFailures.Add(1)
-			return fmt.Errorf("natsjs: ack stream seq %d: %w (%v)", d.msg.Offset, cerr, err)
-		}
-		left := time.Until(due)
-		if ctx.Err() != nil || left <= 0 {
-			d.src.ackFailures.Add(1)
-			return fmt.Errorf("natsjs: ack stream seq %d: %w (%v)", d.msg.Offset, consumer.ErrDeliveryStale, err)
-		}
-		d.src.ackRetries.Add(1)
-		t := time.NewTimer(min(wait, left))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		case <-d.src.life.Done():
-			t.Stop()
-		}
-		wait = min(2*wait, ackRetryMax)
-	}
+	return d.src.ack.ack(ctx, []*delivery{d})
 }
 
 // earliest returns the earlier of a and b.
@@ -550,19 +518,27 @@ func (d *delivery) Nack(ctx context.Context, requeue bool) error {
 	return nil
 }
 
-// AckBatch implements consumer.Source's AckBatch: it double-acks every delivery of
-// ds at once and waits for all the confirmations, so a batch costs one
-// round trip rather than one per message. Deliveries of another Source are
-// acked through their own Ack.
+// AckBatch implements consumer.Source's AckBatch: it acks every delivery
+// of ds at once and waits for the server to confirm each, so a batch costs
+// one round trip rather than one per message, and Ack's retries apply to
+// each. Deliveries of another Source are acked through their own Ack.
 func (s *Source) AckBatch(ctx context.Context, ds []consumer.Delivery) error {
-	if len(ds) == 1 {
-		return ds[0].Ack(ctx) // the runtime's strict mode: no goroutine
+	own := make([]*delivery, 0, len(ds))
+	var errs []error
+	for _, cd := range ds {
+		d, ok := cd.(*delivery)
+		if !ok || d.src != s {
+			errs = append(errs, cd.Ack(ctx))
+			continue
+		}
+		if err := d.settle("ack"); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		own = append(own, d)
 	}
-	errs := make([]error, len(ds))
-	var wg sync.WaitGroup
-	for i, d := range ds {
-		wg.Go(func() { errs[i] = d.Ack(ctx) })
+	if len(own) > 0 {
+		errs = append(errs, s.ack.ack(ctx, own))
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
