@@ -575,10 +575,12 @@ func messageID(broker string) func(*consumer.Message) (string, error) {
 
 // debugLogger logs at debug level to stderr (the scenario's workers.stderr)
 // when CHAOS_DEBUG is set in the worker's environment, and discards
-// otherwise.
+// otherwise. Every line names the worker's pid, which its delivery log's
+// first line (S) gives: the workers of a scenario share workers.stderr.
 func debugLogger() *slog.Logger {
 	if os.Getenv("CHAOS_DEBUG") == "" {
 		return slog.New(slog.DiscardHandler)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).
+		With(slog.Int("pid", os.Getpid()))
 }
