@@ -29,8 +29,14 @@ const (
 	// until AckWait (TestConformance/CloseRequeuesUnacked failed every
 	// time with three CPU hogs running; with 100ms, 16 of 16 passed).
 	releaseDelay = 100 * time.Millisecond
+	// retryInitial and retryMax bound the backoff between attempts to
+	// open the pull (and to declare and check at start). The cap is short:
+	// a consumer resumes within about retryMax of an outage's end. In a
+	// cluster the outage is often the metadata leader's election, during
+	// which creating the consumer was refused with 503 for 20 s and more
+	// in long-nats-cluster; a request a second per Source costs nothing.
 	retryInitial = 100 * time.Millisecond
-	retryMax     = 5 * time.Second
+	retryMax     = time.Second
 	// ackAttempt bounds one ack's wait for the server's answer; a failed
 	// ack is sent again after ackRetryInitial, doubling to ackRetryMax,
 	// until AckWait runs out (see delivery.Ack).

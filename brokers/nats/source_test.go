@@ -347,3 +347,58 @@ func TestRecoversDeletedConsumer(t *testing.T) {
 		t.Errorf("stats %+v, want a restart", st)
 	}
 }
+
+// TestReceiveResumesSoonAfterALongOutage: while JetStream cannot create
+// the consumer (here its stream is gone; in a cluster, the metadata
+// leader is being elected, and creating it is refused with 503), Receive
+// tries again with a backoff capped at 1 s, so that it resumes within
+// about a second of the outage's end, however long the outage was. (With
+// the cap at 5 s, a worker in long-nats-cluster resumed up to 7 s after
+// the others.)
+func TestReceiveResumesSoonAfterALongOutage(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	n := newTopology(t, 0)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	msgs := brokertest.NewMessages("outage", 2, 0)
+	if err := pub.Publish(ctx, n.subject, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	src := newSource(t, n.config())
+	if err := brokertest.Receive(ctx, t, src).Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	j := js(t)
+	if err := j.DeleteStream(ctx, n.stream); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		d, err := src.Receive(ctx)
+		if err != nil {
+			t.Errorf("Receive: %v", err)
+			close(got)
+			return
+		}
+		got <- time.Now()
+		_ = d.Ack(ctx)
+	}()
+	time.Sleep(13 * time.Second) // the backoff reaches its cap
+	if _, err := j.CreateStream(ctx, jetstream.StreamConfig{Name: n.stream, Subjects: []string{n.subject}}); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	if err := pub.Publish(ctx, n.subject, msgs[1]); err != nil {
+		t.Fatal(err)
+	}
+	at, ok := <-got
+	if !ok {
+		return
+	}
+	if late := at.Sub(back); late > 2500*time.Millisecond {
+		t.Fatalf("received %s after the stream came back, want within 2.5 s", late.Round(time.Millisecond))
+	}
+	if st := src.Stats(); st.Restarts < 5 {
+		t.Fatalf("stats %+v: want a retry at least every second of the outage", st)
+	}
+}
