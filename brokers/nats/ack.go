@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -139,20 +140,26 @@ func (a *acker) ack(ctx context.Context, ds []*delivery) error {
 	}
 	errs := make([]error, len(ds))
 	failed := 0
+	open := make([]int, len(ds)) // the acks neither answered nor given up
+	for i := range open {
+		open[i] = i
+	}
 	backoff := ackRetryInitial
 	for {
+		if len(open) == 0 {
+			a.src.acked.Add(int64(len(ds) - failed))
+			return errors.Join(errs...)
+		}
 		// One attempt: until every ack is answered, ackAttempt has
 		// passed, or the first open ack's AckWait runs out.
-		if open := a.open(waits, errs); len(open) > 0 {
-			end := time.Now().Add(ackAttempt)
-			for _, i := range open {
-				end = earliest(end, due[i])
-			}
-			a.src.wait(ctx, time.Until(end), call.done, call.nudge)
+		end := time.Now().Add(ackAttempt)
+		for _, i := range open {
+			end = earliest(end, due[i])
 		}
+		a.src.wait(ctx, time.Until(end), call.done, call.nudge)
 		// Give up on the acks no answer can help any more.
 		cerr, now := a.src.closedErr(), time.Now()
-		for _, i := range a.open(waits, errs) {
+		open = slices.DeleteFunc(a.open(waits, errs), func(i int) bool {
 			switch seq := ds[i].msg.Offset; {
 			case cerr != nil:
 				errs[i] = fmt.Errorf("natsjs: ack stream seq %d: %w", seq, cerr)
@@ -161,15 +168,14 @@ func (a *acker) ack(ctx context.Context, ds []*delivery) error {
 			case !now.Before(due[i]):
 				errs[i] = fmt.Errorf("natsjs: ack stream seq %d: %w (no answer within AckWait)", seq, consumer.ErrDeliveryStale)
 			default:
-				continue
+				return false
 			}
 			failed++
 			a.src.ackFailures.Add(1)
-		}
-		open := a.open(waits, errs)
+			return true
+		})
 		if len(open) == 0 {
-			a.src.acked.Add(int64(len(ds) - failed))
-			return errors.Join(errs...)
+			continue
 		}
 		// Back off (an answer may still come meanwhile), then send the
 		// rest again.
@@ -180,13 +186,14 @@ func (a *acker) ack(ctx context.Context, ds []*delivery) error {
 		a.src.wait(ctx, time.Until(next), call.done, nil)
 		backoff = min(2*backoff, ackRetryMax)
 		if ctx.Err() != nil || a.src.life.Err() != nil {
-			continue // the next round fails what is still open
+			continue // the next attempt ends at once, and fails what is open
 		}
 		select {
 		case <-call.nudge: // answered by what is sent now, if at all
 		default:
 		}
-		for _, i := range a.open(waits, errs) {
+		open = a.open(waits, errs)
+		for _, i := range open {
 			a.src.ackRetries.Add(1)
 			send(i)
 		}

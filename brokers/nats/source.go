@@ -39,7 +39,7 @@ const (
 	retryMax     = time.Second
 	// ackAttempt bounds one ack's wait for the server's answer; a failed
 	// ack is sent again after ackRetryInitial, doubling to ackRetryMax,
-	// until AckWait runs out (see delivery.Ack).
+	// until AckWait runs out (see acker.ack).
 	ackAttempt      = 2 * time.Second
 	ackRetryInitial = 50 * time.Millisecond
 	ackRetryMax     = time.Second
