@@ -384,6 +384,9 @@ type recorded struct {
 	mapID       string
 	previous    *string
 	movingSince *time.Time
+	// complete is false while a first use is recording the map shard by
+	// shard (migration 0008): until every shard holds a record.
+	complete bool
 }
 
 func (r recorded) String() string {
@@ -392,6 +395,8 @@ func (r recorded) String() string {
 		return "no map"
 	case r.previous != nil:
 		return fmt.Sprintf("shard %d of a reshard from %s to %s", r.shard, *r.previous, r.mapID)
+	case !r.complete:
+		return fmt.Sprintf("shard %d of %s (its first use not yet recorded on every shard)", r.shard, r.mapID)
 	}
 	return fmt.Sprintf("shard %d of %s", r.shard, r.mapID)
 }
@@ -404,7 +409,7 @@ func (s *Sharded) readRecord(ctx context.Context, i int) (recorded, error) {
 		return recorded{}, err
 	}
 	var r recorded
-	err = st.db.QueryRow(ctx, "SELECT shard, map, previous, moving_since FROM "+stm.shardMap).Scan(&r.shard, &r.mapID, &r.previous, &r.movingSince)
+	err = st.db.QueryRow(ctx, "SELECT shard, map, previous, moving_since, complete FROM "+stm.shardMap).Scan(&r.shard, &r.mapID, &r.previous, &r.movingSince, &r.complete)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return recorded{}, nil
@@ -427,33 +432,51 @@ func (s *Sharded) check(ctx context.Context) error {
 	if s.checked.Load() {
 		return nil
 	}
-	recs := make([]recorded, len(s.stores))
-	for i := range s.stores {
-		r, err := s.readRecord(ctx, i)
-		if err != nil {
-			return err
+	var (
+		recs              []recorded
+		present, complete int
+	)
+	// The shards are read one by one: a shard read without a record
+	// before another process completed the map, whose complete record is
+	// read next, is read again. A complete record means every shard held
+	// one before it was read, so a shard that has none on the second
+	// reading lost it.
+	for pass := 0; pass < 2 && (pass == 0 || (complete > 0 && present < len(recs))); pass++ {
+		recs, present, complete = make([]recorded, len(s.stores)), 0, 0
+		for i := range s.stores {
+			r, err := s.readRecord(ctx, i)
+			if err != nil {
+				return err
+			}
+			recs[i] = r
+			if r.present {
+				present++
+				if r.complete {
+					complete++
+				}
+			}
 		}
-		recs[i] = r
 	}
 	refuse := func(format string, args ...any) error {
 		return &shardMapError{reason: fmt.Sprintf(format, args...)}
 	}
 	cur := s.cur.id()
-	present := 0
 	for i, r := range recs {
-		if r.present {
-			present++
-			if r.shard != i {
-				return refuse("database %d of the store records that it is shard %d (%s): the databases are in another order than when the map was recorded", i, r.shard, s.stores[i])
-			}
+		if r.present && r.shard != i {
+			return refuse("database %d of the store records that it is shard %d (%s): the databases are in another order than when the map was recorded", i, r.shard, s.stores[i])
 		}
 	}
-	var write func(tx pgx.Tx, i int, st *statements) error
+	replaced := func(i int) error {
+		return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
+	}
+	// write records the map on shard i; finish, when not nil, marks the
+	// records complete once every shard holds one.
+	var write, finish func(tx pgx.Tx, i int, st *statements) error
 	if s.prev == nil {
 		for i, r := range recs {
 			switch {
-			case !r.present && present > 0:
-				return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
+			case !r.present && complete > 0:
+				return replaced(i)
 			case r.present && r.previous != nil && r.mapID == cur:
 				return refuse("a reshard from %s to %s is under way (since %s): keep ShardedConfig.Previous set to the old map until it is finished", *r.previous, cur, r.movingSince.Format(time.RFC3339))
 			case r.present && r.mapID != cur:
@@ -462,12 +485,19 @@ func (s *Sharded) check(ctx context.Context) error {
 				return refuse("shard %d records %s, not %s", i, r, cur)
 			}
 		}
-		if present == len(recs) {
+		if complete == len(recs) {
 			s.checked.Store(true)
 			return nil
 		}
+		// A first use, or one under way in another process, or one a
+		// crash interrupted: record the map where it is missing, and
+		// once every shard holds it, mark it complete.
 		write = func(tx pgx.Tx, i int, st *statements) error {
-			_, err := tx.Exec(ctx, "INSERT INTO "+st.shardMap+" (shard, map) VALUES ($1, $2) ON CONFLICT DO NOTHING", i, cur)
+			_, err := tx.Exec(ctx, "INSERT INTO "+st.shardMap+" (shard, map, complete) VALUES ($1, $2, false) ON CONFLICT DO NOTHING", i, cur)
+			return err
+		}
+		finish = func(tx pgx.Tx, _ int, st *statements) error {
+			_, err := tx.Exec(ctx, "UPDATE "+st.shardMap+" SET complete = true, recorded_at = now() WHERE map = $1 AND previous IS NULL AND NOT complete", cur)
 			return err
 		}
 	} else {
@@ -475,8 +505,10 @@ func (s *Sharded) check(ctx context.Context) error {
 		finished := 0
 		for i, r := range recs {
 			switch {
+			case !r.present && i < s.prev.Shards && complete > 0:
+				return replaced(i)
 			case !r.present && i < s.prev.Shards && present > 0:
-				return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
+				return refuse("shard %d (%s) records no map, and the others record %s's first use as under way: start a process of that map to finish it, then the reshard", i, s.stores[i], prev)
 			case !r.present:
 			case r.previous == nil && r.mapID == prev:
 			case r.previous != nil && *r.previous == prev && r.mapID == cur:
@@ -503,14 +535,20 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 	}
 	// Record on each shard, then read back: a process that raced this one
 	// with another map finds its record and is refused.
-	for i, st := range s.stores {
-		stm, err := st.statements(ctx)
-		if err != nil {
-			return err
+	onEach := func(what string, f func(tx pgx.Tx, i int, st *statements) error) error {
+		for i, st := range s.stores {
+			stm, err := st.statements(ctx)
+			if err != nil {
+				return err
+			}
+			if err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error { return f(tx, i, stm) }); err != nil {
+				return st.wrap(fmt.Sprintf("%s on shard %d", what, i), err)
+			}
 		}
-		if err := pgx.BeginFunc(ctx, st.db, func(tx pgx.Tx) error { return write(tx, i, stm) }); err != nil {
-			return st.wrap(fmt.Sprintf("record the shard map on shard %d", i), err)
-		}
+		return nil
+	}
+	if err := onEach("record the shard map", write); err != nil {
+		return err
 	}
 	for i := range s.stores {
 		r, err := s.readRecord(ctx, i)
@@ -523,6 +561,11 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 		}
 		if !r.present || r.shard != i || r.mapID != cur || (r.previous != nil) != wantPrev {
 			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
+		}
+	}
+	if finish != nil {
+		if err := onEach("mark the shard map complete", finish); err != nil {
+			return err
 		}
 	}
 	s.checked.Store(true)
@@ -550,7 +593,7 @@ func (s *Sharded) checkShard(ctx context.Context, i int) error {
 	if rerr != nil {
 		return rerr
 	}
-	if !r.present || r.shard != i || r.mapID != s.cur.id() || r.previous != nil {
+	if !r.present || !r.complete || r.shard != i || r.mapID != s.cur.id() || r.previous != nil {
 		return err
 	}
 	s.shardChecked[i].Store(true)

@@ -99,8 +99,11 @@ func shardRecord(ctx context.Context, conn *pgx.Conn, table string) (string, err
 		m        string
 		previous *string
 		since    *time.Time
+		complete *bool
 	)
-	err := conn.QueryRow(ctx, "SELECT shard, map, previous, moving_since FROM "+table).Scan(&shard, &m, &previous, &since)
+	// complete through to_jsonb: a table before migration 0008 has no
+	// such column, and its records were complete.
+	err := conn.QueryRow(ctx, "SELECT shard, map, previous, moving_since, (to_jsonb(m)->>'complete')::boolean FROM "+table+" m").Scan(&shard, &m, &previous, &since, &complete)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -111,6 +114,8 @@ func shardRecord(ctx context.Context, conn *pgx.Conn, table string) (string, err
 		return "", fmt.Errorf("read the shard map: %w", err)
 	case previous != nil:
 		return fmt.Sprintf("shard %d of a reshard from %s to %s, since %s", shard, *previous, m, since.UTC().Format(time.RFC3339)), nil
+	case complete != nil && !*complete:
+		return fmt.Sprintf("shard %d of %s, its first use not yet recorded on every shard (the next consumer to start finishes it)", shard, m), nil
 	}
 	return fmt.Sprintf("shard %d of %s", shard, m), nil
 }
