@@ -247,11 +247,13 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	// use exist (the latest migrations made them).
 	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL,
 	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)
-	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped),
+	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped)
+	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($7) AND attname = 'complete' AND NOT attisdropped),
 	EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
 		WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attname = 'shard_key')`,
 		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitCheckSuffix}.Sanitize(),
-		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0]).Scan(&kind, &hasGens, &current, &keyed); err != nil {
+		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0],
+		pgx.Identifier{schema, s.cfg.Table + shardMapSuffix}.Sanitize()).Scan(&kind, &hasGens, &current, &keyed); err != nil {
 		return nil, s.wrap("read the table's layout", err)
 	}
 	notMigrated := func(why string) error {
@@ -279,7 +281,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if !current {
 		// A table of earlier migrations lacks what the claims use: this
 		// version of idemq refuses it until Migrate has run.
-		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons, the shard key)")
+		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons, the shard key, the shard map's completeness)")
 	}
 	st := newStatements(schema, s.cfg.Table, lay, keyed)
 	s.st.Store(st)

@@ -341,32 +341,49 @@ func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 }
 
 // TestEarlierMigrationsRefused: a table migrated by an earlier version,
-// without the objects the claims use (here the commit check of migration
-// 0004), is not migrated for this version: the claim says so, and the
-// runtime stops, rather than claiming and failing every commit.
+// without the objects this version uses (the commit check of migration
+// 0004, the shard map's completeness of 0008), is not migrated for this
+// version: the claim says so, and the runtime stops, rather than claiming
+// and failing every commit, or retrying a sharded claim forever.
 func TestEarlierMigrationsRefused(t *testing.T) {
 	t.Parallel()
+	lacks := map[string]func(schema, table string) string{
+		"0004": func(schema, table string) string {
+			return `DROP FUNCTION ` + pgx.Identifier{schema, table + "_commit_check"}.Sanitize() + `(text)`
+		},
+		"0008": func(schema, table string) string {
+			return `ALTER TABLE ` + pgx.Identifier{schema, table + "_shard_map"}.Sanitize() + ` DROP COLUMN complete`
+		},
+	}
 	for _, layout := range layouts {
-		t.Run(layout.name, func(t *testing.T) {
-			t.Parallel()
-			s, pool := setup(t, layout.cfg)
-			if _, err := pool.Exec(ctx(t), `DROP FUNCTION `+pgx.Identifier{s.Schema(), s.Table() + "_commit_check"}.Sanitize()+`(text)`); err != nil {
-				t.Fatal(err)
-			}
-			cfg := layout.cfg
-			cfg.Schema = s.Schema()
-			fresh, err := processed.New(pool, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tx, _, err := fresh.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")})
-			if tx != nil {
-				_ = tx.Rollback(ctx(t))
-			}
-			if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(err.Error(), "latest migrations") {
-				t.Fatalf("claim on a table of earlier migrations: %v, want ErrNotMigrated", err)
-			}
-		})
+		for before, undo := range lacks {
+			t.Run(layout.name+"/"+before, func(t *testing.T) {
+				t.Parallel()
+				earlierMigrationRefused(t, layout.cfg, undo)
+			})
+		}
+	}
+}
+
+// earlierMigrationRefused migrates a table with cfg, runs undo's SQL on
+// it, and checks that a new store's claim is ErrNotMigrated.
+func earlierMigrationRefused(t *testing.T, cfg processed.Config, undo func(schema, table string) string) {
+	t.Helper()
+	s, pool := setup(t, cfg)
+	if _, err := pool.Exec(ctx(t), undo(s.Schema(), s.Table())); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Schema = s.Schema()
+	fresh, err := processed.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, _, err := fresh.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")})
+	if tx != nil {
+		_ = tx.Rollback(ctx(t))
+	}
+	if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(err.Error(), "latest migrations") {
+		t.Fatalf("claim on a table of earlier migrations: %v, want ErrNotMigrated", err)
 	}
 }
 
