@@ -104,6 +104,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.DurationVar(&cfg.BatchWait, "batch-wait", 0, "batch wait of the batch modes (default 5ms)")
 	fs.BoolVar(&cfg.Preload, "preload", false, "publish everything before consuming (latency then includes queueing)")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "pace the publisher to this many messages a second, one per publish (an idle consumer's latency; not with --preload)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "with --rate, leave the deliveries published in each mode's first this long out of its latencies")
 	fs.IntVar(&cfg.Prefill, "prefill", 0, "insert this many old rows for another consumer into the dedup table first")
 	fs.BoolVar(&cfg.PurgeDuring, "purge-during", false, "run Purge in a loop on the dedup table during each mode")
 	fs.DurationVar(&cfg.PurgePause, "purge-pause", 10*time.Millisecond, "with --purge-during, the pause between two purge batches of 1000 rows (processed.Config.PurgePause); 0 for none")
@@ -164,6 +165,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		cfg.PurgePause = -1 // none
 	case cfg.Compare && cfg.Prefill == 0 && !cfg.PurgeDuring:
 		return usagef("--compare needs --prefill or --purge-during")
+	case cfg.Warmup < 0 || cfg.Warmup > 0 && cfg.Rate == 0:
+		return usagef("--warmup must not be negative, and needs --rate, got %s", cfg.Warmup)
 	case cfg.ModeTimeout <= 0:
 		return usagef("--timeout must be positive, got %s", cfg.ModeTimeout)
 	}
@@ -261,6 +264,9 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		r0.Broker, r0.Messages, r0.Unique, cfg.DupRate, concurrencyLabel(r0), cfg.BatchSize,
 		map[bool]string{true: fmt.Sprintf(", prefill %d", cfg.Prefill)}[cfg.Prefill > 0],
 		map[bool]string{true: fmt.Sprintf(", purge during (pause %s, duty %g)", max(cfg.PurgePause, 0), cfg.PurgeDutyCycle)}[cfg.PurgeDuring])
+	if cfg.Warmup > 0 {
+		fmt.Fprintf(w, "the latencies leave out what was published in each mode's first %s\n", cfg.Warmup)
+	}
 	fmt.Fprintln(w, "modes ran one after another; peak RSS and cpu µs/msg are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "mode\tmsgs/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"

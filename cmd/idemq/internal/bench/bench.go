@@ -140,6 +140,11 @@ type Config struct {
 	// combined with Preload. Defaults to 0: publish as fast as the broker
 	// confirms, in chunks.
 	Rate float64
+	// Warmup, with Rate, leaves the deliveries published in each mode's
+	// first Warmup out of its latencies: they are consumed and verified
+	// as the others, while the mode's connections, query plans and queue
+	// warm up. Defaults to 0: every delivery is counted.
+	Warmup time.Duration
 	// Prefill inserts this many rows for another consumer into the dedup
 	// table before the run (and tops them up before each mode), so the
 	// modes run against a large table. After inserting, Run vacuums and
@@ -317,6 +322,10 @@ func (c Config) validate() error {
 		return bad("BatchWait", "negative")
 	case c.Rate < 0:
 		return bad("Rate", "%g, must be positive, or 0 for no pacing", c.Rate)
+	case c.Warmup < 0:
+		return bad("Warmup", "negative")
+	case c.Warmup > 0 && c.Rate == 0:
+		return bad("Warmup", "leaves the first deliveries of a paced publisher out of the latencies: it needs Rate")
 	case c.Rate > 0 && c.Preload:
 		return bad("Rate", "paces a publisher that runs beside the consumer; it cannot be combined with Preload")
 	case c.Prefill < 0:

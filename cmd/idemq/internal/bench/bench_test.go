@@ -402,6 +402,8 @@ func TestConfigValidate(t *testing.T) {
 		{Shards: 2, Schema: "kept"},
 		{Shards: 2, Modes: []Mode{ModeIdemq, ModeNaive}},
 		{Shards: 1, Modes: []Mode{ModeBrokerOnly}},
+		{Rate: 100, Warmup: -time.Second},
+		{Warmup: time.Second},
 	}
 	for _, c := range bad {
 		var ce *consumer.ConfigError

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,5 +49,26 @@ func TestPublishPacedDoesNotWaitForConfirms(t *testing.T) {
 	}
 	if got := published.Load(); got != int64(len(w.seq)) {
 		t.Fatalf("published %d of %d", got, len(w.seq))
+	}
+}
+
+// The deliveries published before the tracker's warm-up ends are settled
+// and counted, but left out of the latencies.
+func TestTrackerLeavesTheWarmupOut(t *testing.T) {
+	tr := newTracker(3, 3, false)
+	now := time.Now()
+	tr.countFrom(now)
+	at := func(d time.Duration) string { return strconv.FormatInt(now.Add(d).UnixNano(), 10) }
+	tr.record(at(-time.Hour), true) // an hour's latency, in the warm-up
+	tr.record(at(0), true)
+	tr.record(at(time.Millisecond), true)
+	if tr.settled.Load() != 3 || tr.applied.Load() != 3 {
+		t.Fatalf("settled %d, applied %d, want 3 and 3", tr.settled.Load(), tr.applied.Load())
+	}
+	if m := tr.hist.maximum(); m > time.Minute {
+		t.Fatalf("the maximum latency is %s: the warm-up's delivery was counted", m)
+	}
+	if tr.hist.quantile(0.5) <= 0 {
+		t.Fatal("the deliveries after the warm-up were not counted")
 	}
 }

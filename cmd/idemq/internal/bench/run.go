@@ -183,6 +183,7 @@ func (r *runner) runMode(ctx context.Context, m Mode, ph phase) (res Result) {
 		start := time.Now()
 		var err error
 		if cfg.Rate > 0 {
+			tr.countFrom(start.Add(cfg.Warmup))
 			err = r.work.publishPaced(mctx, tgt.publish, &published, cfg.Rate)
 		} else {
 			err = r.work.publish(mctx, tgt.publish, &published)

@@ -184,9 +184,12 @@ type tracker struct {
 	settled, applied atomic.Int64
 	dups, errs       atomic.Int64
 	first, last      atomic.Int64 // Unix nanoseconds
-	hist             histogram
-	done             chan struct{}
-	doneOnce         sync.Once
+	// from is when the deliveries whose latencies count were published
+	// (Unix nanoseconds): 0 counts them all.
+	from     atomic.Int64
+	hist     histogram
+	done     chan struct{}
+	doneOnce sync.Once
 	// failed receives the first fatal error of the mode.
 	failed chan error
 	// noDB: broker-only, where nothing is applied.
@@ -203,7 +206,7 @@ func newTracker(messages, unique int, noDB bool) *tracker {
 func (t *tracker) record(publishedAt string, applied bool) {
 	now := time.Now().UnixNano()
 	t.first.CompareAndSwap(0, now)
-	if p, err := strconv.ParseInt(publishedAt, 10, 64); err == nil && p > 0 && now > p {
+	if p, err := strconv.ParseInt(publishedAt, 10, 64); err == nil && p > 0 && now > p && p >= t.from.Load() {
 		t.hist.add(time.Duration(now - p))
 	}
 	if applied {
@@ -219,6 +222,10 @@ func (t *tracker) record(publishedAt string, applied bool) {
 		})
 	}
 }
+
+// countFrom leaves the deliveries published before at out of the
+// latencies.
+func (t *tracker) countFrom(at time.Time) { t.from.Store(at.UnixNano()) }
 
 // fail reports a fatal error; only the first is kept.
 func (t *tracker) fail(err error) {
