@@ -13,9 +13,25 @@ import (
 )
 
 // lookuper finds a message's dedup row: the Store of ClassifyConfig and
-// RequeueConfig. *processed.Store implements it.
+// RequeueConfig. *processed.Store and *processed.Sharded implement it.
 type lookuper = interface {
 	Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
+}
+
+// messageLookuper is a lookuper that tells apart the rows one id has under
+// different shard keys, and finds a message's own: *processed.Sharded.
+type messageLookuper interface {
+	LookupMessage(ctx context.Context, consumerName, messageID string, msg *consumer.Message) (processed.Row, error)
+}
+
+// lookupRow finds msg's dedup row in store: by msg itself where the store
+// can, so that on a table keyed by shard key another key's row of the
+// same id is not taken for msg's; by its id otherwise.
+func lookupRow(ctx context.Context, store lookuper, scope, id string, msg *consumer.Message) (processed.Row, error) {
+	if ml, ok := store.(messageLookuper); ok && msg != nil {
+		return ml.LookupMessage(ctx, scope, id, msg)
+	}
+	return store.Lookup(ctx, scope, id)
 }
 
 // Verdict is what a replay would do with one message.
@@ -80,7 +96,9 @@ type ClassifyConfig struct {
 	// which gives every message back: a dry run consumes nothing.
 	Browser Browser
 	// Store answers whether an id was applied: the live consumer's
-	// *processed.Store. Required.
+	// *processed.Store, or its *processed.Sharded (whose LookupMessage
+	// finds a message's own row where an id has one per shard key).
+	// Required.
 	Store interface {
 		Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
 	}
@@ -198,7 +216,7 @@ func (c *Classification) add(it Item) {
 
 // lookupVerdict checks one id against the dedup table.
 func lookupVerdict(ctx context.Context, store lookuper, scope, id string, msg *consumer.Message) (Verdict, time.Time, error) {
-	row, err := store.Lookup(ctx, scope, id)
+	row, err := lookupRow(ctx, store, scope, id, msg)
 	switch {
 	case errors.Is(err, processed.ErrNotFound):
 		return VerdictWillApply, time.Time{}, nil

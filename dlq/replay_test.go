@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/brokers/memory"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
 	"github.com/idemq/idemq/dlq"
 	"github.com/idemq/idemq/internal/testdb"
 	"github.com/idemq/idemq/processed"
@@ -26,10 +27,12 @@ const (
 // memEnv is a consumer on the memory broker whose handler can be broken and
 // fixed, with a dead-letter queue on the same broker.
 type memEnv struct {
-	t       *testing.T
-	broker  *memory.Broker
-	pool    *pgxpool.Pool
-	store   *processed.Store
+	t      *testing.T
+	broker *memory.Broker
+	pool   *pgxpool.Pool
+	store  *processed.Store
+	// sharded, if set, is the consumer's store in store's place.
+	sharded *processed.Sharded
 	effects string
 	broken  atomic.Bool // the handler bug
 	failIDs map[string]bool
@@ -69,8 +72,12 @@ func (e *memEnv) config(src consumer.Source) consumer.Config {
 	if dl == nil && src == nil {
 		dl = e.deadLetterer()
 	}
+	var store dedup.Store = e.store
+	if e.sharded != nil {
+		store = e.sharded
+	}
 	return consumer.Config{
-		Name: "billing", Source: src, Store: e.store, Handler: e.handler,
+		Name: "billing", Source: src, Store: store, Handler: e.handler,
 		DeadLetterer: dl,
 		Retry:        consumer.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
 	}

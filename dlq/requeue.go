@@ -26,7 +26,8 @@ type RequeueConfig struct {
 	// removed from the dead-letter queue without being republished, and
 	// fingerprint mismatches stay in it. Without it every selected message
 	// is republished, which is still safe: the consumer dedupes. Use the
-	// live consumer's *processed.Store.
+	// live consumer's *processed.Store, or its *processed.Sharded, which
+	// finds a message's own row where an id has one per shard key.
 	Store interface {
 		Lookup(ctx context.Context, consumerName, messageID string) (processed.Row, error)
 	}

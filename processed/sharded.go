@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -708,9 +709,59 @@ func (s *Sharded) eachShard(f func(i int, st *Store) error) error {
 // as the id alone does not say which shard its message went to. It makes a
 // Sharded the Store of package dlq's classification and replay.
 func (s *Sharded) Lookup(ctx context.Context, consumerName, id string) (Row, error) {
+	return s.askShards(func(st *Store) (Row, error) { return st.Lookup(ctx, consumerName, id) },
+		func() error {
+			return fmt.Errorf("%w: consumer %q, message id %q on any of %s", ErrNotFound, consumerName, id, s)
+		})
+}
+
+// LookupMessage returns the row of msg (a dead letter, say) for
+// consumerName and id, from the shard that holds it: Lookup's row, except
+// on tables that keep the shard key in their primary key
+// (Config.ShardKeyInPrimaryKey), where an id has a row under each key it
+// was applied with, and msg's own is the one of its shard key by the map
+// (or, during a reshard, by the map before it). A message the maps give no
+// shard key has no row there: ErrNotFound. Package dlq looks dead letters
+// up with it, so that another key's row of the same id is not taken for
+// theirs.
+func (s *Sharded) LookupMessage(ctx context.Context, consumerName, id string, msg *consumer.Message) (Row, error) {
+	var keys []string
+	for _, m := range []*ShardMap{&s.cur, s.prev} {
+		if m == nil {
+			continue
+		}
+		if _, key, err := m.route(msg); err == nil && !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	notFound := func() error {
+		return fmt.Errorf("%w: consumer %q, message id %q with shard key %q on any of %s", ErrNotFound, consumerName, id, strings.Join(keys, `" or "`), s)
+	}
+	return s.askShards(func(st *Store) (Row, error) {
+		stm, err := st.statements(ctx)
+		if err != nil {
+			return Row{}, err
+		}
+		ks := keys
+		if !stm.keyed {
+			ks = []string{""} // one lookup by id: the key is not asked for
+		}
+		for _, key := range ks {
+			if r, err := st.lookupKeyed(ctx, stm, consumerName, id, key); !errors.Is(err, ErrNotFound) {
+				return r, err
+			}
+		}
+		return Row{}, notFound()
+	}, notFound)
+}
+
+// askShards returns the first row ask finds, asking each shard in turn;
+// ask's error wraps ErrNotFound on a shard without it. When no shard has
+// it, the others' errors, each naming its shard, or notFound's.
+func (s *Sharded) askShards(ask func(st *Store) (Row, error), notFound func() error) (Row, error) {
 	var errs []error
 	for i, st := range s.stores {
-		r, err := st.Lookup(ctx, consumerName, id)
+		r, err := ask(st)
 		switch {
 		case err == nil:
 			return r, nil
@@ -721,7 +772,7 @@ func (s *Sharded) Lookup(ctx context.Context, consumerName, id string) (Row, err
 	if len(errs) > 0 {
 		return Row{}, errors.Join(errs...)
 	}
-	return Row{}, fmt.Errorf("%w: consumer %q, message id %q on any of %s", ErrNotFound, consumerName, id, s)
+	return Row{}, notFound()
 }
 
 // PingShard pings shard i.

@@ -844,8 +844,23 @@ func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Row, error
 	if err != nil {
 		return Row{}, err
 	}
+	return s.lookupWith(ctx, st.lookup, consumerName, id)
+}
+
+// lookupKeyed is Lookup of the row of shard key key, on a table that keeps
+// the shard key in its primary key (st.keyed); on another, Lookup.
+func (s *Store) lookupKeyed(ctx context.Context, st *statements, consumerName, id, key string) (Row, error) {
+	if !st.keyed {
+		return s.lookupWith(ctx, st.lookup, consumerName, id)
+	}
+	return s.lookupWith(ctx, st.lookupKey, consumerName, id, key)
+}
+
+// lookupWith runs a lookup query of st whose first arguments are the
+// consumer and the id.
+func (s *Store) lookupWith(ctx context.Context, q, consumerName, id string, more ...any) (Row, error) {
 	var r Row
-	err = s.db.QueryRow(ctx, st.lookup, consumerName, id).Scan(
+	err := s.db.QueryRow(ctx, q, append([]any{consumerName, id}, more...)...).Scan(
 		&r.Consumer, &r.MessageID, &r.Fingerprint, &r.ProcessedAt, &r.Source, &r.Partition, &r.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, fmt.Errorf("%w: consumer %q, message id %q in %s", ErrNotFound, consumerName, id, s)
