@@ -34,7 +34,7 @@ func newKeyedMemEnv(t *testing.T) *memEnv {
 // body. The dead letter is not the applied message: classifying it says
 // it will apply, and Requeue republishes it rather than dropping it as
 // already applied.
-func TestKeyedDeadLetterOfAnIdAppliedUnderAnotherKey(t *testing.T) {
+func TestEdgeKeyedDeadLetterOfAnIdAppliedUnderAnotherKey(t *testing.T) {
 	t.Parallel()
 	e := newKeyedMemEnv(t)
 	ctx := context.Background()

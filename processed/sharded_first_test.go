@@ -15,7 +15,7 @@ import (
 // start: while one records the map shard by shard, another that reads the
 // records in between must not take the shards not yet recorded for
 // databases that were replaced.
-func TestShardedFirstUseByManyProcesses(t *testing.T) {
+func TestEdgeShardedFirstUseByManyProcesses(t *testing.T) {
 	t.Parallel()
 	for round := range 10 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) { firstUseByMany(t) })
@@ -52,7 +52,7 @@ func firstUseByMany(t *testing.T) {
 // shards without a record: the next process finishes the record instead
 // of taking those shards for databases that were replaced. Once the map
 // is complete, a shard that loses its record is refused again.
-func TestShardedFirstUseInterrupted(t *testing.T) {
+func TestEdgeShardedFirstUseInterrupted(t *testing.T) {
 	t.Parallel()
 	dbs := unrecordedShards(t, 3)
 	// What a process killed after recording shard 0 leaves.
