@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -142,16 +143,8 @@ func TestAckRetriedUntilAckWait(t *testing.T) {
 	if px.dropped.Load() == 0 {
 		t.Fatal("no ack was dropped: the test did not test anything")
 	}
-	info, err := js(t).Consumer(ctx, n.stream, n.durable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ci, err := info.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ci.NumAckPending != 0 || ci.AckFloor.Stream != 1 {
-		t.Fatalf("ack pending %d, ack floor %d: want the message acked", ci.NumAckPending, ci.AckFloor.Stream)
+	if pending, floor := ackState(ctx, t, n); pending != 0 || floor != 1 {
+		t.Fatalf("ack pending %d, ack floor %d: want the message acked", pending, floor)
 	}
 	if st := src.Stats(); st.Acked != 1 || st.AckFailures != 0 || st.AckRetries == 0 {
 		t.Fatalf("stats %+v", st)
@@ -209,16 +202,8 @@ func TestAckBatchRetriedUntilAnswered(t *testing.T) {
 	if px.dropped.Load() < count {
 		t.Fatalf("%d acks dropped: the test did not test anything", px.dropped.Load())
 	}
-	ci, err := js(t).Consumer(ctx, n.stream, n.durable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := ci.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.NumAckPending != 0 || info.AckFloor.Stream != count {
-		t.Fatalf("ack pending %d, ack floor %d: want all %d acked", info.NumAckPending, info.AckFloor.Stream, count)
+	if pending, floor := ackState(ctx, t, n); pending != 0 || floor != count {
+		t.Fatalf("ack pending %d, ack floor %d: want all %d acked", pending, floor, count)
 	}
 	if st := src.Stats(); st.Acked != count || st.AckFailures != 0 || st.AckRetries < count {
 		t.Fatalf("stats %+v: want %d acked, each sent again at least once", st, count)
@@ -264,4 +249,55 @@ func TestAckWithNoRespondersRetriesAtBackoff(t *testing.T) {
 	if took > cfg.AckWait+time.Second {
 		t.Fatalf("Ack gave up after %s, AckWait is %s", took, cfg.AckWait)
 	}
+}
+
+// TestAckBatchOfAnotherSourcesDeliveries: AckBatch given deliveries of
+// another Source (on another durable) acks each through that Source, and
+// its own as a batch; both durables then hold nothing unacked.
+func TestAckBatchOfAnotherSourcesDeliveries(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 60*time.Second)
+	pub := newPublisher(t, natsjs.PublisherConfig{})
+	var (
+		tops []names
+		srcs []*natsjs.Source
+		ds   []consumer.Delivery
+	)
+	for i := range 2 {
+		n := newTopology(t, 0)
+		src := newSource(t, n.config())
+		for j := range 2 {
+			if err := pub.Publish(ctx, n.subject, &consumer.Message{ID: fmt.Sprintf("m-%d-%d", i, j), Body: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, brokertest.Receive(ctx, t, src))
+		}
+		tops, srcs = append(tops, n), append(srcs, src)
+	}
+	if err := srcs[0].AckBatch(ctx, ds); err != nil {
+		t.Fatalf("AckBatch of both Sources' deliveries: %v", err)
+	}
+	for i, n := range tops {
+		if pending, floor := ackState(ctx, t, n); pending != 0 || floor != 2 {
+			t.Fatalf("source %d: ack pending %d, ack floor %d: want both acked", i, pending, floor)
+		}
+		if st := srcs[i].Stats(); st.Acked != 2 {
+			t.Fatalf("source %d: stats %+v, want 2 acked", i, st)
+		}
+	}
+}
+
+// ackState returns n's durable's count of unacked deliveries and its ack
+// floor (a stream sequence).
+func ackState(ctx context.Context, t *testing.T, n names) (pending int, floor uint64) {
+	t.Helper()
+	c, err := js(t).Consumer(ctx, n.stream, n.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.NumAckPending, info.AckFloor.Stream
 }
