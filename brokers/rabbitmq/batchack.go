@@ -50,7 +50,7 @@ func (s *Source) ackSession(sess *session, group []*delivery) error {
 	mine := make([]*delivery, 0, len(group))
 	for _, d := range group {
 		if !d.settled.CompareAndSwap(false, true) {
-			errs = append(errs, fmt.Errorf("rabbitmq: ack delivery %d: already settled: %w", d.d.DeliveryTag, consumer.ErrDeliveryStale))
+			errs = append(errs, fmt.Errorf("rabbitmq: ack delivery %d: already settled: %w", d.tag, consumer.ErrDeliveryStale))
 			continue
 		}
 		mine = append(mine, d)
@@ -67,14 +67,14 @@ func (s *Source) ackSession(sess *session, group []*delivery) error {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	for _, d := range mine {
-		if _, ok := sess.unacked[d.d.DeliveryTag]; !ok {
+		if _, ok := sess.unacked[d.tag]; !ok {
 			// Not outstanding on this channel: acking it would close
 			// the channel (unknown tag). The broker redelivers it if
 			// it still holds it; dedup skips it.
 			errs = append(errs, d.abandon("ack", errors.New("tag not outstanding")))
 			continue
 		}
-		sess.unacked[d.d.DeliveryTag] = true
+		sess.unacked[d.tag] = true
 		sess.deferred++
 	}
 	errs = append(errs, s.flushLocked(sess, s.maxDeferred()))

@@ -820,9 +820,12 @@ func randomHex(n int) string {
 
 // delivery implements consumer.Delivery for one AMQP delivery.
 type delivery struct {
-	src     *Source
-	sess    *session
-	d       amqp.Delivery
+	src  *Source
+	sess *session
+	// ack and tag settle it on its channel: the rest of the amqp.Delivery
+	// is in msg, and not kept twice.
+	ack     amqp.Acknowledger
+	tag     uint64
 	msg     *consumer.Message
 	settled atomic.Bool
 }
@@ -835,7 +838,7 @@ func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
 	sess.unacked[d.DeliveryTag] = false
 	sess.markLocked(d.DeliveryTag, s.received.Load(), int(s.prefetch.Load()))
 	sess.mu.Unlock()
-	return &delivery{src: s, sess: sess, d: d, msg: s.mapper().message(d)}
+	return &delivery{src: s, sess: sess, ack: d.Acknowledger, tag: d.DeliveryTag, msg: s.mapper().message(d)}
 }
 
 // forget removes a settled tag from the session's unacked set, and acks the
@@ -894,17 +897,17 @@ func (d *delivery) Message() *consumer.Message { return d.msg }
 
 // Ack acks the delivery on the channel that delivered it.
 func (d *delivery) Ack(ctx context.Context) error {
-	return d.settle("ack", func() error { return d.d.Ack(false) }, &d.src.acked)
+	return d.settle("ack", func() error { return d.ack.Ack(d.tag, false) }, &d.src.acked)
 }
 
 // Nack nacks the delivery on the channel that delivered it.
 func (d *delivery) Nack(ctx context.Context, requeue bool) error {
-	return d.settle("nack", func() error { return d.d.Nack(false, requeue) }, &d.src.nacked)
+	return d.settle("nack", func() error { return d.ack.Nack(d.tag, false, requeue) }, &d.src.nacked)
 }
 
 func (d *delivery) settle(op string, f func() error, counter *atomic.Int64) error {
 	if !d.settled.CompareAndSwap(false, true) {
-		return fmt.Errorf("rabbitmq: %s delivery %d: already settled: %w", op, d.d.DeliveryTag, consumer.ErrDeliveryStale)
+		return fmt.Errorf("rabbitmq: %s delivery %d: already settled: %w", op, d.tag, consumer.ErrDeliveryStale)
 	}
 	// A dead session's tags mean nothing on any other channel; the
 	// broker has requeued the message or will when it notices.
@@ -915,13 +918,13 @@ func (d *delivery) settle(op string, f func() error, counter *atomic.Int64) erro
 		return d.abandon(op, err)
 	}
 	counter.Add(1)
-	d.src.forget(d.sess, d.d.DeliveryTag)
+	d.src.forget(d.sess, d.tag)
 	return nil
 }
 
 func (d *delivery) abandon(op string, cause error) error {
 	d.src.abandoned.Add(1)
-	return fmt.Errorf("rabbitmq: %s delivery %d of queue %q: %w", op, d.d.DeliveryTag, d.src.cfg.Queue, d.src.staleErr(cause))
+	return fmt.Errorf("rabbitmq: %s delivery %d of queue %q: %w", op, d.tag, d.src.cfg.Queue, d.src.staleErr(cause))
 }
 
 // staleErr explains why a delivery could not be settled: its channel is lost
