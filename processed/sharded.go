@@ -470,9 +470,8 @@ func (s *Sharded) check(ctx context.Context) error {
 	replaced := func(i int) error {
 		return refuse("shard %d (%s) records no map while the others do: was its database replaced? Its dedup rows would be gone", i, s.stores[i])
 	}
-	// write records the map on shard i; finish, when not nil, marks the
-	// records complete once every shard holds one.
-	var write, finish func(tx pgx.Tx, i int, st *statements) error
+	// write records the map, or the reshard, on shard i.
+	var write func(tx pgx.Tx, i int, st *statements) error
 	if s.prev == nil {
 		for i, r := range recs {
 			switch {
@@ -497,16 +496,21 @@ func (s *Sharded) check(ctx context.Context) error {
 			_, err := tx.Exec(ctx, "INSERT INTO "+st.shardMap+" (shard, map, complete) VALUES ($1, $2, false) ON CONFLICT DO NOTHING", i, cur)
 			return err
 		}
-		finish = func(tx pgx.Tx, _ int, st *statements) error {
-			_, err := tx.Exec(ctx, "UPDATE "+st.shardMap+" SET complete = true, recorded_at = now() WHERE map = $1 AND previous IS NULL AND NOT complete", cur)
-			return err
-		}
 	} else {
 		prev := s.prev.id()
-		finished := 0
+		finished := 0 // FinishReshard ran: checking the old shards too is harmless
+		for _, r := range recs {
+			if r.present && r.previous == nil && r.mapID == cur {
+				finished++
+			}
+		}
 		for i, r := range recs {
 			switch {
-			case !r.present && i < s.prev.Shards && complete > 0:
+			case !r.present && i >= s.cur.Shards && finished > 0:
+				// A shard the finished reshard left: FinishReshard
+				// deleted its record.
+			case !r.present && i < s.cur.Shards && finished > 0,
+				!r.present && i < s.prev.Shards && complete > 0:
 				return replaced(i)
 			case !r.present && i < s.prev.Shards && present > 0:
 				return refuse("shard %d (%s) records no map, and the others record %s's first use as under way: start a process of that map to finish it, then the reshard", i, s.stores[i], prev)
@@ -514,7 +518,6 @@ func (s *Sharded) check(ctx context.Context) error {
 			case r.previous == nil && r.mapID == prev:
 			case r.previous != nil && *r.previous == prev && r.mapID == cur:
 			case r.previous == nil && r.mapID == cur:
-				finished++ // FinishReshard ran; checking the old shards too is harmless
 			default:
 				return refuse("shard %d records %s; the configured reshard is from %s to %s", i, r, prev, cur)
 			}
@@ -564,10 +567,13 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
 		}
 	}
-	if finish != nil {
-		if err := onEach("mark the shard map complete", finish); err != nil {
-			return err
-		}
+	// Every shard of the map holds the record: mark it complete (a reshard over a
+	// first use that was cut short completes it too).
+	if err := onEach("mark the shard map complete", func(tx pgx.Tx, _ int, st *statements) error {
+		_, err := tx.Exec(ctx, "UPDATE "+st.shardMap+" SET complete = true, recorded_at = now() WHERE map = $1 AND NOT complete", cur)
+		return err
+	}); err != nil {
+		return err
 	}
 	s.checked.Store(true)
 	return nil

@@ -97,3 +97,76 @@ func unrecordedShards(t *testing.T, n int) []*shardDB {
 	}
 	return dbs
 }
+
+// A map whose first use was cut short after every shard held its record
+// (none marked complete), then resharded and the reshard finished, is
+// complete: a shard that loses its record afterwards is refused, as after
+// any other first use.
+func TestEdgeShardedReshardCompletesTheMap(t *testing.T) {
+	t.Parallel()
+	tenant := processed.ShardMap{Name: "tenant", Shards: 2, Key: func(m *consumer.Message) (string, error) { return m.Key, nil }}
+	for _, tc := range []struct {
+		name string
+		to   processed.ShardMap
+		dbs  int
+	}{
+		{"renamed", tenant, 2},
+		{"grown", processed.ShardMap{Shards: 3}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dbs := unrecordedShards(t, tc.dbs)
+			for i := range 2 { // what a process killed before marking them leaves
+				if _, err := dbs[i].pool.Exec(ctx(t), "INSERT INTO processed_messages_shard_map (shard, map, complete) VALUES ($1, 'key/2', false)", i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			during := migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: tc.to, Previous: &processed.ShardMap{Shards: 2}})
+			if err := during.FinishReshard(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := dbs[1].pool.Exec(ctx(t), "DELETE FROM processed_messages_shard_map"); err != nil {
+				t.Fatal(err)
+			}
+			after, err := processed.NewSharded(stores(dbs), processed.ShardedConfig{Map: tc.to})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := after.Migrate(ctx(t)); !errors.Is(err, processed.ErrShardMapChanged) || !strings.Contains(err.Error(), "was its database replaced") {
+				t.Fatalf("shard 1's record lost after the reshard: %v, want it refused", err)
+			}
+		})
+	}
+}
+
+// A process of a version before migration 0008, still running during an
+// upgrade, records a first use without saying whether it is complete;
+// killed after shard 0, it leaves a record the next process finishes.
+func TestEdgeShardedFirstUseByAnEarlierVersion(t *testing.T) {
+	t.Parallel()
+	dbs := unrecordedShards(t, 2)
+	if _, err := dbs[0].pool.Exec(ctx(t), "INSERT INTO processed_messages_shard_map (shard, map) VALUES (0, 'key/2')"); err != nil {
+		t.Fatal(err)
+	}
+	migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}})
+}
+
+// After a reshard from three shards to two is finished, a process started
+// with Previous still set keeps working, as FinishReshard says: the third
+// shard's record was deleted by it, not lost.
+func TestEdgeShardedShrunkReshardWithPreviousStillSet(t *testing.T) {
+	t.Parallel()
+	dbs := unrecordedShards(t, 3)
+	migratedSharded(t, stores(dbs), processed.ShardedConfig{Map: processed.ShardMap{Shards: 3}})
+	cfg := processed.ShardedConfig{Map: processed.ShardMap{Shards: 2}, Previous: &processed.ShardMap{Shards: 3}}
+	if err := migratedSharded(t, stores(dbs), cfg).FinishReshard(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := processed.NewSharded(stores(dbs), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx(t)); err != nil {
+		t.Fatalf("a process with Previous still set after the reshard finished: %v", err)
+	}
+}
