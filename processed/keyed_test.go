@@ -267,3 +267,41 @@ func keysOn(t *testing.T, s *processed.Sharded, n0, n1 int) map[int][]string {
 	}
 	return on
 }
+
+// A reshard that changes the shard key function: a message applied under
+// its key by the old map would be looked up under the new map's key (on
+// tables that keep the shard key in their primary key), and its row moved
+// by MoveRows to where the new map places the old key, so it could be
+// applied a second time. Route refuses such a message during the reshard
+// (the runtime dead-letters it as unroutable, with the reason), and
+// routes those whose key stays.
+func TestEdgeShardedReshardChangingTheKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	header := func(h string) func(*consumer.Message) (string, error) {
+		return func(m *consumer.Message) (string, error) { return m.Header(h), nil }
+	}
+	byTenant := processed.ShardMap{Name: "tenant", Shards: 2, Key: header("tenant")}
+	byAccount := processed.ShardMap{Name: "account", Shards: 2, Key: header("account")}
+	shards, before := keyedShards(t, processed.ShardedConfig{Map: byTenant})
+	during := migratedSharded(t, shards, processed.ShardedConfig{Map: byAccount, Previous: &byTenant})
+	for i := range 40 {
+		msg := &consumer.Message{ID: fmt.Sprintf("m-%d", i), Headers: map[string]string{
+			"tenant": fmt.Sprintf("t-%d", i), "account": fmt.Sprintf("a-%d", i)}}
+		c := claimOf("c", msg.ID, "body")
+		r, err := before.Route(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Route = r
+		if got := claim(t, before, c)[0].Outcome; got != dedup.ClaimNew {
+			t.Fatalf("%s under the old map: %v, want new", msg.ID, got)
+		}
+		if r, err := during.Route(msg); err == nil || !strings.Contains(err.Error(), "shard key changes") {
+			t.Fatalf("%s during the reshard: route %+v, %v, want it refused: its shard key changes", msg.ID, r, err)
+		}
+		msg.Headers["account"] = msg.Headers["tenant"] // the same key under both maps
+		if _, err := during.Route(msg); err != nil {
+			t.Fatalf("%s with the same key under both maps: %v", msg.ID, err)
+		}
+	}
+}

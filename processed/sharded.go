@@ -32,7 +32,10 @@ const shardMapSuffix = "_shard_map"
 type ShardMap struct {
 	// Name names Key and Place in the record on each shard: a change to
 	// either must come with a new Name. Required when Key or Place is
-	// set; "key" otherwise. At most 100 bytes, without "/".
+	// set; "key" otherwise. At most 100 bytes, without "/". A reshard
+	// changes Place or Shards, not the keys: Key must give each message
+	// the same key under both maps, and Route refuses a message whose key
+	// changes while the reshard is under way.
 	Name string
 	// Shards is the number of shards the map routes to: the first Shards
 	// stores of the Sharded. Required.
@@ -273,8 +276,16 @@ func (s *Sharded) Route(msg *consumer.Message) (dedup.Route, error) {
 	}
 	r := dedup.Route{Shard: n, Was: n, Key: key}
 	if s.prev != nil {
-		if r.Was, _, err = s.prev.route(msg); err != nil {
+		var was string
+		if r.Was, was, err = s.prev.route(msg); err != nil {
 			return dedup.Route{}, fmt.Errorf("during the reshard from %s: %w", s.prev.id(), err)
+		}
+		if was != key {
+			// Its row, if it was applied, is under the old key: a
+			// claim under the new one would not find it, and MoveRows
+			// places rows by the key they were claimed with.
+			return dedup.Route{}, fmt.Errorf("during the reshard from %s to %s the message's shard key changes from %q to %q: a reshard changes where keys go (Place, Shards), not the keys (Key)",
+				s.prev.id(), s.cur.id(), was, key)
 		}
 	}
 	return r, nil
