@@ -326,6 +326,8 @@ func (c Config) validate() error {
 		return bad("Warmup", "negative")
 	case c.Warmup > 0 && c.Rate == 0:
 		return bad("Warmup", "leaves the first deliveries of a paced publisher out of the latencies: it needs Rate")
+	case c.Warmup > 0 && c.Warmup.Seconds()*c.Rate >= float64(c.Messages):
+		return bad("Warmup", "%s at %g msgs/s leaves out all %d messages: no latency would be counted", c.Warmup, c.Rate, c.Messages)
 	case c.Rate > 0 && c.Preload:
 		return bad("Rate", "paces a publisher that runs beside the consumer; it cannot be combined with Preload")
 	case c.Prefill < 0:

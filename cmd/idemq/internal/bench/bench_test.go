@@ -403,6 +403,7 @@ func TestConfigValidate(t *testing.T) {
 		{Shards: 2, Modes: []Mode{ModeIdemq, ModeNaive}},
 		{Shards: 1, Modes: []Mode{ModeBrokerOnly}},
 		{Rate: 100, Warmup: -time.Second},
+		{Messages: 100, Rate: 100, Warmup: time.Second},
 		{Warmup: time.Second},
 	}
 	for _, c := range bad {

@@ -245,6 +245,9 @@ wait:
 		case err := <-pubDone:
 			if err != nil {
 				runErr = fmt.Errorf("publish: %w", err)
+				if mctx.Err() != nil {
+					runErr = timedOut() // the publisher saw it first
+				}
 				break wait
 			}
 		case err := <-consumerDone:
