@@ -128,9 +128,13 @@ func batchSlots(r *Runtime) int { return 2 * r.cfg.Concurrency * r.batchSize }
 
 // newBatchDispatcher starts Concurrency lanes. Each delivery dispatched to
 // them holds one of slots, which the receive loop fills, until it is
-// settled.
+// settled. Its channels hold as many deliveries as there are slots, so
+// that dispatch never blocks: with a sharded store every shard has a
+// dispatcher of its own and they share slots, and a shard whose lanes are
+// held (a slow key, its database down) must not stop the receive loop
+// from feeding the others, nor from seeing shutdown.
 func newBatchDispatcher(r *Runtime, ctx context.Context, slots chan struct{}) *batchDispatcher {
-	n := batchSlots(r)
+	n := cap(slots)
 	d := &batchDispatcher{r: r, ctx: ctx, slots: slots, shared: make(chan Delivery, n), collector: make(chan struct{}, 1)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)

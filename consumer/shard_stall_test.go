@@ -1,0 +1,67 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/consumer/dedup"
+)
+
+// keyShardStore is a sharded store of four shards over one Store that
+// routes key "hot" to shard 0 and every other key to shard 1.
+type keyShardStore struct{ dedup.Store }
+
+func (keyShardStore) Shards() int { return 4 }
+func (keyShardStore) Route(m *consumer.Message) (dedup.Route, error) {
+	n := 1
+	if m.Key == "hot" {
+		n = 0
+	}
+	return dedup.Route{Shard: n, Was: n, Key: m.Key}, nil
+}
+func (s keyShardStore) PingShard(ctx context.Context, _ int) error { return s.Ping(ctx) }
+
+// A shard whose lanes are held (a slow key, its database down) holds the
+// deliveries routed to it, up to the runtime's window, and the receive
+// loop keeps taking what the Source hands it: cancelling Run stops it
+// within ShutdownTimeout, the held deliveries unacked.
+func TestEdgeShardedBusyShardDoesNotBlockShutdown(t *testing.T) {
+	b := newBundle(t)
+	var all []*consumer.Message
+	for i := range 12 {
+		all = append(all, &consumer.Message{ID: fmt.Sprintf("hot-%02d", i), Key: "hot", Body: []byte("x")})
+	}
+	b.publish(all...)
+	cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		<-ctx.Done() // held until the hard stop
+		return ctx.Err()
+	})
+	cfg.Store = keyShardStore{b.store}
+	cfg.Concurrency, cfg.BatchSize = 1, 2
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	rt, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	// The window (Concurrency × 4 shards × BatchSize) is full: more than
+	// one shard's share of the slots went to shard 0.
+	waitFor(t, "the window filled", func() bool { return rt.Stats().Received == 8 })
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Run did not return 10s after cancel (ShutdownTimeout 300ms): stats %+v", rt.Stats())
+	}
+	if st := rt.Stats(); st.Applied != 0 || st.InFlight != 0 {
+		t.Fatalf("stats %+v: want nothing applied, nothing left in flight", st)
+	}
+}
