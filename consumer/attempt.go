@@ -71,10 +71,11 @@ type item struct {
 	log   *slog.Logger
 }
 
-// precheck extracts the message id and checks the input. A message that
-// cannot be handled is dead-lettered (or requeued at shutdown) and ok is
-// false.
-func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool) {
+// precheck extracts the message id and checks the input. For a message
+// that cannot be handled it returns fail, which dead-letters it (or
+// requeues it at shutdown): the caller settles the deliveries before it
+// first, so that a key's messages are settled in order.
+func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, fail func()) {
 	msg := del.Message()
 	// The runtime logs at Error and below: with those off (the default
 	// discarding logger), skip building a per-message logger.
@@ -84,8 +85,7 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 		log = log.With("source", msg.Source)
 	}
 	if ctx.Err() != nil {
-		r.requeue(del, log)
-		return it, false
+		return it, func() { r.requeue(del, log) }
 	}
 	id, err := r.messageID(msg)
 	switch {
@@ -101,24 +101,27 @@ func (r *Runtime) precheck(ctx context.Context, del Delivery) (it item, ok bool)
 		id = ""
 	}
 	if err != nil {
-		r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
-		return it, false
+		return it, func() {
+			r.deadLetter(ctx, del, log, Failure{Class: ClassMissingID, Err: fmt.Errorf("extract message id: %w", err)})
+		}
 	}
 	if logging {
 		log = log.With("message_id", id)
 	}
 	if r.cfg.MaxBodyBytes >= 0 && len(msg.Body) > r.cfg.MaxBodyBytes {
-		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
-			Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
-		return it, false
+		return it, func() {
+			r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassTooLarge,
+				Err: fmt.Errorf("body is %d bytes, over the %d-byte limit", len(msg.Body), r.cfg.MaxBodyBytes)})
+		}
 	}
 	if msg.routeErr != nil {
-		r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassUnroutable, Err: fmt.Errorf("route to a shard: %w", msg.routeErr)})
-		return it, false
+		return it, func() {
+			r.deadLetter(ctx, del, log, Failure{MessageID: id, Class: ClassUnroutable, Err: fmt.Errorf("route to a shard: %w", msg.routeErr)})
+		}
 	}
 	claim := dedup.Claim{Consumer: r.cfg.Name, MessageID: id, Fingerprint: msg.Fingerprint(),
 		Source: toText(msg.Source), Partition: msg.Partition, Offset: msg.Offset, Route: msg.route}
-	return item{del: del, msg: msg, claim: claim, log: log}, true
+	return item{del: del, msg: msg, claim: claim, log: log}, nil
 }
 
 // isText reports whether s can be stored in a Postgres text column: valid

@@ -314,19 +314,29 @@ func (d *batchDispatcher) runLane(own chan Delivery) {
 // dead-lettered and acked, or requeued.
 func (r *Runtime) process(ctx context.Context, del Delivery) {
 	defer r.stats.inFlight.Add(-1)
-	if it, ok := r.precheck(ctx, del); ok {
-		r.apply(ctx, []item{it})
+	it, fail := r.precheck(ctx, del)
+	if fail != nil {
+		fail()
+		return
 	}
+	r.apply(ctx, []item{it})
 }
 
-// processBatch settles a batch of deliveries.
+// processBatch settles a batch of deliveries. One that fails its input
+// checks is settled after the ones before it, which are applied first (in
+// a group of their own), so that a key's messages are settled in order.
 func (r *Runtime) processBatch(ctx context.Context, dels []Delivery) {
 	defer r.stats.inFlight.Add(-int64(len(dels)))
 	items := make([]item, 0, len(dels))
 	for _, del := range dels {
-		if it, ok := r.precheck(ctx, del); ok {
+		it, fail := r.precheck(ctx, del)
+		if fail == nil {
 			items = append(items, it)
+			continue
 		}
+		r.apply(ctx, items)
+		items = make([]item, 0, len(dels))
+		fail()
 	}
 	r.apply(ctx, items)
 }
