@@ -79,6 +79,9 @@ func (r *Runtime) applyFrom(ctx context.Context, items []item, failed *attemptRe
 				drops++
 				if drops >= r.cfg.Retry.MaxConnLosses {
 					it := items[0]
+					if res.failed < 0 && r.settleIfCommitted(ctx, it) {
+						return // the last COMMIT, its outcome unknown, took
+					}
 					now := time.Now()
 					if first.IsZero() {
 						first = now
@@ -243,6 +246,23 @@ func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptRe
 		}
 	}
 	r.ackAll(ack)
+}
+
+// settleIfCommitted asks the store, by claiming it again in a transaction
+// it rolls back, whether its last COMMIT took, its outcome unknown (the
+// connection lost before the answer): if it did, it is settled as the
+// duplicate of that commit, acked, and settleIfCommitted reports true. On
+// an error it reports false, and the caller dead-letters it as before.
+func (r *Runtime) settleIfCommitted(ctx context.Context, it item) bool {
+	tx, res, err := r.cfg.Store.BeginClaim(ctx, []dedup.Claim{it.claim})
+	if tx != nil {
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	}
+	if err != nil || len(res) != 1 || res[0].Outcome != dedup.ClaimDuplicate {
+		return false
+	}
+	r.settleApplied(ctx, []item{it}, attemptResult{out: outApplied, claims: res})
+	return true
 }
 
 // ackAll acks deliveries after their commit, through AckBatch when the

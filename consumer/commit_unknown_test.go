@@ -1,0 +1,72 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer/dedup"
+)
+
+// commitLosingStore loses the connection of its first five transactions
+// at COMMIT: the first four before COMMIT reaches the server, the fifth
+// after it committed, its answer lost.
+type commitLosingStore struct {
+	dedup.Store
+	n atomic.Int32
+}
+
+type commitLosingTx struct {
+	pgx.Tx
+	committed bool
+}
+
+func (t commitLosingTx) Commit(ctx context.Context) error {
+	if t.committed {
+		if err := t.Tx.Commit(ctx); err != nil {
+			return err
+		}
+		return errors.New("unexpected EOF")
+	}
+	_ = t.Tx.Conn().Close(ctx)
+	return t.Tx.Commit(ctx)
+}
+
+func (s *commitLosingStore) BeginClaim(ctx context.Context, c []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	tx, res, err := s.Store.BeginClaim(ctx, c)
+	if tx == nil || err != nil {
+		return tx, res, err
+	}
+	n := s.n.Add(1)
+	if n > 5 {
+		return tx, res, nil
+	}
+	return commitLosingTx{Tx: tx, committed: n == 5}, res, nil
+}
+
+// A message whose transactions lose their connection at COMMIT as many
+// times as Retry.MaxConnLosses, the last one after the COMMIT took
+// effect, is not dead-lettered as never applied: the runtime asks its
+// claim whether the last COMMIT took, and acks it as a duplicate of it.
+func TestEdgeUnknownCommitOutcomeAskedBeforeDeadLetter(t *testing.T) {
+	b := newBundle(t)
+	b.publish(msg("m", "body"))
+	cfg := b.config(b.insertEffect)
+	cfg.Store = &commitLosingStore{Store: b.store}
+	cfg.BatchSize = 1
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool {
+		st := r.rt.Stats()
+		return b.settled() && st.InFlight == 0 && st.Received == 1
+	})
+	st := r.rt.Stats()
+	if got := b.effectCounts()["m"]; got != 1 {
+		t.Fatalf("m's effect %d times, want once", got)
+	}
+	if st.DeadLettered != 0 || st.Duplicates != 1 {
+		t.Fatalf("stats %+v, dead letters %v: want m acked as the duplicate of its own commit, not dead-lettered", st, b.dlq.list())
+	}
+}
