@@ -697,12 +697,22 @@ func (r *Runtime) beginClaims(ctx context.Context, items []item) (pgx.Tx, []dedu
 			continue
 		}
 		out[i] = dedup.ClaimResult{Outcome: dedup.ClaimDuplicate, ProcessedAt: out[f].ProcessedAt}
-		if it.claim.Fingerprint != items[f].claim.Fingerprint || out[f].Outcome == dedup.ClaimMismatch {
+		switch {
+		case out[f].Outcome == dedup.ClaimMismatch && it.claim.Fingerprint != items[f].claim.Fingerprint:
+			// The applied row's payload is not the first copy's, and may
+			// be this one's: only a claim of its own can tell.
+			out[i] = dedup.ClaimResult{Outcome: claimAlone}
+		case it.claim.Fingerprint != items[f].claim.Fingerprint || out[f].Outcome == dedup.ClaimMismatch:
 			out[i].Outcome = dedup.ClaimMismatch
 		}
 	}
 	return tx, out, nil
 }
+
+// claimAlone is the outcome beginClaims gives a repeated id in a group
+// that only a claim of its own can judge: settleApplied applies it alone
+// after the group.
+const claimAlone dedup.ClaimOutcome = -1
 
 // checkResults checks a Store's answer to n claims.
 func checkResults(got []dedup.ClaimResult, n int) error {

@@ -18,10 +18,7 @@ import (
 // the first, which fails twice and then applies, comes first, in every
 // mode.
 func TestEdgeDeadLetterBeforeClaimKeepsKeyOrder(t *testing.T) {
-	for _, mode := range []struct {
-		name      string
-		batchSize int
-	}{{"strict", 1}, {"grouped", 0}, {"batch", 10}} {
+	for _, mode := range threeModes {
 		t.Run(mode.name, func(t *testing.T) {
 			b := newBundle(t)
 			var (

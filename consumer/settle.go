@@ -210,11 +210,16 @@ func (r *Runtime) dbReachable(ctx context.Context, shard int) bool {
 // settleApplied settles a committed attempt: acks the applied and the
 // duplicates, and dead-letters the mismatches.
 func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptResult) {
-	var ack []Delivery
+	var (
+		ack   []Delivery
+		alone []item
+	)
 	applied := 0
 	for i, it := range items {
 		c := res.claims[i]
 		switch c.Outcome {
+		case claimAlone:
+			alone = append(alone, it)
 		case dedup.ClaimNew:
 			applied++
 			r.stats.applied.Add(1)
@@ -246,6 +251,9 @@ func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptRe
 		}
 	}
 	r.ackAll(ack)
+	for _, it := range alone {
+		r.apply(ctx, []item{it})
+	}
 }
 
 // settleIfCommitted asks the store, by claiming it again in a transaction

@@ -236,3 +236,10 @@ func (b *bundle) effectsByKey(t *testing.T) map[string][]string {
 	}
 	return by
 }
+
+// threeModes are the runtime's modes by their BatchSize: strict (one
+// message a transaction), the grouped default, and batch mode.
+var threeModes = []struct {
+	name      string
+	batchSize int
+}{{"strict", 1}, {"grouped", 0}, {"batch", 10}}
