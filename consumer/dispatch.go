@@ -44,13 +44,13 @@ func newDispatcher(r *Runtime, ctx context.Context) *dispatcher {
 	return d
 }
 
-func (d *dispatcher) dispatch(del Delivery) {
+func (d *dispatcher) dispatch(_ context.Context, del Delivery) bool {
 	if key := del.Message().Key; key != "" {
 		d.mu.Lock()
 		if waiting, busy := d.keys[key]; busy {
 			d.keys[key] = append(waiting, del)
 			d.mu.Unlock()
-			return
+			return true
 		}
 		d.keys[key] = nil
 		d.mu.Unlock()
@@ -58,6 +58,7 @@ func (d *dispatcher) dispatch(del Delivery) {
 	// Never blocks: each delivery holds one of the slots, and ready holds
 	// as many.
 	d.ready <- del
+	return true
 }
 
 // work settles ready deliveries, and after each the ones waiting on its key.
@@ -128,13 +129,12 @@ func batchSlots(r *Runtime) int { return 2 * r.cfg.Concurrency * r.batchSize }
 
 // newBatchDispatcher starts Concurrency lanes. Each delivery dispatched to
 // them holds one of slots, which the receive loop fills, until it is
-// settled. Its channels hold as many deliveries as there are slots, so
-// that dispatch never blocks: with a sharded store every shard has a
-// dispatcher of its own and they share slots, and a shard whose lanes are
-// held (a slow key, its database down) must not stop the receive loop
-// from feeding the others, nor from seeing shutdown.
+// settled. With a sharded store every shard has a dispatcher of its own,
+// and they share slots: a shard whose lanes are held (a slow key, its
+// database down) can fill its own channels, and dispatch then waits (see
+// dispatch).
 func newBatchDispatcher(r *Runtime, ctx context.Context, slots chan struct{}) *batchDispatcher {
-	n := cap(slots)
+	n := batchSlots(r)
 	d := &batchDispatcher{r: r, ctx: ctx, slots: slots, shared: make(chan Delivery, n), collector: make(chan struct{}, 1)}
 	for i := 0; i < r.cfg.Concurrency; i++ {
 		lane := make(chan Delivery, n)
@@ -148,15 +148,28 @@ func newBatchDispatcher(r *Runtime, ctx context.Context, slots chan struct{}) *b
 	return d
 }
 
-func (d *batchDispatcher) dispatch(del Delivery) {
-	key := del.Message().Key
-	if key == "" {
-		d.shared <- del
-		return
+// dispatch hands del to its lane, or to the shared queue when it has no
+// key. It waits while that channel is full, which only a sharded store's
+// busy shard makes happen, until ctx (the receive loop's) is done, and
+// then reports false: del was not handed over.
+func (d *batchDispatcher) dispatch(ctx context.Context, del Delivery) bool {
+	ch := d.shared
+	if key := del.Message().Key; key != "" {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		ch = d.lanes[h.Sum64()%uint64(len(d.lanes))]
 	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(key))
-	d.lanes[h.Sum64()%uint64(len(d.lanes))] <- del
+	select {
+	case ch <- del:
+		return true
+	default:
+	}
+	select {
+	case ch <- del:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // close ends the lanes once they have handled what they hold.

@@ -217,7 +217,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 
 	var (
 		slots    chan struct{}
-		dispatch func(Delivery)
+		dispatch func(context.Context, Delivery) bool
 		finish   func() // waits for the dispatched work to end
 	)
 	if r.cfg.BatchSize > 1 {
@@ -232,7 +232,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if r.shards > 1 {
 			// An unroutable message has shard 0; its precheck
 			// dead-letters it.
-			dispatch = func(del Delivery) { bds[del.Message().route.Shard].dispatch(del) }
+			dispatch = func(ctx context.Context, del Delivery) bool {
+				return bds[del.Message().route.Shard].dispatch(ctx, del)
+			}
 		}
 		finish = func() {
 			for _, bd := range bds {
@@ -311,7 +313,7 @@ func (r *Runtime) drain(runErr error, drained chan struct{}, hardStop context.Ca
 }
 
 // receiveLoop takes deliveries until ctx is done or the source is closed.
-func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch func(Delivery)) error {
+func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch func(context.Context, Delivery) bool) error {
 	var failures int
 	for {
 		select {
@@ -346,7 +348,14 @@ func (r *Runtime) receiveLoop(ctx context.Context, slots chan struct{}, dispatch
 		for _, h := range r.hooks.received {
 			r.hook("OnReceived", func() { h.OnReceived(ctx, del.Message()) })
 		}
-		dispatch(del)
+		if !dispatch(ctx, del) {
+			// Stopped while the lanes it goes to were full: it was never
+			// handed to them.
+			r.requeue(del, r.log)
+			r.stats.inFlight.Add(-1)
+			<-slots
+			return nil
+		}
 	}
 }
 
