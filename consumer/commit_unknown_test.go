@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -68,5 +69,68 @@ func TestEdgeUnknownCommitOutcomeAskedBeforeDeadLetter(t *testing.T) {
 	}
 	if st.DeadLettered != 0 || st.Duplicates != 1 {
 		t.Fatalf("stats %+v, dead letters %v: want m acked as the duplicate of its own commit, not dead-lettered", st, b.dlq.list())
+	}
+}
+
+// probeFailingStore commits its first transaction and loses the answer;
+// its second BeginClaim, the runtime asking whether that COMMIT took,
+// fails: at once, or, with block, only when its context ends.
+type probeFailingStore struct {
+	dedup.Store
+	n       atomic.Int32
+	block   bool
+	probing chan struct{}
+}
+
+func (s *probeFailingStore) BeginClaim(ctx context.Context, c []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	switch s.n.Add(1) {
+	case 1:
+		tx, res, err := s.Store.BeginClaim(ctx, c)
+		if err != nil {
+			return tx, res, err
+		}
+		return commitLosingTx{Tx: tx, committed: true}, res, nil
+	case 2:
+		if s.block {
+			close(s.probing)
+			<-ctx.Done()
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, errors.New("dial tcp: connection reset by peer")
+	}
+	return s.Store.BeginClaim(ctx, c)
+}
+
+// When asking whether an unknown COMMIT took fails too, the message is
+// not dead-lettered: it is retried (and found a duplicate), or, at
+// shutdown, requeued.
+func TestEdgeUnknownCommitOutcomeWhenAskingFails(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		t.Run(map[bool]string{false: "asking fails", true: "shutdown while asking"}[block], func(t *testing.T) {
+			b := newBundle(t)
+			b.publish(msg("m", "body"))
+			cfg := b.config(b.insertEffect)
+			st := &probeFailingStore{Store: b.store, block: block, probing: make(chan struct{})}
+			cfg.Store = st
+			cfg.BatchSize = 1
+			cfg.Retry.MaxConnLosses = 1
+			cfg.ShutdownTimeout = 200 * time.Millisecond
+			r := start(t, cfg)
+			if block {
+				<-st.probing
+				r.stop(t)
+			} else {
+				waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
+			}
+			if got := b.effectCounts()["m"]; got != 1 {
+				t.Fatalf("m's effect %d times, want once", got)
+			}
+			if dl := b.dlq.list(); len(dl) != 0 {
+				t.Fatalf("m dead-lettered as %s though its COMMIT took", dl[0].f.Class)
+			}
+			if st := r.rt.Stats(); !block && st.Duplicates != 1 {
+				t.Fatalf("stats %+v: want m acked as a duplicate", st)
+			}
+		})
 	}
 }

@@ -77,11 +77,19 @@ func (r *Runtime) applyFrom(ctx context.Context, items []item, failed *attemptRe
 					return
 				}
 				drops++
-				if drops >= r.cfg.Retry.MaxConnLosses {
-					it := items[0]
-					if res.failed < 0 && r.settleIfCommitted(ctx, it) {
-						return // the last COMMIT, its outcome unknown, took
+				exhausted := drops >= r.cfg.Retry.MaxConnLosses
+				if exhausted && res.failed < 0 {
+					// The last loss was at COMMIT: did it take?
+					switch r.settleIfCommitted(ctx, items[0]) {
+					case commitTook:
+						return
+					case commitUnknown:
+						drops-- // not known to have cost its connection
+						exhausted = false
 					}
+				}
+				if exhausted {
+					it := items[0]
 					now := time.Now()
 					if first.IsZero() {
 						first = now
@@ -256,21 +264,37 @@ func (r *Runtime) settleApplied(ctx context.Context, items []item, res attemptRe
 	}
 }
 
+// commitOutcome is what settleIfCommitted learnt of a COMMIT whose outcome
+// was unknown.
+type commitOutcome int
+
+const (
+	commitUnknown commitOutcome = iota // the store did not answer, or the runtime is stopping
+	commitTook                         // it took: the item is settled
+	commitDidNot                       // it did not: the item is unsettled
+)
+
 // settleIfCommitted asks the store, by claiming it again in a transaction
 // it rolls back, whether its last COMMIT took, its outcome unknown (the
-// connection lost before the answer): if it did, it is settled as the
-// duplicate of that commit, acked, and settleIfCommitted reports true. On
-// an error it reports false, and the caller dead-letters it as before.
-func (r *Runtime) settleIfCommitted(ctx context.Context, it item) bool {
+// connection lost before the answer). If a row for it is there, it is
+// settled as the claim finds it: a duplicate of that commit, acked (or a
+// mismatch, dead-lettered as one).
+func (r *Runtime) settleIfCommitted(ctx context.Context, it item) commitOutcome {
+	if r.stopping(ctx) {
+		return commitUnknown
+	}
 	tx, res, err := r.cfg.Store.BeginClaim(ctx, []dedup.Claim{it.claim})
 	if tx != nil {
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		r.rollback(ctx, tx)
 	}
-	if err != nil || len(res) != 1 || res[0].Outcome != dedup.ClaimDuplicate {
-		return false
+	switch {
+	case err != nil || len(res) != 1 || r.stopping(ctx):
+		return commitUnknown
+	case res[0].Outcome == dedup.ClaimNew:
+		return commitDidNot
 	}
 	r.settleApplied(ctx, []item{it}, attemptResult{out: outApplied, claims: res})
-	return true
+	return commitTook
 }
 
 // ackAll acks deliveries after their commit, through AckBatch when the
