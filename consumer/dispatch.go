@@ -349,6 +349,12 @@ func (r *Runtime) processBatch(ctx context.Context, dels []Delivery) {
 		}
 		r.apply(ctx, items)
 		items = make([]item, 0, len(dels))
+		if r.stopping(ctx) {
+			// The ones before it were requeued if they were not settled:
+			// so is it, that the key keeps its order.
+			r.requeue(del, r.log)
+			continue
+		}
 		fail()
 	}
 	r.apply(ctx, items)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,6 +48,33 @@ func TestEdgeDeadLetterBeforeClaimKeepsKeyOrder(t *testing.T) {
 			defer mu.Unlock()
 			if fmt.Sprint(events) != "[apply first dead-letter second, no id]" {
 				t.Fatalf("key k settled as %q, want the first applied, then the second dead-lettered", events)
+			}
+		})
+	}
+}
+
+// At a hard stop, a message that fails the input checks after a message of
+// its key that was not settled is requeued with it, not dead-lettered
+// ahead of it.
+func TestEdgeDeadLetterBeforeClaimAtShutdown(t *testing.T) {
+	for _, mode := range threeModes {
+		t.Run(mode.name, func(t *testing.T) {
+			b := newBundle(t)
+			b.publish(&consumer.Message{ID: "first", Key: "k", Body: []byte("first")},
+				&consumer.Message{ID: "", Key: "k", Body: []byte("second, no id")})
+			var calls atomic.Int32
+			cfg := b.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				calls.Add(1)
+				return errors.New("transient")
+			})
+			cfg.Retry = consumer.RetryConfig{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 1000}
+			cfg.Concurrency, cfg.BatchSize = 1, mode.batchSize
+			cfg.ShutdownTimeout = 200 * time.Millisecond
+			r := start(t, cfg)
+			waitFor(t, "the first tried", func() bool { return calls.Load() > 0 })
+			r.stop(t)
+			if dl := b.dlq.list(); len(dl) != 0 || b.broker.Ready(queue) != 2 {
+				t.Fatalf("%d dead letters, %d requeued: want both requeued, the key in order", len(dl), b.broker.Ready(queue))
 			}
 		})
 	}
