@@ -432,6 +432,24 @@ func (s *Sharded) readRecord(ctx context.Context, i int) (recorded, error) {
 	return r, nil
 }
 
+// readRecords reads every shard's record, and counts those present and
+// those complete.
+func (s *Sharded) readRecords(ctx context.Context) (recs []recorded, present, complete int, err error) {
+	recs = make([]recorded, len(s.stores))
+	for i := range s.stores {
+		if recs[i], err = s.readRecord(ctx, i); err != nil {
+			return nil, 0, 0, err
+		}
+		if recs[i].present {
+			present++
+			if recs[i].complete {
+				complete++
+			}
+		}
+	}
+	return recs, present, complete, nil
+}
+
 // check compares the configured maps with the shards' records, once it has
 // passed; it records the map on shards of a first use, and the reshard on
 // every shard when it begins.
@@ -444,30 +462,17 @@ func (s *Sharded) check(ctx context.Context) error {
 	if s.checked.Load() {
 		return nil
 	}
-	var (
-		recs              []recorded
-		present, complete int
-	)
-	// The shards are read one by one: a shard read without a record
-	// before another process completed the map, whose complete record is
-	// read next, is read again. A complete record means every shard held
-	// one before it was read, so a shard that has none on the second
-	// reading lost it.
-	for pass := 0; pass < 2 && (pass == 0 || (complete > 0 && present < len(recs))); pass++ {
-		recs, present, complete = make([]recorded, len(s.stores)), 0, 0
-		for i := range s.stores {
-			r, err := s.readRecord(ctx, i)
-			if err != nil {
-				return err
-			}
-			recs[i] = r
-			if r.present {
-				present++
-				if r.complete {
-					complete++
-				}
-			}
-		}
+	recs, present, complete, err := s.readRecords(ctx)
+	if err == nil && complete > 0 && present < len(recs) {
+		// The shards are read one by one: one read without a record
+		// before another process completed the map, whose complete
+		// record was read next, is read again. A complete record means
+		// every shard held one before it was read, so a shard that has
+		// none on the second reading lost it.
+		recs, present, complete, err = s.readRecords(ctx)
+	}
+	if err != nil {
+		return err
 	}
 	refuse := func(format string, args ...any) error {
 		return &shardMapError{reason: fmt.Sprintf(format, args...)}
@@ -578,8 +583,8 @@ WHERE `+st.shardMap+`.map = $4 AND `+st.shardMap+`.previous IS NULL`, i, cur, pr
 			return refuse("shard %d records %s after this store recorded its map: another process records another", i, r)
 		}
 	}
-	// Every shard of the map holds the record: mark it complete (a reshard over a
-	// first use that was cut short completes it too).
+	// Every shard of the map holds the record: mark it complete (a
+	// reshard over a first use that was cut short completes it too).
 	if err := onEach("mark the shard map complete", func(tx pgx.Tx, _ int, st *statements) error {
 		_, err := tx.Exec(ctx, "UPDATE "+st.shardMap+" SET complete = true, recorded_at = now() WHERE map = $1 AND NOT complete", cur)
 		return err
@@ -759,12 +764,11 @@ func (s *Sharded) LookupMessage(ctx context.Context, consumerName, id string, ms
 		if err != nil {
 			return Row{}, err
 		}
-		ks := keys
 		if !stm.keyed {
-			ks = []string{""} // one lookup by id: the key is not asked for
+			return st.Lookup(ctx, consumerName, id) // an id has one row
 		}
-		for _, key := range ks {
-			if r, err := st.lookupKeyed(ctx, stm, consumerName, id, key); !errors.Is(err, ErrNotFound) {
+		for _, key := range keys {
+			if r, err := st.lookupWith(ctx, stm.lookupKey, consumerName, id, key); !errors.Is(err, ErrNotFound) {
 				return r, err
 			}
 		}

@@ -847,15 +847,6 @@ func (s *Store) Lookup(ctx context.Context, consumerName, id string) (Row, error
 	return s.lookupWith(ctx, st.lookup, consumerName, id)
 }
 
-// lookupKeyed is Lookup of the row of shard key key, on a table that keeps
-// the shard key in its primary key (st.keyed); on another, Lookup.
-func (s *Store) lookupKeyed(ctx context.Context, st *statements, consumerName, id, key string) (Row, error) {
-	if !st.keyed {
-		return s.lookupWith(ctx, st.lookup, consumerName, id)
-	}
-	return s.lookupWith(ctx, st.lookupKey, consumerName, id, key)
-}
-
 // lookupWith runs a lookup query of st whose first arguments are the
 // consumer and the id.
 func (s *Store) lookupWith(ctx context.Context, q, consumerName, id string, more ...any) (Row, error) {
