@@ -61,7 +61,10 @@ func TestEdgeShardedBusyShardDoesNotBlockShutdown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("Run did not return 10s after cancel (ShutdownTimeout 300ms): stats %+v", rt.Stats())
 	}
-	if st := rt.Stats(); st.Applied != 0 || st.InFlight != 0 {
-		t.Fatalf("stats %+v: want nothing applied, nothing left in flight", st)
+	if st := rt.Stats(); st.Applied != 0 || st.InFlight != 0 || st.Requeued != st.Received {
+		t.Fatalf("stats %+v: want nothing applied, nothing left in flight, every delivery received requeued", st)
+	}
+	if b.broker.Ready(queue) != 12 || b.broker.Unacked(queue) != 0 {
+		t.Fatalf("ready %d, unacked %d: want all 12 back in the queue", b.broker.Ready(queue), b.broker.Unacked(queue))
 	}
 }
