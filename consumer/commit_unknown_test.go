@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/dedup"
 )
 
@@ -132,5 +133,60 @@ func TestEdgeUnknownCommitOutcomeWhenAskingFails(t *testing.T) {
 				t.Fatalf("stats %+v: want m acked as a duplicate", st)
 			}
 		})
+	}
+}
+
+// rivalStore loses its first transaction's connection at COMMIT, the
+// COMMIT not taken; while that answer is lost, another process applies
+// the same id with another payload.
+type rivalStore struct {
+	dedup.Store
+	n atomic.Int32
+}
+
+type rivalTx struct {
+	pgx.Tx
+	store dedup.Store
+}
+
+func (t rivalTx) Commit(ctx context.Context) error {
+	_ = t.Tx.Conn().Close(ctx)
+	rival := dedup.Claim{Consumer: "test-consumer", MessageID: "m", Fingerprint: msg("m", "another body").Fingerprint()}
+	tx, _, err := t.store.BeginClaim(ctx, []dedup.Claim{rival})
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	return t.Tx.Commit(ctx)
+}
+
+func (s *rivalStore) BeginClaim(ctx context.Context, c []dedup.Claim) (pgx.Tx, []dedup.ClaimResult, error) {
+	tx, res, err := s.Store.BeginClaim(ctx, c)
+	if tx == nil || err != nil || s.n.Add(1) > 1 {
+		return tx, res, err
+	}
+	return rivalTx{Tx: tx, store: s.Store}, res, nil
+}
+
+// When asking whether an unknown COMMIT took finds the id applied with
+// another payload, the message was not applied: it is dead-lettered as a
+// fingerprint mismatch, neither acked as a duplicate nor applied.
+func TestEdgeUnknownCommitOutcomeFindsAnotherPayload(t *testing.T) {
+	b := newBundle(t)
+	b.publish(msg("m", "body"))
+	cfg := b.config(b.insertEffect)
+	cfg.Store = &rivalStore{Store: b.store}
+	cfg.BatchSize = 1
+	cfg.Retry.MaxConnLosses = 1
+	r := start(t, cfg)
+	waitFor(t, "settled", func() bool { return b.settled() && r.rt.Stats().InFlight == 0 })
+	if got := b.effectCounts()["m"]; got != 0 {
+		t.Fatalf("m's effect %d times, want none: its COMMIT did not take", got)
+	}
+	dl := b.dlq.list()
+	if len(dl) != 1 || dl[0].f.Class != consumer.ClassFingerprintMismatch {
+		t.Fatalf("dead letters %v, stats %+v: want m dead-lettered once as a fingerprint mismatch", dl, r.rt.Stats())
 	}
 }
