@@ -24,14 +24,15 @@ type messageLookuper interface {
 	LookupMessage(ctx context.Context, consumerName, messageID string, msg *consumer.Message) (processed.Row, error)
 }
 
-// lookupRow finds msg's dedup row in store: by msg itself where the store
-// can, so that on a table keyed by shard key another key's row of the
-// same id is not taken for msg's; by its id otherwise.
-func lookupRow(ctx context.Context, store lookuper, scope, id string, msg *consumer.Message) (processed.Row, error) {
-	if ml, ok := store.(messageLookuper); ok && msg != nil {
-		return ml.LookupMessage(ctx, scope, id, msg)
+// lookupRow finds the dedup row of the dead letter msg, whose envelope is
+// r: by the message its consumer saw (r.Restore) where the store can, so
+// that on a table keyed by shard key another key's row of the same id is
+// not taken for its own; by its id otherwise.
+func lookupRow(ctx context.Context, store lookuper, scope string, r Record, msg *consumer.Message) (processed.Row, error) {
+	if ml, ok := store.(messageLookuper); ok {
+		return ml.LookupMessage(ctx, scope, r.MessageID, r.Restore(msg))
 	}
-	return store.Lookup(ctx, scope, id)
+	return store.Lookup(ctx, scope, r.MessageID)
 }
 
 // Verdict is what a replay would do with one message.
@@ -180,7 +181,7 @@ func Classify(ctx context.Context, cfg ClassifyConfig) (Classification, error) {
 		case id == "":
 			it.Verdict = VerdictMissingID
 		default:
-			it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope(rec), id, msg)
+			it.Verdict, it.AppliedAt, err = lookupVerdict(ctx, cfg.Store, scope(rec), rec, msg)
 		}
 		if err != nil {
 			return out, err
@@ -214,14 +215,15 @@ func (c *Classification) add(it Item) {
 	}
 }
 
-// lookupVerdict checks one id against the dedup table.
-func lookupVerdict(ctx context.Context, store lookuper, scope, id string, msg *consumer.Message) (Verdict, time.Time, error) {
-	row, err := lookupRow(ctx, store, scope, id, msg)
+// lookupVerdict checks the dead letter msg, whose envelope is r, against
+// the dedup table.
+func lookupVerdict(ctx context.Context, store lookuper, scope string, r Record, msg *consumer.Message) (Verdict, time.Time, error) {
+	row, err := lookupRow(ctx, store, scope, r, msg)
 	switch {
 	case errors.Is(err, processed.ErrNotFound):
 		return VerdictWillApply, time.Time{}, nil
 	case err != nil:
-		return "", time.Time{}, fmt.Errorf("dlq: look up %q: %w", id, err)
+		return "", time.Time{}, fmt.Errorf("dlq: look up %q: %w", r.MessageID, err)
 	}
 	fp := msg.Fingerprint()
 	if !bytes.Equal(row.Fingerprint, fp[:]) {

@@ -19,6 +19,7 @@
 //	x-idemq-partition              the original Kafka partition; absent elsewhere
 //	x-idemq-offset                 the original's Kafka offset or JetStream stream sequence; absent elsewhere
 //	x-idemq-host                   the host name of the process that dead-lettered it
+//	x-idemq-original-key           the original's ordering key (Message.Key), if it had one
 //	x-idemq-dead-letters           how many times it was dead-lettered, this time included
 //	x-idemq-history                the earlier failures (HeaderHistory)
 //	x-idemq-original-processed-at  fingerprint-mismatch only: when the original with the same id was applied

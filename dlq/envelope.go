@@ -30,6 +30,7 @@ const (
 	headerHost                = "x-idemq-host"
 	headerDeadLetters         = "x-idemq-dead-letters"
 	headerOriginalProcessedAt = "x-idemq-original-processed-at"
+	headerOriginalKey         = "x-idemq-original-key"
 )
 
 // The envelope headers that describe a dead letter's history and
@@ -128,6 +129,13 @@ type Entry struct {
 	Partition    int32                 `json:"partition"`
 	Offset       int64                 `json:"offset"`
 	Host         string                `json:"host,omitempty"`
+	// Key is the original's ordering key (consumer.Message.Key) as its
+	// consumer saw it, which a processed.Sharded's default shard map
+	// routes by. On Kafka it names the original's topic and partition,
+	// where the dead letter's own names the dead-letter topic's. Like
+	// Source, it comes from the first envelope; "" if the original had
+	// none, or the envelope is from before this header existed.
+	Key string `json:"key,omitempty"`
 	// ProcessedAt is, for class fingerprint-mismatch, when the original
 	// with the same id was applied (x-idemq-original-processed-at); zero if
 	// unknown or for other classes.
@@ -170,7 +178,7 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	cur := Entry{
 		Consumer: f.Consumer, MessageID: f.MessageID, Class: f.Class, Attempts: f.Attempts,
 		FirstFailure: f.FirstFailure.UTC(), LastFailure: f.LastFailure.UTC(), ProcessedAt: f.ProcessedAt.UTC(),
-		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset, Host: opts.Host,
+		Source: msg.Source, Partition: msg.Partition, Offset: msg.Offset, Host: opts.Host, Key: msg.Key,
 	}
 	if f.Err != nil {
 		cur.Error = truncate(f.Err.Error(), opts.MaxErrorBytes)
@@ -182,6 +190,9 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	if prev, err := Parse(msg); err == nil {
 		if prev.Source != "" {
 			cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset
+		}
+		if prev.Key != "" {
+			cur.Key = prev.Key
 		}
 		history := append(prev.History, prev.Entry)
 		if n := len(history) - opts.MaxHistory; n > 0 {
@@ -215,6 +226,10 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 		h[headerOffset] = strconv.FormatInt(cur.Offset, 10)
 	}
 	h[headerHost] = cur.Host
+	delete(h, headerOriginalKey)
+	if cur.Key != "" {
+		h[headerOriginalKey] = cur.Key
+	}
 	h[headerDeadLetters] = strconv.Itoa(deadLetters)
 	// An earlier signature covers the earlier envelope: it goes, and a
 	// new one is made if there is a key.
@@ -237,7 +252,7 @@ func Parse(msg *consumer.Message) (Record, error) {
 	}
 	r := Record{Entry: Entry{
 		Consumer: h[headerConsumer], MessageID: h[headerMessageID], Class: consumer.FailureClass(class),
-		Error: h[headerError], Source: h[headerSource], Host: h[headerHost], Partition: -1, Offset: -1,
+		Error: h[headerError], Source: h[headerSource], Host: h[headerHost], Key: h[headerOriginalKey], Partition: -1, Offset: -1,
 	}, DeadLetters: 1}
 	var err error
 	bad := func(name string, e error) error { return fmt.Errorf("dlq: header %s: %w", name, e) }
@@ -290,16 +305,18 @@ func Parse(msg *consumer.Message) (Record, error) {
 }
 
 // Restore returns msg, the dead letter r was parsed from, as its consumer
-// first saw it, for replay: the dedup id, source, partition and offset come
-// back from the envelope. The envelope headers stay, so a second failure
-// grows the history.
+// first saw it, for replay: the dedup id, source, partition, offset and
+// ordering key come back from the envelope. The envelope headers stay, so
+// a second failure grows the history.
 //
+// Key, the runtime's ordering key, is the original's (Entry.Key), so that
+// a replay orders by it and a sharded store routes and finds the message
+// by the key it was claimed under; an envelope without one keeps the
+// dead-letter queue's own (for Kafka "<dlq topic>/<partition>").
 // RecordKey, the broker's record key, is kept byte for byte (a null key
 // stays nil): the dead-lettering publisher wrote the original record key,
-// not the ordering key, so a requeued Kafka record goes back under the key
-// it was produced with, to the partition that key hashes to. Key, the
-// runtime's ordering key, is the dead-letter queue's own (for Kafka
-// "<dlq topic>/<partition>"): no publisher writes it.
+// so a requeued Kafka record goes back under the key it was produced
+// with, to the partition that key hashes to.
 func (r Record) Restore(msg *consumer.Message) *consumer.Message {
 	m := msg.Clone() // keeps RecordKey, nil or not
 	if r.MessageID != "" {
@@ -307,6 +324,9 @@ func (r Record) Restore(msg *consumer.Message) *consumer.Message {
 	}
 	if r.Source != "" {
 		m.Source, m.Partition, m.Offset = r.Source, r.Partition, r.Offset
+	}
+	if r.Key != "" {
+		m.Key = r.Key
 	}
 	m.Redelivered = true
 	return m

@@ -19,7 +19,7 @@ func failure(class consumer.FailureClass, msg string, at time.Time) consumer.Fai
 func TestEnvelopeRoundTrip(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 1, 12, 0, 0, 5, time.UTC)
-	msg := &consumer.Message{ID: "m-1", Body: []byte("{}"), Source: "orders", Partition: 3, Offset: 42,
+	msg := &consumer.Message{ID: "m-1", Key: "orders/3", Body: []byte("{}"), Source: "orders", Partition: 3, Offset: 42,
 		Headers: map[string]string{"traceparent": "00-abc"}}
 	env := dlq.Envelope(msg, failure(consumer.ClassRetryableExhausted, "deadlock", at), dlq.Options{Host: "worker-7"})
 	if string(env.Body) != "{}" || env.Header("traceparent") != "00-abc" {
@@ -33,7 +33,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := dlq.Entry{Consumer: "billing", MessageID: "m-1", Class: consumer.ClassRetryableExhausted, Error: "deadlock",
-		Attempts: 3, FirstFailure: at.Add(-time.Second), LastFailure: at, Source: "orders", Partition: 3, Offset: 42, Host: "worker-7"}
+		Attempts: 3, FirstFailure: at.Add(-time.Second), LastFailure: at, Source: "orders", Partition: 3, Offset: 42, Host: "worker-7", Key: "orders/3"}
 	if r.Entry != want || r.DeadLetters != 1 || len(r.History) != 0 {
 		t.Fatalf("parsed %+v\nwant   %+v", r, want)
 	}
@@ -42,11 +42,12 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 func TestEnvelopeHistoryGrowsAndIsBounded(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
-	msg := &consumer.Message{ID: "m-1", Body: []byte("x"), Source: "orders", Partition: -1, Offset: -1}
+	msg := &consumer.Message{ID: "m-1", Key: "customer-7", Body: []byte("x"), Source: "orders", Partition: -1, Offset: -1}
 	for i := 0; i < 5; i++ {
-		// A replayed message arrives from the DLQ, with the DLQ as source.
+		// A replayed message arrives from the DLQ, with the DLQ as
+		// source and, on Kafka, as ordering key.
 		msg = dlq.Envelope(msg, failure(consumer.ClassPermanent, strings.Repeat("e", i+1), at.Add(time.Duration(i)*time.Hour)), dlq.Options{MaxHistory: 3})
-		msg.Source = "orders.dlq"
+		msg.Source, msg.Key = "orders.dlq", "orders.dlq/0"
 	}
 	r, err := dlq.Parse(msg)
 	if err != nil {
@@ -55,8 +56,8 @@ func TestEnvelopeHistoryGrowsAndIsBounded(t *testing.T) {
 	if r.DeadLetters != 5 || len(r.History) != 3 || r.Error != "eeeee" || r.History[0].Error != "ee" || r.History[2].Error != "eeee" {
 		t.Fatalf("history %+v (dead letters %d, error %q)", r.History, r.DeadLetters, r.Error)
 	}
-	if r.Source != "orders" {
-		t.Fatalf("original source lost across re-dead-lettering: %q", r.Source)
+	if r.Source != "orders" || r.Key != "customer-7" {
+		t.Fatalf("original source or key lost across re-dead-lettering: %q, %q", r.Source, r.Key)
 	}
 	if _, ok := msg.Headers["x-idemq-partition"]; ok {
 		t.Fatal("partition header written for a broker without partitions")
@@ -86,13 +87,20 @@ func TestParseErrors(t *testing.T) {
 
 func TestRestore(t *testing.T) {
 	t.Parallel()
-	env := dlq.Envelope(&consumer.Message{ID: "broker-id", Source: "orders", Partition: 1, Offset: 9, Body: []byte("b")},
+	env := dlq.Envelope(&consumer.Message{ID: "broker-id", Key: "orders/1", Source: "orders", Partition: 1, Offset: 9, Body: []byte("b")},
 		consumer.Failure{Consumer: "c", MessageID: "dedup-id", Class: consumer.ClassPermanent, Err: errors.New("x")}, dlq.Options{})
-	env.Source, env.Partition, env.Offset = "orders.dlq", 0, 77
+	env.Source, env.Partition, env.Offset, env.Key = "orders.dlq", 0, 77, "orders.dlq/0"
 	r, _ := dlq.Parse(env)
 	m := r.Restore(env)
-	if m.ID != "dedup-id" || m.Source != "orders" || m.Partition != 1 || m.Offset != 9 || !m.Redelivered {
+	if m.ID != "dedup-id" || m.Key != "orders/1" || m.Source != "orders" || m.Partition != 1 || m.Offset != 9 || !m.Redelivered {
 		t.Fatalf("restored %+v", m)
+	}
+	// An envelope from before the original key was kept: the dead
+	// letter's own key stays.
+	delete(env.Headers, "x-idemq-original-key")
+	r, _ = dlq.Parse(env)
+	if m := r.Restore(env); m.Key != "orders.dlq/0" {
+		t.Fatalf("restored key %q without x-idemq-original-key, want the dead letter's", m.Key)
 	}
 }
 

@@ -58,7 +58,7 @@ func (h horizon) check(ctx context.Context, r Record, msg *consumer.Message, now
 	if r.mismatch() {
 		switch {
 		case h.lookup != nil && r.MessageID != "":
-			row, err := lookupRow(ctx, h.lookup, h.scope(r), r.MessageID, msg)
+			row, err := lookupRow(ctx, h.lookup, h.scope(r), r, msg)
 			if errors.Is(err, processed.ErrNotFound) {
 				return "fingerprint mismatch whose original's dedup row is gone: replaying it would apply the id a second time", nil
 			}

@@ -48,6 +48,7 @@ type kafEnv struct {
 	group    string // the live consumer's group
 	pool     *pgxpool.Pool
 	store    *processed.Store
+	sharded  *processed.Sharded // if set, the consumers' store instead of store
 	effects  string
 	pub      *kafka.Publisher
 	dl       consumer.DeadLetterer
@@ -140,11 +141,15 @@ func (e *kafEnv) handler(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 
 // config is the live consumer's configuration: two attempts, then the DLQ.
 func (e *kafEnv) config(src consumer.Source) consumer.Config {
-	return consumer.Config{
+	cfg := consumer.Config{
 		Name: kafConsumerName, Source: src, Store: e.store, Handler: e.handler,
 		DeadLetterer: e.dl, Concurrency: 4, ShutdownTimeout: 10 * time.Second,
 		Retry: consumer.RetryConfig{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 	}
+	if e.sharded != nil {
+		cfg.Store = e.sharded
+	}
+	return cfg
 }
 
 // kafMessages makes n messages with ids "<prefix>-<i>" over a few record

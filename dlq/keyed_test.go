@@ -80,3 +80,60 @@ func TestEdgeKeyedDeadLetterOfAnIdAppliedUnderAnotherKey(t *testing.T) {
 		t.Fatalf("%d effects, want tenant-a's and tenant-b's", rows)
 	}
 }
+
+// TestEdgeKafkaDeadLetterKeepsItsShardKey: on a processed.Sharded with the default
+// shard map, a Kafka message's shard key is its ordering key, its
+// topic and partition; on a table that keeps the shard key in its
+// primary key, the id is unique per key. A dead letter lives in another
+// topic, but it is the same message: classified, requeued and replayed, it
+// is looked up and claimed under the key it was consumed with. Here one
+// id is dead-lettered, then applied from a second copy, and another is
+// applied, then dead-lettered as a fingerprint mismatch: a replay applies
+// neither again.
+func TestEdgeKafkaDeadLetterKeepsItsShardKey(t *testing.T) {
+	t.Parallel()
+	e := kafNewEnv(t)
+	st, err := processed.New(e.pool, processed.Config{Schema: e.store.Schema(), ShardKeyInPrimaryKey: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.sharded, err = processed.NewSharded([]*processed.Store{st}, processed.ShardedConfig{Map: processed.ShardMap{Shards: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sharded.Migrate(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	ms := kafMessages("k", 2)
+	late, mismatched := ms[0], ms[1]
+	// Each id's copies share a record key, so a partition, so a shard key.
+	late.RecordKey, mismatched.RecordKey = []byte(late.Key), []byte(mismatched.Key)
+	e.setFailing(late.ID)
+	e.publish(e.topic, late, mismatched)
+	if s := e.consume(2); s.DeadLettered != 1 || s.Applied != 1 {
+		t.Fatalf("first pass: %+v, want %s dead-lettered and %s applied", s, late.ID, mismatched.ID)
+	}
+	e.mu.Lock()
+	delete(e.failIDs, late.ID)
+	e.mu.Unlock()
+	other := mismatched.Clone()
+	other.Body = []byte(`{"another":"payload"}`)
+	e.publish(e.topic, late, other)
+	if s := e.consume(2); s.DeadLettered != 1 || s.Applied != 1 {
+		t.Fatalf("second pass: %+v, want %s applied and the other %s dead-lettered", s, late.ID, mismatched.ID)
+	}
+	e.expectEffects(late.ID, mismatched.ID)
+
+	cl, err := dlq.Classify(e.ctx, dlq.ClassifyConfig{Browser: e.browser(""), Store: e.sharded, Consumer: kafConsumerName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.AlreadyApplied != 1 || cl.Mismatch != 1 || cl.WillApply != 0 {
+		t.Fatalf("classified %+v, want one already applied and one mismatch", cl)
+	}
+	res := e.replay("replay", nil)
+	if res.Skipped != 1 || res.Mismatched != 1 || res.Applied != 0 {
+		t.Fatalf("replay: %+v, want one skipped and one mismatched", res)
+	}
+	e.expectEffects(late.ID, mismatched.ID)
+}

@@ -148,7 +148,7 @@ func Requeue(ctx context.Context, cfg RequeueConfig) (RequeueResult, error) {
 			continue
 		}
 		if cfg.Store != nil {
-			verdict, _, err := lookupVerdict(ctx, cfg.Store, scope(rec), rec.MessageID, msg)
+			verdict, _, err := lookupVerdict(ctx, cfg.Store, scope(rec), rec, msg)
 			if err != nil {
 				return res, err
 			}
