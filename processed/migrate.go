@@ -50,7 +50,7 @@ func (s *Store) target(ctx context.Context, line string) (pgmigrate.Target, erro
 		"horizons_table":              horizonsSuffix,
 		"shard_map_table":             shardMapSuffix,
 		"commit_check":                commitCheckSuffix,
-		"commit_guard":                "_commit_guard",
+		"commit_guard":                commitGuardSuffix,
 		"generations_table":           "_generations",
 		"old_partitioned":             "_old_parent",
 		"old_sealed":                  "_sealed",

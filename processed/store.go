@@ -112,7 +112,8 @@ const maxClaimAttempts = 3
 // Table name suffixes.
 const (
 	retentionSuffix   = "_retention"    // the janitor's reports (migration 0002)
-	commitCheckSuffix = "_commit_check" // the commit's check (migration 0004)
+	commitCheckSuffix = "_commit_check" // the commit's check of earlier versions (migration 0004)
+	commitGuardSuffix = "_commit_guard" // the commit guard (migrations 0004 and 0009)
 	horizonsSuffix    = "_horizons"     // each consumer's purge horizon (migration 0005)
 )
 
@@ -154,10 +155,9 @@ type statements struct {
 	insert, existing, insertOne, existingOne string
 	// syncCommit makes the transaction's commit synchronous (see
 	// raiseSyncCommit) and records its token ($7 of the inserts, which do
-	// the same for each row they try; see BeginClaim); commitCheck is the
-	// function that checks the token before the commit (see txOptions).
-	syncCommit, commitCheck string
-	lookup, stats           string
+	// the same for each row they try; see BeginClaim).
+	syncCommit    string
+	lookup, stats string
 	// lookupKey is lookup of one shard key's row ($3), on a table with
 	// the shard key in its primary key.
 	lookupKey string
@@ -246,12 +246,12 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	// table is, and whether the objects this version's claims and purges
 	// use exist (the latest migrations made them).
 	if err := s.db.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), to_regclass($2) IS NOT NULL,
-	to_regprocedure($3 || '(text)') IS NOT NULL AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)
+	EXISTS (SELECT 1 FROM pg_proc WHERE oid = to_regprocedure($3 || '()') AND prosrc LIKE '%current_query()%') AND to_regclass($4) IS NOT NULL AND (to_regclass($2) IS NULL OR to_regclass($5) IS NOT NULL)
 	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = coalesce(to_regclass($6), to_regclass($1)) AND attname = 'shard_key' AND NOT attisdropped)
 	AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($7) AND attname = 'complete' AND NOT attisdropped),
 	EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
 		WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attname = 'shard_key')`,
-		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitCheckSuffix}.Sanitize(),
+		t, gen.meta, pgx.Identifier{schema, s.cfg.Table + commitGuardSuffix}.Sanitize(),
 		pgx.Identifier{schema, s.cfg.Table + horizonsSuffix}.Sanitize(), gen.tables[retired], gen.tables[0],
 		pgx.Identifier{schema, s.cfg.Table + shardMapSuffix}.Sanitize()).Scan(&kind, &hasGens, &current, &keyed); err != nil {
 		return nil, s.wrap("read the table's layout", err)
@@ -281,7 +281,7 @@ func (s *Store) statements(ctx context.Context) (*statements, error) {
 	if !current {
 		// A table of earlier migrations lacks what the claims use: this
 		// version of idemq refuses it until Migrate has run.
-		return nil, notMigrated("lacks the objects of the latest migrations (the commit check, the purge horizons, the shard key, the shard map's completeness)")
+		return nil, notMigrated("lacks the objects of the latest migrations (the purge horizons, the shard key, the shard map's completeness, the commit guard that reads the commit)")
 	}
 	st := newStatements(schema, s.cfg.Table, lay, keyed)
 	s.st.Store(st)
@@ -300,9 +300,8 @@ const raiseSyncCommit = `set_config('synchronous_commit', CASE WHEN current_sett
 func newStatements(schema, table string, lay layout, keyed bool) *statements {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	st := &statements{schema: schema, qTable: t, layout: lay, keyed: keyed,
-		horizons:    pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
-		commitCheck: pgx.Identifier{schema, table + commitCheckSuffix}.Sanitize(),
-		shardMap:    pgx.Identifier{schema, table + shardMapSuffix}.Sanitize(),
+		horizons: pgx.Identifier{schema, table + horizonsSuffix}.Sanitize(),
+		shardMap: pgx.Identifier{schema, table + shardMapSuffix}.Sanitize(),
 	}
 	st.syncCommit = `SELECT ` + raiseSyncCommit + `, set_config('idemq.tx', $1, true)`
 	into, others := lay.claimTables()
@@ -417,25 +416,55 @@ func (s *Store) Close() {
 	}
 }
 
+// claimCursor is the cursor a claim's transaction declares, and its commit
+// closes: the CLOSE fails unless the transaction open at commit is the one
+// BeginClaim began.
+const claimCursor = "idemq_claim"
+
 // txOptions returns a new token and the options of a transaction that
-// carries it: READ COMMITTED, and committed only after the token's check.
+// carries it: READ COMMITTED, and committed by a query that names the token.
 //
-// The token (the setting idemq.tx, set in the transaction's first
-// statement) marks the transaction as the one BeginClaim began. Its commit
-// first runs the table's commit check (migration 0004), which fails unless
-// the transaction open then still carries the token (a handler may have
-// ended it with SQL and begun another, which must not commit) and allows
-// the claims' rows to commit: the table's commit guard makes every other
-// COMMIT of a transaction with a token fail (a handler's own COMMIT, END
-// or PREPARE TRANSACTION), rolling it back. The same query raises the
-// transaction's synchronous_commit again, as the claim did (a handler's SET
-// LOCAL synchronous_commit = off must not make the ack rest on an
-// asynchronous commit). The check and the COMMIT go in one simple-protocol
-// query: one round trip, as a plain COMMIT.
-func (s *Store) txOptions(st *statements) (token string, opts pgx.TxOptions) {
+// The token (the setting idemq.tx, set in the transaction's first claim)
+// marks the transaction as the one BeginClaim began, which also declares
+// claimCursor. Its commit is one simple-protocol query, one round trip as a
+// plain COMMIT, which closes the cursor, then commits, its text carrying the
+// token. The CLOSE fails when the transaction open then is not the one
+// BeginClaim began (a handler may have ended it with SQL and begun another,
+// which must not commit); claimTx.Commit says so. At COMMIT the table's
+// commit guard (migration 0009), a deferred trigger of each claimed row,
+// finds the token in the query's text (current_query()): every other
+// COMMIT of a transaction with a token fails (a handler's own COMMIT, END
+// or PREPARE TRANSACTION), rolling it back. The guard also raises the
+// transaction's synchronous_commit again, as the claim did (a handler's
+// SET LOCAL synchronous_commit = off must not make the ack rest on an
+// asynchronous commit).
+//
+// A query of its own before the COMMIT (earlier versions ran the commit
+// check so) cost strict mode a tenth of its throughput, in parsing and
+// planning it on every commit.
+func (s *Store) txOptions() (token string, opts pgx.TxOptions) {
 	token = s.tokenPrefix + strconv.FormatUint(s.tokens.Add(1), 36)
 	return token, pgx.TxOptions{IsoLevel: pgx.ReadCommitted,
-		CommitQuery: "SELECT " + raiseSyncCommit + ", " + st.commitCheck + "('" + token + "'); COMMIT"}
+		CommitQuery: "/* idemq-commit " + token + " */ CLOSE " + claimCursor + "; COMMIT"}
+}
+
+// claimTx is a claim's transaction: its Commit reports a CLOSE of the claim
+// cursor that failed (the transaction open at commit is not the one
+// BeginClaim began) as the invalid transaction state (SQLSTATE 25000) that
+// dedup.Store asks for. Nothing was committed then.
+type claimTx struct {
+	pgx.Tx
+}
+
+// Commit commits the claim's transaction; see claimTx.
+func (tx claimTx) Commit(ctx context.Context) error {
+	err := tx.Tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "34000" { // invalid_cursor_name
+		return &pgconn.PgError{Severity: "ERROR", Code: "25000", // invalid_transaction_state
+			Message: "idemq: the transaction open at commit is not the one the runtime began: a handler ended it with SQL and began another; nothing is committed (" + pgErr.Message + ")"}
+	}
+	return err
 }
 
 // BeginClaim implements dedup.Store: it begins a READ COMMITTED
@@ -498,12 +527,13 @@ var errClaimRaced = errors.New("processed: claim raced a purge")
 // purge raced it.
 func (s *Store) claimOnce(ctx context.Context, st *statements, b *batch) (pgx.Tx, []dedup.ClaimResult, error) {
 	var inserted []string
-	token, opts := s.txOptions(st)
+	token, opts := s.txOptions()
 	b.token = token
 	clear(b.results)
 	claims := b.claims
 	bt := &pgx.Batch{}
 	bt.BeginTx(opts)
+	bt.Queue("DECLARE " + claimCursor + " CURSOR FOR SELECT")
 	if len(claims) == 1 {
 		bt.Queue(st.insertOne, b.args(claims[0])...).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() == 1 {
@@ -519,7 +549,10 @@ func (s *Store) claimOnce(ctx context.Context, st *statements, b *batch) (pgx.Tx
 		})
 	}
 	br := s.db.SendBatch(ctx, bt)
-	tx := br.Tx()
+	var tx pgx.Tx
+	if t := br.Tx(); t != nil {
+		tx = claimTx{t}
+	}
 	if err := br.Close(); err != nil {
 		if tx == nil {
 			return nil, nil, s.wrap("claim: begin", err)

@@ -340,16 +340,30 @@ func TestClaimPlansProbePrimaryKeys(t *testing.T) {
 	}
 }
 
+// guardOf0004 is the commit guard as migration 0004 made it: it passes a
+// COMMIT only after the commit check of earlier versions.
+const guardOf0004 = `BEGIN
+    IF current_setting('idemq.commit', true) IS DISTINCT FROM current_setting('idemq.tx', true) THEN
+        RAISE EXCEPTION 'idemq: a handler ran COMMIT' USING ERRCODE = '25000';
+    END IF;
+    RETURN NULL;
+END`
+
 // TestEarlierMigrationsRefused: a table migrated by an earlier version,
-// without the objects this version uses (the commit check of migration
-// 0004, the shard map's completeness of 0008), is not migrated for this
-// version: the claim says so, and the runtime stops, rather than claiming
-// and failing every commit, or retrying a sharded claim forever.
+// without the objects this version uses (the commit guard of migration
+// 0004, the shard map's completeness of 0008, the guard reading the
+// commit of 0009), is not migrated for this version: the claim says so,
+// and the runtime stops, rather than claiming and failing every commit, or
+// retrying a sharded claim forever.
 func TestEarlierMigrationsRefused(t *testing.T) {
 	t.Parallel()
 	lacks := map[string]func(schema, table string) string{
 		"0004": func(schema, table string) string {
-			return `DROP FUNCTION ` + pgx.Identifier{schema, table + "_commit_check"}.Sanitize() + `(text)`
+			return `DROP FUNCTION ` + pgx.Identifier{schema, table + "_commit_guard"}.Sanitize() + `() CASCADE`
+		},
+		"0009": func(schema, table string) string {
+			return `CREATE OR REPLACE FUNCTION ` + pgx.Identifier{schema, table + "_commit_guard"}.Sanitize() +
+				`() RETURNS trigger LANGUAGE plpgsql AS $$` + guardOf0004 + `$$`
 		},
 		"0008": func(schema, table string) string {
 			return `ALTER TABLE ` + pgx.Identifier{schema, table + "_shard_map"}.Sanitize() + ` DROP COLUMN complete`
@@ -425,5 +439,36 @@ func TestRotationPostponedByALongTransaction(t *testing.T) {
 	}
 	if after[0].BeganAt.Equal(gens[0].BeganAt) {
 		t.Fatalf("no rotation once the transaction ended: %+v", after)
+	}
+}
+
+// TestCommitOfAnEarlierVersionPasses: during an upgrade, processes of the
+// version before migration 0009 still commit their claims by running the
+// commit check (migration 0004) before COMMIT; the guard of 0009 lets that
+// COMMIT through, and still refuses a plain one.
+func TestCommitOfAnEarlierVersionPasses(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, processed.Config{})
+	check := pgx.Identifier{s.Schema(), s.Table() + "_commit_check"}.Sanitize()
+	for _, c := range []struct {
+		id, commit string
+		ok         bool
+	}{
+		{"earlier", "SELECT " + check + "(current_setting('idemq.tx')); COMMIT", true},
+		{"plain", "COMMIT", false},
+	} {
+		tx, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", c.id, "x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx(t), c.commit)
+		_ = tx.Rollback(ctx(t))
+		if (err == nil) != c.ok {
+			t.Fatalf("%s commit: %v, want it to succeed: %v", c.id, err, c.ok)
+		}
+		_, err = s.Lookup(ctx(t), "c", c.id)
+		if (err == nil) != c.ok {
+			t.Fatalf("%s commit: lookup %v, want the claim committed: %v", c.id, err, c.ok)
+		}
 	}
 }

@@ -73,6 +73,7 @@ func TestIsCommit(t *testing.T) {
 	for q, want := range map[string]bool{
 		"commit\x00": true, " COMMIT; \x00": true, "end\x00": true,
 		`SELECT "s"."processed_messages_commit_check"('k.1'); COMMIT` + "\x00": true,
+		"/* idemq-commit k.1 */ CLOSE idemq_claim; COMMIT\x00":                 true,
 		"SELECT 1\x00": false, "commit and chain\x00": false, "BEGIN; SELECT 1\x00": false,
 	} {
 		if got := isCommit([]byte(q)); got != want {
