@@ -138,6 +138,7 @@ func TestConsoleGroupPage(t *testing.T) {
 	body := c.mustGet("/group?" + sel(b.fingerprint("pay-1")))
 	must(t, body, `id="group-total">3<`, "page 1 of 2", `id="next-page"`,
 		"<code class=\"msgid\">pay-1</code>", "signature verified", "x-idemq-consumer", "x-idemq-history",
+		"<dt>Key</dt><dd><code>customer-pay-1</code>", // the original's ordering key
 		"Body · json", "&#34;amount&#34;: 42", // pretty JSON
 		"timeout talking to the bank", "retryable-exhausted", // the history timeline
 		"<th>trace</th>")

@@ -134,7 +134,7 @@ var (
 // deadLetter makes a signed dead letter of consumer name from source.
 func deadLetter(name, source, id string, class consumer.FailureClass, errText string, body []byte, headers map[string]string, key []byte) *consumer.Message {
 	now := time.Now().UTC().Add(-time.Minute)
-	m := &consumer.Message{ID: id, Body: body, Headers: headers, Source: source, Partition: -1, Offset: -1}
+	m := &consumer.Message{ID: id, Key: "customer-" + id, Body: body, Headers: headers, Source: source, Partition: -1, Offset: -1}
 	opts := dlq.Options{Host: "worker-1", SigningKey: key}
 	// A first failure, then the message replayed and failing again: a
 	// history of two.
