@@ -65,8 +65,13 @@ type Config struct {
 	// by something else: a header a foreign producer writes, a NATS
 	// subject, a Kafka record key. The runtime sets Message.Key to its
 	// result as each message is received, so hooks, the handler and a
-	// dead letter see the key the message was ordered by. A panic is
-	// logged and leaves Message.Key as it was.
+	// dead letter see the key the message was ordered by (a dlq replay
+	// keeps that key). Publishers other than Kafka's carry Message.Key,
+	// so a message requeued from the dead-letter queue reaches it again
+	// with that key: on those brokers the function must give a message
+	// whose key it made the same key, or a sharded store claims the
+	// requeued message under another. A panic is logged and leaves
+	// Message.Key as it was.
 	OrderingKey func(*Message) string
 	// Concurrency is the number of messages handled at once, or in batch
 	// mode the number of batches. Defaults to 8. Messages with the same Key

@@ -191,9 +191,10 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 		if prev.Source != "" {
 			cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset
 		}
-		if prev.Key != "" {
-			cur.Key = prev.Key
-		}
+		// An earlier envelope without a key is from before it was kept:
+		// msg's own key is then the dead-letter queue's, not the
+		// original's, and none is recorded.
+		cur.Key = prev.Key
 		history := append(prev.History, prev.Entry)
 		if n := len(history) - opts.MaxHistory; n > 0 {
 			history = history[n:]

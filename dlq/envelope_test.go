@@ -113,3 +113,22 @@ func TestNewDeadLettererValidation(t *testing.T) {
 		t.Fatalf("tiny MaxErrorBytes: %v", err)
 	}
 }
+
+// An envelope written before the original's key was kept, dead-lettered
+// again from the dead-letter queue, records no key: the message's own is
+// the dead-letter queue's, not the original's.
+func TestEnvelopeOfAnEnvelopeWithoutKey(t *testing.T) {
+	t.Parallel()
+	env := dlq.Envelope(&consumer.Message{ID: "m-1", Key: "orders/1", Body: []byte("b")},
+		consumer.Failure{Consumer: "c", MessageID: "m-1", Class: consumer.ClassPermanent, Err: errors.New("x")}, dlq.Options{})
+	delete(env.Headers, "x-idemq-original-key") // as an earlier version wrote it
+	env.Key = "orders.dlq/0"
+	again := dlq.Envelope(env, consumer.Failure{Consumer: "c", MessageID: "m-1", Class: consumer.ClassPermanent, Err: errors.New("y")}, dlq.Options{})
+	r, err := dlq.Parse(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Key != "" || again.Header("x-idemq-original-key") != "" {
+		t.Fatalf("recorded key %q, header %q: want none, the dead-letter queue's key is not the original's", r.Key, again.Header("x-idemq-original-key"))
+	}
+}

@@ -49,10 +49,12 @@ type kafEnv struct {
 	pool     *pgxpool.Pool
 	store    *processed.Store
 	sharded  *processed.Sharded // if set, the consumers' store instead of store
-	effects  string
-	pub      *kafka.Publisher
-	dl       consumer.DeadLetterer
-	host     string
+	// orderingKey is the consumers' Config.OrderingKey.
+	orderingKey func(*consumer.Message) string
+	effects     string
+	pub         *kafka.Publisher
+	dl          consumer.DeadLetterer
+	host        string
 
 	broken  atomic.Bool // the handler bug: every message fails
 	mu      sync.Mutex
@@ -149,6 +151,7 @@ func (e *kafEnv) config(src consumer.Source) consumer.Config {
 	if e.sharded != nil {
 		cfg.Store = e.sharded
 	}
+	cfg.OrderingKey = e.orderingKey
 	return cfg
 }
 

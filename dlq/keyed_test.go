@@ -83,16 +83,31 @@ func TestEdgeKeyedDeadLetterOfAnIdAppliedUnderAnotherKey(t *testing.T) {
 
 // TestEdgeKafkaDeadLetterKeepsItsShardKey: on a processed.Sharded with the default
 // shard map, a Kafka message's shard key is its ordering key, its
-// topic and partition; on a table that keeps the shard key in its
-// primary key, the id is unique per key. A dead letter lives in another
-// topic, but it is the same message: classified, requeued and replayed, it
-// is looked up and claimed under the key it was consumed with. Here one
-// id is dead-lettered, then applied from a second copy, and another is
-// applied, then dead-lettered as a fingerprint mismatch: a replay applies
-// neither again.
+// topic and partition (or what Config.OrderingKey makes of it: here the
+// record key added, as brokers/kafka's doc suggests); on a table that
+// keeps the shard key in its primary key, the id is unique per key. A dead
+// letter lives in another topic, but it is the same message: classified,
+// requeued and replayed, it is looked up and claimed under the key it was
+// consumed with, and a replay does not run OrderingKey on that key again.
+// Here one id is dead-lettered, then applied from a second copy, and
+// another is applied, then dead-lettered as a fingerprint mismatch: a
+// replay applies neither again.
 func TestEdgeKafkaDeadLetterKeepsItsShardKey(t *testing.T) {
 	t.Parallel()
+	for name, orderingKey := range map[string]func(*consumer.Message) string{
+		"default":      nil,
+		"ordering key": func(m *consumer.Message) string { return m.Key + "/" + string(m.RecordKey) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			kafDeadLetterKeepsItsShardKey(t, orderingKey)
+		})
+	}
+}
+
+func kafDeadLetterKeepsItsShardKey(t *testing.T, orderingKey func(*consumer.Message) string) {
 	e := kafNewEnv(t)
+	e.orderingKey = orderingKey
 	st, err := processed.New(e.pool, processed.Config{Schema: e.store.Schema(), ShardKeyInPrimaryKey: true})
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,9 @@ type ReplayConfig struct {
 	// replaced by the browser. Its Retention is the default
 	// of Retention below; the replay itself runs no janitor, so nothing is
 	// purged by the replay while it runs (the live consumer's janitor
-	// keeps its own schedule).
+	// keeps its own schedule). Its OrderingKey is not run on a message
+	// whose envelope recorded the original's ordering key (Entry.Key):
+	// that key is already OrderingKey's.
 	Consumer consumer.Config
 	// Filter selects what to replay. Filter.Consumer is forced to
 	// Consumer.Name. Messages that do not match stay in the queue.
@@ -157,6 +159,19 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 			return m.Header(headerMessageID), nil
 		}
 		return idFunc(m)
+	}
+	// The envelope holds the ordering key the live consumer's OrderingKey
+	// made, which Restore gives back: running OrderingKey on it again
+	// would order, route and claim the message under another key (on a
+	// processed.Sharded, another shard, or a new row of a table keyed by
+	// shard key: applied twice).
+	if orderingKey := cc.OrderingKey; orderingKey != nil {
+		cc.OrderingKey = func(m *consumer.Message) string {
+			if m.Header(headerOriginalKey) != "" {
+				return m.Key
+			}
+			return orderingKey(m)
+		}
 	}
 	counter := &replayCounter{src: src, progress: cfg.Progress}
 	cc.Hooks = append(append([]consumer.Hook(nil), cc.Hooks...), counter)
