@@ -320,7 +320,8 @@ var errTxEnded = errors.New("the handler called tx.Commit or tx.Rollback on the 
 
 // errTxEndedBySQL is the handler error of a handler that ended the
 // runtime's transaction with SQL of its own.
-var errTxEndedBySQL = errors.New("the handler ended the runtime's transaction itself, with SQL (COMMIT, ROLLBACK, END, ABORT or PREPARE TRANSACTION): " +
+var errTxEndedBySQL = errors.New("the handler ended the runtime's transaction itself, with SQL (COMMIT, ROLLBACK, END, ABORT or PREPARE TRANSACTION; " +
+	"for a processed store also CLOSE ALL, which closes the cursor its commit checks for): " +
 	"what it ran after that was outside the transaction that holds the message's claim, so the runtime did not apply the message; " +
 	"leave ending the transaction to the runtime (return nil to commit, an error to roll back)")
 

@@ -15,9 +15,11 @@ import (
 // ABORT, PREPARE TRANSACTION), has its message dead-lettered as permanent,
 // and tx runs no statement after that. Savepoints (tx.Begin) are fine. In
 // a processed store's transaction, SET CONSTRAINTS ALL IMMEDIATE fails (it
-// would fire the store's commit guard): name your constraints instead. Any side effect
-// outside tx (an HTTP call, a publish) is not covered by the exactly-once
-// guarantee; use an outbox for those.
+// would fire the store's commit guard): name your constraints instead, and
+// CLOSE ALL closes the cursor the store's commit checks for, so the message
+// is dead-lettered as if the handler had ended tx: close your cursors by
+// name. Any side effect outside tx (an HTTP call, a publish) is not
+// covered by the exactly-once guarantee; use an outbox for those.
 //
 // Returning nil commits. An error rolls back the effect and the claim
 // together; the message is retried unless the error was made by Permanent.

@@ -30,6 +30,10 @@ var endings = map[string][]string{
 	// again when the handler returns, one the runtime did not begin.
 	"restart-in-one": {"ROLLBACK; BEGIN"},
 	"commit-in-one":  {"COMMIT; BEGIN"},
+	// Not an ending, but it closes the cursor a processed store's commit
+	// checks for (its CLOSE is how the commit finds a transaction begun
+	// anew): refused the same way, nothing committed.
+	"close-all": {"CLOSE ALL"},
 }
 
 // TestHandlerEndingTheTransactionWithSQL: a handler that ends the runtime's

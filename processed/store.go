@@ -26,7 +26,7 @@
 // BeginClaim makes that commit synchronous: a synchronous_commit of off or
 // local (the session's, from the server, database, role or URL, or the
 // handler's SET LOCAL) is raised to on in the transaction, by the claim
-// and again by the COMMIT. The stronger values, remote_write and
+// and again at COMMIT, by the commit guard's trigger. The stronger values, remote_write and
 // remote_apply, which make a COMMIT wait for the synchronous standbys that
 // synchronous_standby_names names (and on waits for their flush), are
 // kept as the session has them: setting a role's or database's
@@ -462,7 +462,8 @@ func (tx claimTx) Commit(ctx context.Context) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "34000" { // invalid_cursor_name
 		return &pgconn.PgError{Severity: "ERROR", Code: "25000", // invalid_transaction_state
-			Message: "idemq: the transaction open at commit is not the one the runtime began: a handler ended it with SQL and began another; nothing is committed (" + pgErr.Message + ")"}
+			Message: "idemq: the claim's cursor " + claimCursor + " was gone at commit: a handler ended the runtime's transaction with SQL " +
+				"and began another, or closed the cursor (CLOSE ALL); nothing is committed (" + pgErr.Message + ")"}
 	}
 	return err
 }

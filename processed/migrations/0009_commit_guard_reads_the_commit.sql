@@ -20,7 +20,7 @@
 CREATE OR REPLACE FUNCTION {{schema}}.{{commit_guard}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('idemq.commit', true) IS DISTINCT FROM current_setting('idemq.tx', true)
-       AND strpos(current_query(), '/* idemq-commit ' || current_setting('idemq.tx', true) || ' */') = 0 THEN
+       AND coalesce(strpos(current_query(), '/* idemq-commit ' || current_setting('idemq.tx', true) || ' */'), 0) = 0 THEN
         RAISE EXCEPTION 'idemq: a handler ran COMMIT, END or PREPARE TRANSACTION on the runtime''s transaction; only the runtime commits it, so the transaction is rolled back'
             USING ERRCODE = '25000',
                   HINT = 'Return nil from the handler to commit, an error to roll back. With SET CONSTRAINTS, name your constraints rather than ALL.';

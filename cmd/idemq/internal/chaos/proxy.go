@@ -297,7 +297,8 @@ func (p *Proxy) pumpPostgres(pp *proxyPair) error {
 
 // isCommit reports whether a simple-protocol query ends with COMMIT (or
 // END): alone, or after the statements that check the transaction before
-// it, as processed's commit does ("SELECT ...; COMMIT").
+// it, as processed's commit does ("/* idemq-commit <token> */ CLOSE
+// idemq_claim; COMMIT"; "SELECT ...; COMMIT" before migration 0009).
 func isCommit(body []byte) bool {
 	q := strings.TrimSpace(strings.TrimRight(string(body), "\x00"))
 	q = strings.TrimSpace(strings.TrimSuffix(q, ";"))

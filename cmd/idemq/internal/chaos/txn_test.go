@@ -68,7 +68,8 @@ func TestTxnProducerCommitsAndAborts(t *testing.T) {
 }
 
 // TestIsCommit: the proxy finds a COMMIT alone and at the end of a query
-// that checks the transaction first, as processed commits.
+// that checks the transaction first, as processed commits (and did before
+// migration 0009).
 func TestIsCommit(t *testing.T) {
 	for q, want := range map[string]bool{
 		"commit\x00": true, " COMMIT; \x00": true, "end\x00": true,
