@@ -672,6 +672,21 @@ type rowLookuper interface {
 
 func (d dlqStore) hint(err error) error { return hint(err, d.first) }
 
+// LookupMessage finds the row of msg, a dead letter restored as its
+// consumer saw it: by its own shard key on shards that keep the key in
+// their primary key (processed.Sharded.LookupMessage), where another key's
+// row of the same id is not msg's; by its id otherwise. Package dlq asks
+// for it; without it a dead letter was taken for another key's applied
+// message and dropped.
+func (d dlqStore) LookupMessage(ctx context.Context, consumerName, id string, msg *consumer.Message) (processed.Row, error) {
+	if ml, ok := d.rowLookuper.(interface {
+		LookupMessage(context.Context, string, string, *consumer.Message) (processed.Row, error)
+	}); ok {
+		return ml.LookupMessage(ctx, consumerName, id, msg)
+	}
+	return d.Lookup(ctx, consumerName, id)
+}
+
 // lookupStore opens the dedup store of the flags, or with shardURLs the
 // shards' (a processed.Sharded, whose Lookup asks each in turn), and the
 // function that closes it.
@@ -702,8 +717,11 @@ func lookupStore(ctx context.Context, e *env, db dbFlags, shardURLs []string) (d
 		}
 		stores, conns = append(stores, store), append(conns, conn)
 	}
-	// Only its Lookup is used, which needs no map: the count is the
-	// shards'.
+	// The default map, of the shards' count: Lookup asks every shard,
+	// and LookupMessage (on shards keyed by shard key) the message's key,
+	// Message.Key. A consumer whose map computes another key (ShardMap.Key)
+	// finds its applied dead letters not found, so republished, and the
+	// consumer skips them as duplicates.
 	sharded, err := processed.NewSharded(stores, processed.ShardedConfig{Map: processed.ShardMap{Shards: len(stores)}})
 	if err != nil {
 		closeAll()

@@ -240,7 +240,9 @@ func New(cfg Config) (*Server, error) {
 		for i, sh := range shards {
 			stores[i] = sh.Store
 		}
-		// Only its Lookup is used, which asks each shard and needs no map.
+		// The default map, of the shards' count: Lookup asks each shard,
+		// and package dlq's LookupMessage (on shards keyed by shard key)
+		// the message's key, Message.Key.
 		sharded, err := processed.NewSharded(stores, processed.ShardedConfig{Map: processed.ShardMap{Shards: len(stores)}})
 		if err != nil {
 			return nil, fmt.Errorf("console: %w", err)
