@@ -165,8 +165,10 @@ var ErrNoEnvelope = errors.New("dlq: message has no idemq failure envelope")
 
 // Envelope returns the dead-letter copy of msg: body and headers unchanged,
 // plus headers describing f. A previous envelope on msg is moved into the
-// history. Source, Partition and Offset come from an earlier envelope if
-// there is one (a replayed message keeps its original source), else from msg.
+// history. Source, Partition, Offset and Key come from an earlier envelope
+// of the same consumer (f.Consumer) if there is one (a replayed message
+// keeps its original source and ordering key; an envelope from before the
+// key was kept gives none), else from msg.
 // With opts.SigningKey, the envelope is signed (x-idemq-signature).
 func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer.Message {
 	opts = opts.withDefaults()
@@ -188,13 +190,20 @@ func Envelope(msg *consumer.Message, f consumer.Failure, opts Options) *consumer
 	// the envelope unparseable: only a parsed previous envelope's stays.
 	delete(h, HeaderHistory)
 	if prev, err := Parse(msg); err == nil {
-		if prev.Source != "" {
-			cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset
+		// The original's source and key come from an earlier envelope of
+		// the same consumer: a message replayed from its dead-letter
+		// queue. Another consumer's (a requeued message that reached
+		// another queue, a header some producer wrote) says nothing of
+		// where this consumer received it or the key it claimed it under.
+		if prev.Consumer == f.Consumer {
+			if prev.Source != "" {
+				cur.Source, cur.Partition, cur.Offset = prev.Source, prev.Partition, prev.Offset
+			}
+			// An earlier envelope without a key is from before it was
+			// kept: msg's own key is then the dead-letter queue's, not
+			// the original's, and none is recorded.
+			cur.Key = prev.Key
 		}
-		// An earlier envelope without a key is from before it was kept:
-		// msg's own key is then the dead-letter queue's, not the
-		// original's, and none is recorded.
-		cur.Key = prev.Key
 		history := append(prev.History, prev.Entry)
 		if n := len(history) - opts.MaxHistory; n > 0 {
 			history = history[n:]

@@ -132,3 +132,22 @@ func TestEnvelopeOfAnEnvelopeWithoutKey(t *testing.T) {
 		t.Fatalf("recorded key %q, header %q: want none, the dead-letter queue's key is not the original's", r.Key, again.Header("x-idemq-original-key"))
 	}
 }
+
+// An earlier envelope of another consumer (a requeued message that reached
+// another queue, or headers a producer wrote) gives neither the source nor
+// the key: the envelope records msg's, the ones this consumer saw.
+func TestEnvelopeOfAnotherConsumersEnvelope(t *testing.T) {
+	t.Parallel()
+	msg := &consumer.Message{ID: "o-1", Key: "tenant-a", Source: "billing-q", Partition: -1, Offset: -1, Body: []byte("b"),
+		Headers: map[string]string{"x-idemq-error-class": "permanent", "x-idemq-consumer": "other",
+			"x-idemq-original-key": "tenant-zzz", "x-idemq-source": "elsewhere"}}
+	env := dlq.Envelope(msg, consumer.Failure{Consumer: "billing", MessageID: "o-1", Class: consumer.ClassPermanent, Err: errors.New("x")},
+		dlq.Options{SigningKey: []byte("0123456789abcdef0123456789abcdef")})
+	r, err := dlq.Parse(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Key != "tenant-a" || r.Source != "billing-q" || r.DeadLetters != 2 {
+		t.Fatalf("recorded key %q, source %q, dead letters %d: want billing's own tenant-a and billing-q, the other's envelope in the history", r.Key, r.Source, r.DeadLetters)
+	}
+}
