@@ -25,7 +25,7 @@ var ackBody = []byte("+ACK")
 // each with its own context, reply channel and (for a batch) goroutine,
 // took 12 µs more of the process's CPU per message in batch mode than acks
 // that ask for no answer; this takes under 1 µs more than they do
-// (BENCHMARKS.md, "The bound on NATS").
+// (docs/bench-ceiling.md, "The bound on NATS").
 type acker struct {
 	src    *Source
 	prefix string // the inbox, with its trailing dot

@@ -20,6 +20,8 @@ var tourDocs = []string{
 	"docs/dedup-store.md",
 	"docs/brokers.md",
 	"docs/batch-mode.md",
+	"docs/bench-ceiling.md",
+	"docs/bench-history.md",
 	"docs/dead-letters.md",
 	"docs/outbox-keys-http.md",
 	"docs/reconcile.md",
