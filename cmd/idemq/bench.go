@@ -267,9 +267,9 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 	if cfg.Warmup > 0 {
 		fmt.Fprintf(w, "the latencies leave out what was published in each mode's first %s\n", cfg.Warmup)
 	}
-	fmt.Fprintln(w, "modes ran one after another; peak RSS and cpu µs/msg are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
+	fmt.Fprintln(w, "modes ran one after another; peak RSS, cpu µs/msg, alloc KB/msg and GCs are process-wide (an in-process broker included, and the publisher unless --preload); machine cpu is every process's")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "mode\tmsgs/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
+	head := "mode\tmsgs/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\tpeak RSS MiB\tcpu µs/msg\tmachine cpu µs/msg\talloc KB/msg\tGCs\tdups skipped\t×naive-1\t×naive\t×broker-only\tpublish/s\tverified\t"
 	if cfg.Compare {
 		head = "phase\t" + head + "×prev phase\t"
 	}
@@ -288,8 +288,9 @@ func printBenchTable(w io.Writer, cfg bench.Config, rs []bench.Result) {
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", r.Phase)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
-			r.Mode, r.MsgsPerSec, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.PeakRSSMiB, r.CPUProcessUsPerMsg, orNA(r.CPUMachineUsPerMsg), r.DuplicatesSkipped,
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%.1f\t%d\t%d\t%s\t%s\t%s\t%.0f\t%s\t",
+			r.Mode, r.MsgsPerSec, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.PeakRSSMiB, r.CPUProcessUsPerMsg, orNA(r.CPUMachineUsPerMsg),
+			r.AllocBytesPerMsg/1024, r.GCCycles, r.DuplicatesSkipped,
 			ratio(r.RatioNaive1), ratio(r.RatioNaive), ratio(r.RatioBrokerOnly), r.PublishPerSec, ok)
 		if cfg.Compare {
 			fmt.Fprintf(tw, "%s\t", ratio(r.RatioPrevPhase))

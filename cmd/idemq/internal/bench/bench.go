@@ -434,6 +434,14 @@ type Result struct {
 	// runs than msgs/s on a shared machine.
 	CPUProcessUsPerMsg float64 `json:"cpu_process_us_per_msg"`
 	CPUMachineUsPerMsg float64 `json:"cpu_machine_us_per_msg,omitempty"`
+	// AllocBytesPerMsg is the heap this process allocated over the same
+	// time, in bytes per delivery, and GCCycles the garbage collections
+	// it completed: process-wide, like CPUProcessUsPerMsg. A mode that
+	// allocates more collects more often, and each collection takes a
+	// share of the CPU and briefly stops every goroutine: part of its
+	// latency's tail.
+	AllocBytesPerMsg float64 `json:"alloc_bytes_per_msg"`
+	GCCycles         uint64  `json:"gc_cycles"`
 	// PeakRSSReset reports that the peak could be reset before the mode;
 	// if false, PeakRSSMiB is the peak since the process started.
 	PeakRSSReset bool `json:"peak_rss_reset"`

@@ -57,7 +57,7 @@ func checkAll(t *testing.T, cfg Config, rs []Result, err error) {
 		if r.Mode != AllModes[i] || !r.Verified || r.Error != "" {
 			t.Fatalf("result %d: %+v", i, r)
 		}
-		if r.MsgsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMiB <= 0 || r.CPUProcessUsPerMsg <= 0 || r.CPUMachineUsPerMsg < 0 {
+		if r.MsgsPerSec <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMiB <= 0 || r.CPUProcessUsPerMsg <= 0 || r.CPUMachineUsPerMsg < 0 || r.AllocBytesPerMsg <= 0 {
 			t.Errorf("%s: implausible measurements %+v", r.Mode, r)
 		}
 		if r.Unique != w.unique || r.Messages != cfg.Messages {

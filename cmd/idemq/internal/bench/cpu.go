@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"time"
@@ -9,14 +10,46 @@ import (
 
 // cpuSnapshot is CPU time used so far: by this process (user and system),
 // and by the whole machine (every process and the kernel, from /proc/stat;
-// zero where there is none).
+// zero where there is none); and this process's heap allocations and
+// garbage collections so far.
 type cpuSnapshot struct {
 	process time.Duration
 	machine time.Duration
+	alloc   uint64 // bytes allocated on the heap
+	gcs     uint64 // completed garbage collection cycles
 }
 
+// The runtime/metrics samples a cpuSnapshot reads.
+const (
+	metricAllocBytes = "/gc/heap/allocs:bytes"
+	metricGCCycles   = "/gc/cycles/total:gc-cycles"
+)
+
 func cpuNow() cpuSnapshot {
-	return cpuSnapshot{process: processCPU(), machine: machineCPU()}
+	s := []metrics.Sample{{Name: metricAllocBytes}, {Name: metricGCCycles}}
+	metrics.Read(s)
+	return cpuSnapshot{process: processCPU(), machine: machineCPU(), alloc: metricUint(s[0]), gcs: metricUint(s[1])}
+}
+
+// metricUint is a sample's value, or 0 if this Go has no such metric.
+func metricUint(s metrics.Sample) uint64 {
+	if s.Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s.Value.Uint64()
+}
+
+// heapPerMessage returns the heap bytes allocated since s per message and
+// the garbage collections completed since s.
+func (s cpuSnapshot) heapPerMessage(n int) (bytes float64, gcs uint64) {
+	now := cpuNow()
+	if n > 0 && now.alloc > s.alloc {
+		bytes = float64(now.alloc-s.alloc) / float64(n)
+	}
+	if now.gcs > s.gcs {
+		gcs = now.gcs - s.gcs
+	}
+	return bytes, gcs
 }
 
 // perMessage returns the CPU used since s, in microseconds per message, for

@@ -282,6 +282,7 @@ wait:
 
 	res.PeakRSSMiB = peakRSSMiB()
 	res.CPUProcessUsPerMsg, res.CPUMachineUsPerMsg = cpu.perMessage(cfg.Messages)
+	res.AllocBytesPerMsg, res.GCCycles = cpu.heapPerMessage(cfg.Messages)
 	res.Seconds = tr.elapsed().Seconds()
 	if res.Seconds > 0 {
 		res.MsgsPerSec = float64(cfg.Messages) / res.Seconds
