@@ -227,6 +227,27 @@ func contractNewDuplicateMismatch(t *testing.T, s contractStore, _ *pgxpool.Pool
 	if res[0].Outcome != dedup.ClaimMismatch || res[1].Outcome != dedup.ClaimDuplicate || res[2].Outcome != dedup.ClaimNew {
 		t.Fatalf("batch of a mismatch, a duplicate and a new id: %+v", res)
 	}
+	// A batch larger than the ones the store scans keeps an index of its
+	// ids: each answer is still at its claim's position.
+	var big []dedup.Claim
+	for i := range 12 {
+		big = append(big, claimOf("billing", fmt.Sprintf("big-%d", i), "x"))
+	}
+	big[5] = claimOf("billing", "m-4", "x")  // applied above
+	big[9] = claimOf("billing", "m-3", "zz") // applied with another payload
+	res = claim(t, s, big...)
+	for i, r := range res {
+		want := dedup.ClaimNew
+		switch i {
+		case 5:
+			want = dedup.ClaimDuplicate
+		case 9:
+			want = dedup.ClaimMismatch
+		}
+		if r.Outcome != want {
+			t.Errorf("batch of 12, claim %d (%s): %v, want %v", i, big[i].MessageID, r.Outcome, want)
+		}
+	}
 }
 
 func contractRejectsBadClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ processed.Config) {
@@ -236,6 +257,9 @@ func contractRejectsBadClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ 
 		"no id":          {claimOf("c", "", "x")},
 		"two consumers":  {claimOf("c", "a", "x"), claimOf("d", "b", "x")},
 		"an id repeated": {claimOf("c", "a", "x"), claimOf("c", "a", "x")},
+		"an id repeated in a large batch": {claimOf("c", "a", "x"), claimOf("c", "b", "x"), claimOf("c", "c", "x"),
+			claimOf("c", "d", "x"), claimOf("c", "e", "x"), claimOf("c", "f", "x"), claimOf("c", "g", "x"),
+			claimOf("c", "h", "x"), claimOf("c", "i", "x"), claimOf("c", "b", "x")},
 	} {
 		tx, _, err := s.BeginClaim(ctx(t), cs)
 		if err == nil || tx != nil {

@@ -532,7 +532,8 @@ func (s *Store) claimOnce(ctx context.Context, st *statements, b *batch) (pgx.Tx
 	b.token = token
 	clear(b.results)
 	claims := b.claims
-	bt := &pgx.Batch{}
+	// BEGIN, DECLARE and the INSERT: room for the three at once.
+	bt := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 3)}
 	bt.BeginTx(opts)
 	bt.Queue("DECLARE " + claimCursor + " CURSOR FOR SELECT")
 	if len(claims) == 1 {
@@ -585,18 +586,53 @@ func newBatch(claims []dedup.Claim) (*batch, error) {
 	if len(claims) == 0 {
 		return nil, errors.New("processed: claim: no claims")
 	}
-	b := &batch{name: claims[0].Consumer, claims: claims, index: make(map[string]int, len(claims)),
-		results: make([]dedup.ClaimResult, len(claims))}
+	b := &batch{name: claims[0].Consumer, claims: claims, results: make([]dedup.ClaimResult, len(claims))}
+	if len(claims) > indexedClaims {
+		b.index = make(map[string]int, len(claims))
+	}
 	for i, c := range claims {
 		if c.Consumer != b.name || c.Consumer == "" || c.MessageID == "" {
 			return nil, fmt.Errorf("processed: claim %d: consumer %q, message id %q: want one non-empty consumer and non-empty ids", i, c.Consumer, c.MessageID)
 		}
-		if _, dup := b.index[c.MessageID]; dup {
+		if b.pos(c.MessageID, i) >= 0 {
 			return nil, fmt.Errorf("processed: claim: message id %q appears twice", c.MessageID)
 		}
-		b.index[c.MessageID] = i
+		if b.index != nil {
+			b.index[c.MessageID] = i
+		}
 	}
 	return b, nil
+}
+
+// indexedClaims is the most claims a batch finds by scanning them; a
+// larger batch keeps an index. Most claims are of one message (strict
+// mode, and the default when a lane takes a lone delivery), for which a
+// map would be most of the claim's own allocation.
+const indexedClaims = 8
+
+// pos returns the position of id among the first n claims, or -1.
+func (b *batch) pos(id string, n int) int {
+	if b.index != nil {
+		if i, ok := b.index[id]; ok && i < n {
+			return i
+		}
+		return -1
+	}
+	for i, c := range b.claims[:n] {
+		if c.MessageID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// at returns the position of id among the batch's claims, or -1.
+func (b *batch) at(id string) int { return b.pos(id, len(b.claims)) }
+
+// errUnclaimedID is returned when a statement returns an id the batch did
+// not claim: the table's id column does not keep ids byte for byte.
+func errUnclaimedID(id string) error {
+	return fmt.Errorf("processed: claim: the table returned message id %q, which was not claimed: is its message_id column text?", id)
 }
 
 // args are the arguments of the single claim's INSERT; a negative
@@ -636,13 +672,19 @@ func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx,
 	holds := false // whether the transaction inserted a row
 	for attempt := 1; ; attempt++ {
 		holds = holds || len(inserted) > 0
-		claimed := make(map[string]bool, len(inserted))
 		for _, id := range inserted {
-			claimed[id] = true
-			b.results[b.index[id]] = dedup.ClaimResult{Outcome: dedup.ClaimNew}
+			i := b.at(id)
+			if i < 0 {
+				return nil, errUnclaimedID(id)
+			}
+			b.results[i] = dedup.ClaimResult{Outcome: dedup.ClaimNew}
 		}
 		if len(inserted) == len(pending) {
 			return b.results, nil
+		}
+		claimed := make(map[string]bool, len(inserted))
+		for _, id := range inserted {
+			claimed[id] = true
 		}
 		var conflicted []string
 		for _, c := range pending {
@@ -663,7 +705,7 @@ func (b *batch) finish(ctx context.Context, s *Store, st *statements, tx pgx.Tx,
 		// its ids are always inserted in the claims' order.
 		pending = pending[:0:0]
 		for _, id := range missing {
-			pending = append(pending, b.claims[b.index[id]])
+			pending = append(pending, b.claims[b.at(id)])
 		}
 		if len(pending) == 0 {
 			return b.results, nil
@@ -706,7 +748,10 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 		at time.Time
 	)
 	record := func() error {
-		i := b.index[id]
+		i := b.at(id)
+		if i < 0 {
+			return errUnclaimedID(id)
+		}
 		out := dedup.ClaimDuplicate
 		if !bytes.Equal(fp, b.claims[i].Fingerprint[:]) {
 			out = dedup.ClaimMismatch
@@ -723,7 +768,7 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 		id = ids[0]
 		args := []any{b.name, id}
 		if st.keyed {
-			args = append(args, b.claims[b.index[id]].Route.Key)
+			args = append(args, b.claims[b.at(id)].Route.Key)
 		}
 		bt.Queue(st.existingOne, args...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&fp, &at)
@@ -740,7 +785,7 @@ func (b *batch) existing(ctx context.Context, tx pgx.Tx, st *statements, ids []s
 		if st.keyed {
 			keys := make([]string, len(ids))
 			for i, id := range ids {
-				keys[i] = b.claims[b.index[id]].Route.Key
+				keys[i] = b.claims[b.at(id)].Route.Key
 			}
 			args = append(args, keys)
 		}
