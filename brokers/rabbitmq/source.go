@@ -826,7 +826,7 @@ type delivery struct {
 	// is in msg, and not kept twice.
 	ack     amqp.Acknowledger
 	tag     uint64
-	msg     *consumer.Message
+	msg     consumer.Message // in the delivery: one allocation for both
 	settled atomic.Bool
 }
 
@@ -838,7 +838,9 @@ func (s *Source) newDelivery(sess *session, d amqp.Delivery) *delivery {
 	sess.unacked[d.DeliveryTag] = false
 	sess.markLocked(d.DeliveryTag, s.received.Load(), int(s.prefetch.Load()))
 	sess.mu.Unlock()
-	return &delivery{src: s, sess: sess, ack: d.Acknowledger, tag: d.DeliveryTag, msg: s.mapper().message(d)}
+	del := &delivery{src: s, sess: sess, ack: d.Acknowledger, tag: d.DeliveryTag}
+	s.mapper().fill(&del.msg, d)
+	return del
 }
 
 // forget removes a settled tag from the session's unacked set, and acks the
@@ -868,11 +870,18 @@ type mapper struct {
 }
 
 func (m mapper) message(d amqp.Delivery) *consumer.Message {
+	msg := new(consumer.Message)
+	m.fill(msg, d)
+	return msg
+}
+
+// fill sets msg from d.
+func (m mapper) fill(msg *consumer.Message, d amqp.Delivery) {
 	headers := make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
 		headers[k] = headerString(v)
 	}
-	msg := &consumer.Message{
+	*msg = consumer.Message{
 		ID:          d.MessageId,
 		Key:         headers[wire.KeyHeader],
 		Body:        d.Body,
@@ -889,11 +898,10 @@ func (m mapper) message(d amqp.Delivery) *consumer.Message {
 			MetaConsumerTag: d.ConsumerTag,
 		},
 	}
-	return msg
 }
 
 // Message returns the delivered message.
-func (d *delivery) Message() *consumer.Message { return d.msg }
+func (d *delivery) Message() *consumer.Message { return &d.msg }
 
 // Ack acks the delivery on the channel that delivered it.
 func (d *delivery) Ack(ctx context.Context) error {
