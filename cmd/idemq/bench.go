@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,6 +53,15 @@ the duplicates skipped, and its ratio to naive and broker-only.
 After each mode the ledger must hold exactly one row per unique id; otherwise
 the command exits 1.
 
+--rounds N runs the whole comparison N times, the modes in the order given
+in odd rounds and reversed in even ones (a mode that runs later in a run
+finds a warmer machine and a dedup table already written), each round in a
+fresh schema and fresh queues. It prints each round's table, then a summary
+per mode: medians over the rounds of its figures and of its ratios, each
+ratio taken within its own round (p99 ×naive: the mode's p99 over the
+recipe's), with their lowest and highest. Compare
+builds or schemas by running one round of each in turn instead.
+
 --compare measures what --prefill and --purge-during cost, side by side in
 one run: each mode runs first with neither, then with the prefilled rows,
 then with the purge loop as well, and each run shows its rate over the run
@@ -92,6 +102,7 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		asJSON       bool
 		cpuProfile   string
 		memProfile   string
+		rounds       int
 	)
 	fs := c.flagSet()
 	fs.StringVar(&cfg.Broker, "broker", bench.BrokerMemory, "broker: memory, rabbitmq, kafka, nats or redis")
@@ -120,7 +131,8 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "NATS URL, JetStream enabled (default $NATS_URL, then "+nats.DefaultURL+")")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis URL (default $REDIS_URL, then "+redisstream.DefaultURL+")")
 	fs.DurationVar(&cfg.ModeTimeout, "timeout", bench.DefaultModeTimeout, "time limit of each mode")
-	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line")
+	fs.IntVar(&rounds, "rounds", 1, "run the modes this many times, in the order given in odd rounds and reversed in even ones, and summarise each mode's medians")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object per mode, one per line (with --rounds, per mode and round)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file, for go tool pprof (each mode's consumer is labelled: -tagfocus=mode=idemq-default)")
 	fs.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the whole run (every mode) to this file at the end, for go tool pprof -sample_index=alloc_space")
 	if _, err := c.parse(e, fs, args, 0); err != nil {
@@ -169,6 +181,10 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		return usagef("--warmup must not be negative, and needs --rate, got %s", cfg.Warmup)
 	case cfg.ModeTimeout <= 0:
 		return usagef("--timeout must be positive, got %s", cfg.ModeTimeout)
+	case rounds < 1:
+		return usagef("--rounds must be positive, got %d", rounds)
+	case rounds > 1 && cfg.Compare:
+		return usagef("--rounds cannot be combined with --compare, whose phases are rounds of their own")
 	}
 	switch cfg.Broker {
 	case bench.BrokerMemory, bench.BrokerRabbitMQ, bench.BrokerKafka, bench.BrokerNATS, bench.BrokerRedis:
@@ -207,30 +223,145 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	results, err := bench.Run(ctx, cfg)
+	var (
+		all    [][]bench.Result // per round
+		tables = e.stdout
+	)
+	if asJSON {
+		tables = nil
+		if tty {
+			tables = e.stderr
+		}
+	}
+	for i := range rounds {
+		rcfg := cfg
+		if i%2 == 1 {
+			rcfg.Modes = slices.Clone(cfg.Modes)
+			slices.Reverse(rcfg.Modes)
+		}
+		var results []bench.Result
+		results, err = bench.Run(ctx, rcfg)
+		if tty {
+			fmt.Fprint(e.stderr, "\r\033[K")
+		}
+		if rounds > 1 {
+			for j := range results {
+				results[j].Round = i + 1
+			}
+		}
+		if asJSON {
+			enc := json.NewEncoder(e.stdout)
+			for _, r := range results {
+				if encErr := enc.Encode(r); encErr != nil {
+					return encErr
+				}
+			}
+		}
+		if tables != nil && len(results) > 0 {
+			if rounds > 1 {
+				fmt.Fprintf(tables, "round %d of %d: %s\n", i+1, rounds, modeList(rcfg.Modes))
+			}
+			printBenchTable(tables, rcfg, results)
+		}
+		all = append(all, results)
+		if err != nil {
+			break
+		}
+	}
 	if memProfile != "" {
 		if perr := writeHeapProfile(memProfile); perr != nil {
 			return perr
 		}
 	}
-	if tty {
-		fmt.Fprint(e.stderr, "\r\033[K")
-	}
-	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		for _, r := range results {
-			if encErr := enc.Encode(r); encErr != nil {
-				return encErr
-			}
-		}
-		if tty {
-			printBenchTable(e.stderr, cfg, results)
-		}
-	} else if len(results) > 0 {
-		printBenchTable(e.stdout, cfg, results)
+	if rounds > 1 && tables != nil {
+		printRoundsSummary(tables, cfg.Modes, all)
 	}
 	// bench's errors carry no "bench: " prefix: runEnv adds "idemq bench: ".
 	return err
+}
+
+// modeList is modes as --modes takes them.
+func modeList(modes []bench.Mode) string {
+	s := make([]string, len(modes))
+	for i, m := range modes {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ",")
+}
+
+// roundsFigure is one figure of a mode over the rounds: its median, and
+// its lowest and highest.
+type roundsFigure struct {
+	n                 int
+	median, low, high float64
+}
+
+// summarise returns the median, lowest and highest of xs, leaving out
+// zeros (a figure not measured in that round).
+func summarise(xs []float64) roundsFigure {
+	var v []float64
+	for _, x := range xs {
+		if x != 0 {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return roundsFigure{}
+	}
+	slices.Sort(v)
+	med := v[len(v)/2]
+	if len(v)%2 == 0 {
+		med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return roundsFigure{n: len(v), median: med, low: v[0], high: v[len(v)-1]}
+}
+
+// printRoundsSummary prints each mode's medians over the rounds that ran
+// it to the end (verified), in the order of modes.
+func printRoundsSummary(w io.Writer, modes []bench.Mode, rounds [][]bench.Result) {
+	fmt.Fprintf(w, "\nmedians over %d rounds, the order reversed in every other round (lowest–highest); each ratio is taken within its round\n", len(rounds))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\trounds\tmsgs/s\tp50 ms\tp99 ms\tmachine cpu µs/msg\talloc KB/msg\t×naive\tp99 ×naive\t×broker-only\t")
+	for _, m := range modes {
+		var rate, p50, p99, cpu, alloc, xNaive, p99Naive, xBroker []float64
+		for _, rs := range rounds {
+			var naiveP99 float64
+			for _, r := range rs {
+				if r.Mode == bench.ModeNaive && r.Verified {
+					naiveP99 = r.P99Ms
+				}
+			}
+			for _, r := range rs {
+				if r.Mode != m || !r.Verified {
+					continue
+				}
+				if naiveP99 > 0 {
+					p99Naive = append(p99Naive, r.P99Ms/naiveP99)
+				}
+				rate = append(rate, r.MsgsPerSec)
+				p50 = append(p50, r.P50Ms)
+				p99 = append(p99, r.P99Ms)
+				cpu = append(cpu, r.CPUMachineUsPerMsg)
+				alloc = append(alloc, r.AllocBytesPerMsg/1024)
+				xNaive = append(xNaive, r.RatioNaive)
+				xBroker = append(xBroker, r.RatioBrokerOnly)
+			}
+		}
+		f := func(xs []float64, prec int, spread bool) string {
+			s := summarise(xs)
+			if s.n == 0 {
+				return "-"
+			}
+			if !spread {
+				return strconv.FormatFloat(s.median, 'f', prec, 64)
+			}
+			return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, s.median, prec, s.low, prec, s.high)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m, len(rate),
+			f(rate, 0, true), f(p50, 1, false), f(p99, 1, true), f(cpu, 0, false), f(alloc, 1, false),
+			f(xNaive, 2, true), f(p99Naive, 2, true), f(xBroker, 2, true))
+	}
+	_ = tw.Flush()
 }
 
 // amqpURL returns the RabbitMQ URL a command uses: its --amqp-url flag if

@@ -65,6 +65,8 @@ func TestBenchUsage(t *testing.T) {
 		{"bench", "--dup-rate", "1.5"},
 		{"bench", "--batch-size", "1"},
 		{"bench", "--compare"},
+		{"bench", "--rounds", "0"},
+		{"bench", "--rounds", "2", "--prefill", "10", "--compare"},
 		{"bench", "extra"},
 	} {
 		want(t, idemq(t, args...), exitUsage, "", "Run 'idemq bench --help'")
@@ -121,4 +123,65 @@ func TestBenchUnreachableKafka(t *testing.T) {
 		t.Errorf("reported as a run:\nstdout: %s\nstderr: %s", r.stdout, r.stderr)
 	}
 	noStutter(t, r)
+}
+
+func TestBenchRounds(t *testing.T) {
+	r := idemq(t, "bench", "--rounds", "3", "--modes", "naive,idemq", "--messages", "200", "--json", "--database-url", testdb.URL())
+	if r.code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+	}
+	var order []string
+	for i, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var res bench.Result
+		if err := json.Unmarshal([]byte(line), &res); err != nil {
+			t.Fatalf("line %d: %v: %s", i, err, line)
+		}
+		if !res.Verified || res.Round != i/2+1 {
+			t.Errorf("line %d: round %d, verified %v, want round %d: %s", i, res.Round, res.Verified, i/2+1, line)
+		}
+		order = append(order, string(res.Mode))
+	}
+	// The order is reversed in every other round.
+	if got, want := strings.Join(order, " "), "naive idemq idemq naive naive idemq"; got != want {
+		t.Errorf("modes ran in the order %q, want %q", got, want)
+	}
+
+	r = idemq(t, "bench", "--rounds", "2", "--modes", "idemq,naive", "--messages", "200", "--database-url", testdb.URL())
+	want(t, r, 0, "medians over 2 rounds", "")
+	for _, s := range []string{"round 1 of 2: idemq,naive", "round 2 of 2: naive,idemq", "p99 ×naive"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("output lacks %q:\n%s", s, r.stdout)
+		}
+	}
+}
+
+func TestRoundsSummary(t *testing.T) {
+	res := func(m bench.Mode, rate, p99, xNaive float64) bench.Result {
+		return bench.Result{Mode: m, Verified: true, MsgsPerSec: rate, P99Ms: p99, RatioNaive: xNaive}
+	}
+	rounds := [][]bench.Result{
+		{res(bench.ModeNaive, 100, 4, 1), res(bench.ModeIdemq, 90, 8, 0.9)},
+		{res(bench.ModeIdemq, 120, 2, 1.2), res(bench.ModeNaive, 100, 4, 1)},
+		{res(bench.ModeNaive, 200, 10, 1), res(bench.ModeIdemq, 100, 5, 0.5)},
+		// A round whose runtime mode failed its check counts for nothing.
+		{res(bench.ModeNaive, 100, 4, 1), {Mode: bench.ModeIdemq, MsgsPerSec: 1e6, P99Ms: 0.1, RatioNaive: 1e4}},
+	}
+	var b strings.Builder
+	printRoundsSummary(&b, []bench.Mode{bench.ModeNaive, bench.ModeIdemq}, rounds)
+	var line string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == string(bench.ModeIdemq) {
+			line = l
+		}
+	}
+	// Medians of 3 rounds: rate 100 (90–120), p99 5.0 (2.0–8.0), ×naive
+	// 0.90 (0.50–1.20), p99 ×naive 0.50 (0.50–2.00).
+	for _, s := range []string{" 3 ", "100 (90–120)", "5.0 (2.0–8.0)", "0.90 (0.50–1.20)", "0.50 (0.50–2.00)"} {
+		if !strings.Contains(line, s) {
+			t.Errorf("summary line %q lacks %q\n%s", line, s, b.String())
+		}
+	}
+	if s := summarise([]float64{3, 0, 1, 4, 2}); s.n != 4 || s.median != 2.5 || s.low != 1 || s.high != 4 {
+		t.Errorf("summarise = %+v, want 4 values, median 2.5, 1 to 4", s)
+	}
 }

@@ -459,6 +459,9 @@ type Result struct {
 	// Errors counts failed attempts (database errors, handler errors,
 	// dead letters, failed acks).
 	Errors int64 `json:"errors"`
+	// Round is the round the result belongs to when the bench command
+	// runs its modes several times (--rounds), counted from 1; 0 otherwise.
+	Round int `json:"round,omitempty"`
 	// Phase is "base", "prefill" or "purge" with Config.Compare, and
 	// empty otherwise.
 	Phase string `json:"phase,omitempty"`
