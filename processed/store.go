@@ -460,12 +460,23 @@ type claimTx struct {
 func (tx claimTx) Commit(ctx context.Context) error {
 	err := tx.Tx.Commit(ctx)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "34000" { // invalid_cursor_name
+	if errors.As(err, &pgErr) && pgErr.Code == "34000" && closedClaimCursor(pgErr) { // invalid_cursor_name
 		return &pgconn.PgError{Severity: "ERROR", Code: "25000", // invalid_transaction_state
 			Message: "idemq: the claim's cursor " + claimCursor + " was gone at commit: a handler ended the runtime's transaction with SQL " +
 				"and began another, or closed the cursor (CLOSE ALL); nothing is committed (" + pgErr.Message + ")"}
 	}
 	return err
+}
+
+// closedClaimCursor reports whether err, SQLSTATE 34000 at commit, is the
+// commit's CLOSE finding no claim cursor: raised by Postgres's CLOSE
+// (the routine it names is language-independent), or naming the cursor.
+// A handler's own deferred trigger raising 34000 at COMMIT is neither.
+func closedClaimCursor(err *pgconn.PgError) bool {
+	if err.Routine != "" {
+		return err.Routine == "PerformPortalClose"
+	}
+	return strings.Contains(err.Message, claimCursor)
 }
 
 // BeginClaim implements dedup.Store: it begins a READ COMMITTED

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
@@ -470,5 +471,40 @@ func TestCommitOfAnEarlierVersionPasses(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Fatalf("%s commit: lookup %v, want the claim committed: %v", c.id, err, c.ok)
 		}
+	}
+}
+
+// TestCommitKeepsAnotherInvalidCursorError: a COMMIT refused with SQLSTATE
+// 34000 by something other than the claim's cursor (here a handler's own
+// deferred trigger) keeps its code: only a missing claim cursor is the
+// transaction begun anew that Commit reports as 25000.
+func TestCommitKeepsAnotherInvalidCursorError(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, processed.Config{})
+	tbl := pgx.Identifier{s.Schema(), "audit"}.Sanitize()
+	fn := pgx.Identifier{s.Schema(), "audit_refuse"}.Sanitize()
+	for _, q := range []string{
+		"CREATE TABLE " + tbl + " (id text)",
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " +
+			"RAISE EXCEPTION 'the audit cursor is closed' USING ERRCODE = '34000'; END $$",
+		"CREATE CONSTRAINT TRIGGER audit_refuse AFTER INSERT ON " + tbl +
+			" DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
+	} {
+		if _, err := pool.Exec(ctx(t), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, _, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "m", "x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx(t), "INSERT INTO "+tbl+" VALUES ('m')"); err != nil {
+		t.Fatal(err)
+	}
+	err = tx.Commit(ctx(t))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "34000" || !strings.Contains(pgErr.Message, "audit cursor") {
+		t.Fatalf("commit: %v, want the trigger's own SQLSTATE 34000", err)
 	}
 }
