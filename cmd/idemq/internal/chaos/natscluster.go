@@ -23,6 +23,30 @@ import (
 // leader.
 const NATSClusterStallBound = 30 * time.Second
 
+// NATSClientFailover is how much longer than the cluster itself a worker
+// slot may go without an apply in a NATS Cluster scenario: nats.go finds
+// a cut-off server's connection stale after about 14s (pings every 5s,
+// two unanswered), the pull's retry backoff is capped at 1s, acks are
+// sent again at most 2s after the durable's leader is back, and 3s are a
+// busy machine's. While the cluster confirms no publish (electing its
+// metadata leader after a partition: up to 26s here) no consumer can
+// apply either, so a slot's bound is the larger of NATSClusterStallBound
+// and the scenario's longest time between confirmed publishes plus this
+// (see slotStallBound). A worker stuck on a dead server while the cluster
+// serves the others still fails it.
+const NATSClientFailover = 20 * time.Second
+
+// slotStallBound is the bound of a worker slot's stall in s, whose
+// longest time between two confirmed publishes was publishStall. The
+// overall stall keeps s.StallBound: it counts a producer stuck on a dead
+// node as much as a consumer.
+func slotStallBound(s Scenario, publishStall time.Duration) time.Duration {
+	if s.Broker == BrokerNATS && s.Cluster {
+		return max(s.StallBound, publishStall+NATSClientFailover)
+	}
+	return s.StallBound
+}
+
 // startNATSCluster starts the harness's private NATS cluster: ClusterSize
 // servers, the last in a network namespace of its own (so that it can be
 // partitioned) if partitionable.

@@ -52,3 +52,23 @@ func TestComputeStall(t *testing.T) {
 		t.Errorf("longestGap = %d, want 4", g)
 	}
 }
+
+func TestSlotStallBound(t *testing.T) {
+	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
+	rabbit := Scenario{Broker: BrokerRabbitMQ, Cluster: true, StallBound: ClusterStallBound}
+	for _, c := range []struct {
+		s            Scenario
+		publishStall time.Duration
+		want         time.Duration
+	}{
+		{nats, 5 * time.Second, NATSClusterStallBound},
+		// The CI run whose cluster confirmed no publish for 20.4s while a
+		// slot went 33.7s without an apply.
+		{nats, 20400 * time.Millisecond, 40400 * time.Millisecond},
+		{rabbit, 40 * time.Second, ClusterStallBound},
+	} {
+		if got := slotStallBound(c.s, c.publishStall); got != c.want {
+			t.Errorf("%s cluster, publish stall %s: slot bound %s, want %s", c.s.Broker, c.publishStall, got, c.want)
+		}
+	}
+}
