@@ -265,6 +265,9 @@ func contractRejectsBadClaims(t *testing.T, s contractStore, _ *pgxpool.Pool, _ 
 		if err == nil || tx != nil {
 			t.Errorf("%s: BeginClaim = %v, %v; want an error and no transaction", name, tx, err)
 		}
+		if strings.HasPrefix(name, "an id repeated") && err != nil && !strings.Contains(err.Error(), "appears twice") {
+			t.Errorf("%s: BeginClaim: %v, want the repeated id named", name, err)
+		}
 	}
 }
 

@@ -469,14 +469,13 @@ func (tx claimTx) Commit(ctx context.Context) error {
 }
 
 // closedClaimCursor reports whether err, SQLSTATE 34000 at commit, is the
-// commit's CLOSE finding no claim cursor: raised by Postgres's CLOSE
-// (the routine it names is language-independent), or naming the cursor.
-// A handler's own deferred trigger raising 34000 at COMMIT is neither.
+// commit's CLOSE finding no claim cursor: raised by Postgres's CLOSE (the
+// routine, where the server reports it) and naming the cursor (its name
+// is in the message in every server language). A handler's own deferred
+// trigger raising 34000 at COMMIT, or closing a cursor of its own that is
+// gone, is not.
 func closedClaimCursor(err *pgconn.PgError) bool {
-	if err.Routine != "" {
-		return err.Routine == "PerformPortalClose"
-	}
-	return strings.Contains(err.Message, claimCursor)
+	return (err.Routine == "" || err.Routine == "PerformPortalClose") && strings.Contains(err.Message, claimCursor)
 }
 
 // BeginClaim implements dedup.Store: it begins a READ COMMITTED
@@ -598,7 +597,7 @@ func newBatch(claims []dedup.Claim) (*batch, error) {
 		return nil, errors.New("processed: claim: no claims")
 	}
 	b := &batch{name: claims[0].Consumer, claims: claims, results: make([]dedup.ClaimResult, len(claims))}
-	if len(claims) > indexedClaims {
+	if len(claims) > maxScannedClaims {
 		b.index = make(map[string]int, len(claims))
 	}
 	for i, c := range claims {
@@ -615,11 +614,12 @@ func newBatch(claims []dedup.Claim) (*batch, error) {
 	return b, nil
 }
 
-// indexedClaims is the most claims a batch finds by scanning them; a
-// larger batch keeps an index. Most claims are of one message (strict
-// mode, and the default when a lane takes a lone delivery), for which a
-// map would be most of the claim's own allocation.
-const indexedClaims = 8
+// maxScannedClaims is the most claims a batch finds an id among by
+// scanning them; a larger batch keeps an index of its ids. Most claims
+// are of one message (strict mode, and the default when a lane takes a
+// lone delivery), for which a map would be most of the claim's own
+// allocation.
+const maxScannedClaims = 8
 
 // pos returns the position of id among the first n claims, or -1.
 func (b *batch) pos(id string, n int) int {
