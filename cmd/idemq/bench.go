@@ -56,11 +56,13 @@ the command exits 1.
 --rounds N runs the whole comparison N times, the modes in the order given
 in odd rounds and reversed in even ones (a mode that runs later in a run
 finds a warmer machine and a dedup table already written), each round in a
-fresh schema and fresh queues. It prints each round's table, then a summary
-per mode: medians over the rounds of its figures and of its ratios, each
-ratio taken within its own round (p99 ×naive: the mode's p99 over the
-recipe's), with their lowest and highest. Compare
-builds or schemas by running one round of each in turn instead.
+fresh schema and fresh queues (with --schema, in that schema, whose dedup
+table keeps each round's rows). It prints each round's table, then a
+summary per mode: medians over the rounds of its figures and of its
+ratios, each ratio taken within its own round (p99 ×naive: the mode's p99
+over the recipe's); the rates, p99s and ratios with their lowest and
+highest. Compare builds or schemas by running one round of each in turn
+instead.
 
 --compare measures what --prefill and --purge-during cost, side by side in
 one run: each mode runs first with neither, then with the prefilled rows,
@@ -316,35 +318,54 @@ func summarise(xs []float64) roundsFigure {
 	return roundsFigure{n: len(v), median: med, low: v[0], high: v[len(v)-1]}
 }
 
-// printRoundsSummary prints each mode's medians over the rounds that ran
-// it to the end (verified), in the order of modes.
+// printRoundsSummary prints each mode's medians over the rounds in which
+// it passed its check, in the order of modes. A ratio to naive or
+// broker-only is taken within a round, and only where that mode passed its
+// check too.
 func printRoundsSummary(w io.Writer, modes []bench.Mode, rounds [][]bench.Result) {
-	fmt.Fprintf(w, "\nmedians over %d rounds, the order reversed in every other round (lowest–highest); each ratio is taken within its round\n", len(rounds))
+	complete := 0
+	for _, rs := range rounds {
+		if len(rs) == len(modes) && !slices.ContainsFunc(rs, func(r bench.Result) bool { return !r.Verified }) {
+			complete++
+		}
+	}
+	note := ""
+	if n := len(rounds) - complete; n > 0 {
+		note = fmt.Sprintf(" (and %d that did not complete: its verified modes count)", n)
+	}
+	fmt.Fprintf(w, "\nmedians over %d rounds%s, the order reversed in every other round (lowest–highest); each ratio is taken within its round\n", complete, note)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\trounds\tmsgs/s\tp50 ms\tp99 ms\tmachine cpu µs/msg\talloc KB/msg\t×naive\tp99 ×naive\t×broker-only\t")
 	for _, m := range modes {
 		var rate, p50, p99, cpu, alloc, xNaive, p99Naive, xBroker []float64
 		for _, rs := range rounds {
-			var naiveP99 float64
-			for _, r := range rs {
-				if r.Mode == bench.ModeNaive && r.Verified {
-					naiveP99 = r.P99Ms
+			// The references of the round's ratios, where they passed.
+			var naive, brokerOnly *bench.Result
+			for i, r := range rs {
+				switch {
+				case !r.Verified:
+				case r.Mode == bench.ModeNaive:
+					naive = &rs[i]
+				case r.Mode == bench.ModeBrokerOnly:
+					brokerOnly = &rs[i]
 				}
 			}
 			for _, r := range rs {
 				if r.Mode != m || !r.Verified {
 					continue
 				}
-				if naiveP99 > 0 {
-					p99Naive = append(p99Naive, r.P99Ms/naiveP99)
-				}
 				rate = append(rate, r.MsgsPerSec)
 				p50 = append(p50, r.P50Ms)
 				p99 = append(p99, r.P99Ms)
 				cpu = append(cpu, r.CPUMachineUsPerMsg)
 				alloc = append(alloc, r.AllocBytesPerMsg/1024)
-				xNaive = append(xNaive, r.RatioNaive)
-				xBroker = append(xBroker, r.RatioBrokerOnly)
+				if naive != nil && naive.MsgsPerSec > 0 && naive.P99Ms > 0 {
+					xNaive = append(xNaive, r.MsgsPerSec/naive.MsgsPerSec)
+					p99Naive = append(p99Naive, r.P99Ms/naive.P99Ms)
+				}
+				if brokerOnly != nil && brokerOnly.MsgsPerSec > 0 {
+					xBroker = append(xBroker, r.MsgsPerSec/brokerOnly.MsgsPerSec)
+				}
 			}
 		}
 		f := func(xs []float64, prec int, spread bool) string {

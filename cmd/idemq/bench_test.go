@@ -165,6 +165,9 @@ func TestRoundsSummary(t *testing.T) {
 		{res(bench.ModeNaive, 200, 10, 1), res(bench.ModeIdemq, 100, 5, 0.5)},
 		// A round whose runtime mode failed its check counts for nothing.
 		{res(bench.ModeNaive, 100, 4, 1), {Mode: bench.ModeIdemq, MsgsPerSec: 1e6, P99Ms: 0.1, RatioNaive: 1e4}},
+		// A round whose recipe failed: the runtime's figures count, its
+		// ratios to the recipe do not.
+		{{Mode: bench.ModeNaive, MsgsPerSec: 1, P99Ms: 0.01}, res(bench.ModeIdemq, 100, 5, 100)},
 	}
 	var b strings.Builder
 	printRoundsSummary(&b, []bench.Mode{bench.ModeNaive, bench.ModeIdemq}, rounds)
@@ -174,9 +177,13 @@ func TestRoundsSummary(t *testing.T) {
 			line = l
 		}
 	}
-	// Medians of 3 rounds: rate 100 (90–120), p99 5.0 (2.0–8.0), ×naive
-	// 0.90 (0.50–1.20), p99 ×naive 0.50 (0.50–2.00).
-	for _, s := range []string{" 3 ", "100 (90–120)", "5.0 (2.0–8.0)", "0.90 (0.50–1.20)", "0.50 (0.50–2.00)"} {
+	if !strings.Contains(b.String(), "medians over 3 rounds (and 2 that did not complete") {
+		t.Errorf("summary does not say 3 rounds completed of 5:\n%s", b.String())
+	}
+	// Medians of 4 rounds: rate 100 (90–120), p99 5.0 (2.0–8.0); of 3
+	// rounds with the recipe: ×naive 0.90 (0.50–1.20), p99 ×naive 0.50
+	// (0.50–2.00).
+	for _, s := range []string{" 4 ", "100 (90–120)", "5.0 (2.0–8.0)", "0.90 (0.50–1.20)", "0.50 (0.50–2.00)"} {
 		if !strings.Contains(line, s) {
 			t.Errorf("summary line %q lacks %q\n%s", line, s, b.String())
 		}
