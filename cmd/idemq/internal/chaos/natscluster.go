@@ -30,19 +30,21 @@ const NATSClusterStallBound = 30 * time.Second
 // sent again at most 2s after the durable's leader is back, and 3s are a
 // busy machine's. While the cluster confirms no publish (electing its
 // metadata leader after a partition: up to 26s here) no consumer can
-// apply either, so a slot's bound is the larger of NATSClusterStallBound
-// and the scenario's longest time between confirmed publishes plus this
-// (see slotStallBound). A worker stuck on a dead server while the cluster
-// serves the others still fails it.
+// apply either. So a worker slot's gap may be as long as the larger of
+// NATSClusterStallBound and the time within that gap the publisher went
+// without a confirmed publish plus this (see slotStallBound). A worker
+// stuck on a dead server while the cluster serves the others still fails
+// it; the publisher's time without a confirm includes its own failover
+// when it was on the cut-off server.
 const NATSClientFailover = 20 * time.Second
 
-// slotStallBound is the bound of a worker slot's stall in s, whose
-// longest time between two confirmed publishes was publishStall. The
-// overall stall keeps s.StallBound: it counts a producer stuck on a dead
-// node as much as a consumer.
-func slotStallBound(s Scenario, publishStall time.Duration) time.Duration {
+// slotStallBound is the bound of a worker slot's gap in s during which
+// the publisher went outage without a confirmed publish (see
+// outageDuring). The overall stall keeps s.StallBound: it counts a
+// producer stuck on a dead node as much as a consumer.
+func slotStallBound(s Scenario, outage time.Duration) time.Duration {
 	if s.Broker == BrokerNATS && s.Cluster {
-		return max(s.StallBound, publishStall+NATSClientFailover)
+		return max(s.StallBound, outage+NATSClientFailover)
 	}
 	return s.StallBound
 }

@@ -39,7 +39,20 @@ type Stall struct {
 	SlotMax time.Duration
 	Slot    int
 	SlotEnd int64
+	// SlotGaps are every slot's gaps of more than longSlotGap, which a
+	// bound that depends on the time of the gap checks one by one.
+	SlotGaps []SlotGap `json:",omitempty"`
 }
+
+// SlotGap is a time [From, To] (unix nanoseconds) in which worker slot
+// Slot applied nothing while messages were being published.
+type SlotGap struct {
+	Slot     int
+	From, To int64
+}
+
+// longSlotGap is the shortest gap Stall.SlotGaps lists.
+const longSlotGap = 5 * time.Second
 
 // computeStall measures the stalls of a run whose confirmed ids were first
 // due at waiting and applied as applies say, up to end, and those of worker
@@ -119,8 +132,12 @@ func computeStall(waiting map[string]int64, applies []apply, slots int, from, to
 			if t < from || t > to {
 				continue
 			}
-			if g := time.Duration(t - prev); g > st.SlotMax {
+			g := time.Duration(t - prev)
+			if g > st.SlotMax {
 				st.SlotMax, st.Slot, st.SlotEnd = g, slot, t
+			}
+			if g > longSlotGap {
+				st.SlotGaps = append(st.SlotGaps, SlotGap{Slot: slot, From: prev, To: t})
 			}
 			prev = t
 		}
@@ -136,6 +153,20 @@ func longestGap(times []int64) time.Duration {
 	var best int64
 	for i := 1; i < len(ts); i++ {
 		best = max(best, ts[i]-ts[i-1])
+	}
+	return time.Duration(best)
+}
+
+// outageDuring returns the longest part of [from, to] that lies between
+// two consecutive confirmed publishes (confirms, unix nanoseconds, in any
+// order): how long the cluster took no publish during that time, as the
+// publisher saw it.
+func outageDuring(confirms []int64, from, to int64) time.Duration {
+	ts := slices.Clone(confirms)
+	slices.Sort(ts)
+	var best int64
+	for i := 1; i < len(ts); i++ {
+		best = max(best, min(ts[i], to)-max(ts[i-1], from))
 	}
 	return time.Duration(best)
 }

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -57,9 +58,9 @@ func TestSlotStallBound(t *testing.T) {
 	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
 	rabbit := Scenario{Broker: BrokerRabbitMQ, Cluster: true, StallBound: ClusterStallBound}
 	for _, c := range []struct {
-		s            Scenario
-		publishStall time.Duration
-		want         time.Duration
+		s      Scenario
+		outage time.Duration
+		want   time.Duration
 	}{
 		{nats, 5 * time.Second, NATSClusterStallBound},
 		// The CI run whose cluster confirmed no publish for 20.4s while a
@@ -67,8 +68,56 @@ func TestSlotStallBound(t *testing.T) {
 		{nats, 20400 * time.Millisecond, 40400 * time.Millisecond},
 		{rabbit, 40 * time.Second, ClusterStallBound},
 	} {
-		if got := slotStallBound(c.s, c.publishStall); got != c.want {
-			t.Errorf("%s cluster, publish stall %s: slot bound %s, want %s", c.s.Broker, c.publishStall, got, c.want)
+		if got := slotStallBound(c.s, c.outage); got != c.want {
+			t.Errorf("%s cluster, outage %s: slot bound %s, want %s", c.s.Broker, c.outage, got, c.want)
 		}
+	}
+}
+
+// TestOutageDuring: only the time without a confirmed publish that lies
+// within a slot's gap lifts its bound: an election early in a run does
+// not excuse a worker stuck later.
+func TestOutageDuring(t *testing.T) {
+	const s = int64(time.Second)
+	// Publishes confirmed every second, except none from 10s to 36s.
+	var confirms []int64
+	for i := int64(0); i <= 60; i++ {
+		if i <= 10 || i >= 36 {
+			confirms = append(confirms, i*s)
+		}
+	}
+	slices.Reverse(confirms) // in any order
+	for _, c := range []struct {
+		from, to int64
+		want     time.Duration
+	}{
+		{5 * s, 40 * s, 26 * time.Second},  // the whole outage within the gap
+		{20 * s, 50 * s, 16 * time.Second}, // its end
+		{38 * s, 60 * s, time.Second},      // after it: a publish a second
+		{12 * s, 14 * s, 2 * time.Second},  // within it
+	} {
+		if got := outageDuring(confirms, c.from, c.to); got != c.want {
+			t.Errorf("outage during [%ds, %ds] = %s, want %s", c.from/s, c.to/s, got, c.want)
+		}
+	}
+	// A slot stuck 35s after the outage fails; one whose gap held it passes.
+	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
+	if late := outageDuring(confirms, 37*s, 72*s); 35*time.Second <= slotStallBound(nats, late) {
+		t.Errorf("a 35s gap after the outage passes its bound %s", slotStallBound(nats, late))
+	}
+	if held := outageDuring(confirms, 5*s, 40*s); 35*time.Second > slotStallBound(nats, held) {
+		t.Errorf("a 35s gap holding the 26s outage fails its bound %s", slotStallBound(nats, held))
+	}
+}
+
+// TestSlotGapsListed: every slot gap longer than longSlotGap is listed,
+// not only the longest.
+func TestSlotGapsListed(t *testing.T) {
+	const s = int64(time.Second)
+	applies := []apply{{"a", 0, 1 * s}, {"b", 0, 9 * s}, {"c", 1, 2 * s}, {"d", 1, 30 * s}, {"e", 0, 10 * s}}
+	st := computeStall(map[string]int64{}, applies, 2, 0, 30*s, 30*s)
+	want := []SlotGap{{0, 1 * s, 9 * s}, {0, 10 * s, 30 * s}, {1, 2 * s, 30 * s}}
+	if !slices.Equal(st.SlotGaps, want) {
+		t.Errorf("slot gaps %v, want %v", st.SlotGaps, want)
 	}
 }
