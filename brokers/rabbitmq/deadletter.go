@@ -101,7 +101,9 @@ func (s *Source) deadLetterChannel(sess *session) (*pubChannel, error) {
 	for len(s.dlIdle) > 0 {
 		pc := s.dlIdle[len(s.dlIdle)-1]
 		s.dlIdle = s.dlIdle[:len(s.dlIdle)-1]
-		if pc.conn == sess.conn && !pc.ch.IsClosed() {
+		// amqp091 marks a dying connection closed before it closes its
+		// channels: see Publisher.channel.
+		if pc.conn == sess.conn && !sess.conn.IsClosed() && !pc.ch.IsClosed() {
 			return pc, nil
 		}
 		_ = pc.ch.Close()
@@ -114,7 +116,7 @@ func (s *Source) deadLetterChannel(sess *session) (*pubChannel, error) {
 func (s *Source) releaseDeadLetterChannel(pc *pubChannel, healthy bool) {
 	s.dlMu.Lock()
 	defer s.dlMu.Unlock()
-	if !healthy || s.life.Err() != nil || pc.ch.IsClosed() {
+	if !healthy || s.life.Err() != nil || pc.conn.IsClosed() || pc.ch.IsClosed() {
 		_ = pc.ch.Close()
 		return
 	}

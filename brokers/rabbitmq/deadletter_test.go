@@ -259,3 +259,33 @@ func TestDeadLettererConfig(t *testing.T) {
 	}
 	mustAck(ctx, t, brokertest.Receive(ctx, t, src))
 }
+
+// TestDeadLetterReconnectsBeforeChannelsClose: as for the Publisher
+// (TestPublisherReconnectsBeforeChannelsClose), a dead letter published in
+// the moment amqp091 has marked the connection closed but not yet its
+// channels goes out on a new connection, not on an idle channel of the
+// dead one.
+func TestDeadLetterReconnectsBeforeChannelsClose(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q := newQueue(t)
+	src := newSource(t, rabbitmq.Config{Queue: q})
+	msgs := brokertest.NewMessages("dl", 2, 0)
+	if err := rabbitmq.PublishDeadLetter(ctx, src, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	dead, live, err := rabbitmq.SourceOnClosedConn(src, amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = live.Close() })
+	if err := rabbitmq.PublishDeadLetter(ctx, src, msgs[1]); err != nil {
+		t.Fatalf("dead letter: %v", err)
+	}
+	if c := rabbitmq.SourceConn(src); c == nil || c == dead || c.IsClosed() {
+		t.Fatalf("the dead letter went out on an idle channel of the closed connection instead of a new one")
+	}
+	if d := queueDepth(t, rabbitmq.DLQName(q)); d != 2 {
+		t.Fatalf("dead-letter queue holds %d messages, want 2", d)
+	}
+}

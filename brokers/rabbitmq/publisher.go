@@ -315,10 +315,13 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 	if p.closed {
 		return nil, ErrPublisherClosed
 	}
+	// amqp091 marks a dying connection closed before it closes its
+	// channels: an idle channel is taken only while its connection is
+	// open too.
 	for len(p.idle) > 0 {
 		pc := p.idle[len(p.idle)-1]
 		p.idle = p.idle[:len(p.idle)-1]
-		if pc.conn == p.conn && !pc.ch.IsClosed() {
+		if pc.conn == p.conn && !p.conn.IsClosed() && !pc.ch.IsClosed() {
 			return pc, nil
 		}
 		_ = pc.ch.Close()
@@ -365,7 +368,7 @@ func openConfirmChannel(conn *amqp.Connection) (*pubChannel, error) {
 func (p *Publisher) release(pc *pubChannel) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || pc.conn != p.conn || pc.ch.IsClosed() {
+	if p.closed || pc.conn != p.conn || pc.conn.IsClosed() || pc.ch.IsClosed() {
 		_ = pc.ch.Close()
 		return
 	}

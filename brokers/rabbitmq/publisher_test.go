@@ -114,6 +114,34 @@ func TestPublisherReconnects(t *testing.T) {
 	}
 }
 
+// TestPublisherReconnectsBeforeChannelsClose: amqp091 marks a dying
+// connection closed before it closes its channels. A Publish in that
+// moment must reconnect, not take an idle channel of the dead connection
+// (CI saw "publish after the cut: ... channel lost").
+func TestPublisherReconnectsBeforeChannelsClose(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	q := newQueue(t)
+	pub := newPublisher(t, rabbitmq.PublisherConfig{URL: amqpURL()})
+	if err := pub.Publish(ctx, "", q, brokertest.NewMessages("before", 1, 0)...); err != nil {
+		t.Fatal(err)
+	}
+	dead, live, err := rabbitmq.PublisherOnClosedConn(pub, amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = live.Close() })
+	if err := pub.Publish(ctx, "", q, brokertest.NewMessages("after", 1, 0)...); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if c := rabbitmq.PublisherConn(pub); c == dead || c.IsClosed() {
+		t.Fatalf("the publisher published on an idle channel of its closed connection instead of reconnecting")
+	}
+	if d := queueDepth(t, q); d != 2 {
+		t.Fatalf("queue holds %d messages, want 2", d)
+	}
+}
+
 func TestPublisherClose(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 30*time.Second)
