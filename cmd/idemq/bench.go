@@ -203,10 +203,11 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 	cfg.RedisURL = urlFlag(e, cfg.RedisURL, "REDIS_URL", redisstream.DefaultURL)
 
 	tty := isTerminal(e.stderr)
+	round := "" // "round i/N " while several run
 	if tty {
 		cfg.Progress = func(p bench.Progress) {
 			rate := float64(p.Settled) / max(p.Elapsed.Seconds(), 1e-9)
-			label := string(p.Mode)
+			label := round + string(p.Mode)
 			if p.Phase != "" {
 				label += "@" + p.Phase
 			}
@@ -240,6 +241,9 @@ func runBench(ctx context.Context, e *env, c *command, args []string) error {
 		if i%2 == 1 {
 			rcfg.Modes = slices.Clone(cfg.Modes)
 			slices.Reverse(rcfg.Modes)
+		}
+		if rounds > 1 {
+			round = fmt.Sprintf("round %d/%d ", i+1, rounds)
 		}
 		var results []bench.Result
 		results, err = bench.Run(ctx, rcfg)
