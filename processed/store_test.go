@@ -508,3 +508,31 @@ func TestCommitKeepsAnotherInvalidCursorError(t *testing.T) {
 		t.Fatalf("commit: %v, want the trigger's own SQLSTATE 34000", err)
 	}
 }
+
+// TestClaimOfAnIDTheTableChanged: a table that does not keep ids byte for
+// byte (here a trigger that upper-cases them) returns ids the claim was not
+// given. The claim fails, naming the id, instead of taking it for the
+// batch's first claim and leaving the others unanswered.
+func TestClaimOfAnIDTheTableChanged(t *testing.T) {
+	t.Parallel()
+	s, pool := setup(t, processed.Config{})
+	fn := pgx.Identifier{s.Schema(), "upper_id"}.Sanitize()
+	for _, q := range []string{
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN " +
+			"NEW.message_id := upper(NEW.message_id); RETURN NEW; END $$",
+		"CREATE TRIGGER upper_id BEFORE INSERT ON " + table(s) + " FOR EACH ROW EXECUTE FUNCTION " + fn + "()",
+	} {
+		if _, err := pool.Exec(ctx(t), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A batch reads the ids it inserted back (a claim of one message
+	// counts the rows, so it cannot see the change).
+	tx, res, err := s.BeginClaim(ctx(t), []dedup.Claim{claimOf("c", "b-1", "x"), claimOf("c", "b-2", "x")})
+	if tx != nil {
+		_ = tx.Rollback(ctx(t))
+	}
+	if err == nil || !strings.Contains(err.Error(), `"B-1", which was not claimed`) {
+		t.Errorf("claim: %v, %v; want an error naming the id the table returned", res, err)
+	}
+}
