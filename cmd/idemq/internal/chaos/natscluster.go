@@ -23,28 +23,33 @@ import (
 // leader.
 const NATSClusterStallBound = 30 * time.Second
 
-// NATSClientFailover is how much longer than the cluster itself a worker
-// slot may go without an apply in a NATS Cluster scenario: nats.go finds
-// a cut-off server's connection stale after about 14s (pings every 5s,
-// two unanswered), the pull's retry backoff is capped at 1s, acks are
-// sent again at most 2s after the durable's leader is back, and 3s are a
-// busy machine's. While the cluster confirms no publish (electing its
-// metadata leader after a partition: up to 26s here) no consumer can
-// apply either. So a worker slot's gap may be as long as the larger of
-// NATSClusterStallBound and the time within that gap the publisher went
-// without a confirmed publish plus this (see slotStallBound). A worker
-// stuck on a dead server while the cluster serves the others still fails
-// it; the publisher's time without a confirm includes its own failover
-// when it was on the cut-off server.
+// NATSClientFailover is how much longer than the cluster itself a NATS
+// Cluster scenario may go without an apply: nats.go finds a cut-off
+// server's connection stale after about 14s (pings every 5s, two
+// unanswered), the pull's retry backoff is capped at 1s, acks are sent
+// again at most 2s after the durable's leader is back, and 3s are a busy
+// machine's. While the cluster confirms no publish (electing its metadata
+// leader after a partition) no consumer can apply either. So a gap, overall
+// or of one worker slot, may be as long as the larger of
+// NATSClusterStallBound and the time within that gap in which no publish
+// was confirmed, up to NATSElection, plus this (see stallBound): at most
+// 46s. A worker stuck on a dead server while the cluster serves the others
+// still fails at 30s; the publisher's time without a confirm includes its
+// own failover when it was on the cut-off server.
 const NATSClientFailover = 20 * time.Second
 
-// slotStallBound is the bound of a worker slot's gap in s during which
-// the publisher went outage without a confirmed publish (see
-// outageDuring). The overall stall keeps s.StallBound: it counts a
-// producer stuck on a dead node as much as a consumer.
-func slotStallBound(s Scenario, outage time.Duration) time.Duration {
+// NATSElection is the longest time without a confirmed publish that
+// excuses a stall (see NATSClientFailover): the longest this machine's
+// cluster took to elect after a partition, 26.2s, rounded up. A producer
+// or cluster stuck for longer fails the scenario.
+const NATSElection = 26 * time.Second
+
+// stallBound is the bound of a gap, overall or of a worker slot, in s
+// during which the publisher went outage without a confirmed publish (see
+// outageDuring).
+func stallBound(s Scenario, outage time.Duration) time.Duration {
 	if s.Broker == BrokerNATS && s.Cluster {
-		return max(s.StallBound, outage+NATSClientFailover)
+		return max(s.StallBound, min(outage, NATSElection)+NATSClientFailover)
 	}
 	return s.StallBound
 }

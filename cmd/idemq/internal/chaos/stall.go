@@ -39,19 +39,23 @@ type Stall struct {
 	SlotMax time.Duration
 	Slot    int
 	SlotEnd int64
-	// SlotGaps are every slot's gaps of more than longSlotGap, which a
-	// bound that depends on the time of the gap checks one by one.
+	// Gaps (slot -1) and SlotGaps are every gap of more than
+	// longSlotGap, overall and per slot, which a bound that depends on
+	// the time of the gap checks one by one.
+	Gaps     []SlotGap `json:",omitempty"`
 	SlotGaps []SlotGap `json:",omitempty"`
 }
 
 // SlotGap is a time [From, To] (unix nanoseconds) in which worker slot
-// Slot applied nothing while messages were being published.
+// Slot applied nothing while messages were being published, or (Slot -1)
+// no message was applied while one waited.
 type SlotGap struct {
 	Slot     int
 	From, To int64
 }
 
-// longSlotGap is the shortest gap Stall.SlotGaps lists.
+// longSlotGap is the shortest gap Stall.Gaps and Stall.SlotGaps list:
+// below every StallBound, so that each gap over a bound is listed.
 const longSlotGap = 5 * time.Second
 
 // computeStall measures the stalls of a run whose confirmed ids were first
@@ -96,23 +100,29 @@ func computeStall(waiting map[string]int64, applies []apply, slots int, from, to
 	}
 
 	// longest returns the longest gap, and its end, between the times
-	// (sorted) and the bounds of the busy periods.
-	longest := func(times []int64) (time.Duration, int64) {
+	// (sorted) and the bounds of the busy periods, and every gap longer
+	// than longSlotGap (as slot -1).
+	longest := func(times []int64) (time.Duration, int64, []SlotGap) {
 		var best, bestEnd int64
+		var long []SlotGap
+		gap := func(from, to int64) {
+			if g := to - from; g > best {
+				best, bestEnd = g, to
+			}
+			if time.Duration(to-from) > longSlotGap {
+				long = append(long, SlotGap{Slot: -1, From: from, To: to})
+			}
+		}
 		for _, p := range busy {
 			prev := p.from
 			i := sort.Search(len(times), func(i int) bool { return times[i] > p.from })
 			for ; i < len(times) && times[i] <= p.to; i++ {
-				if g := times[i] - prev; g > best {
-					best, bestEnd = g, times[i]
-				}
+				gap(prev, times[i])
 				prev = times[i]
 			}
-			if g := p.to - prev; g > best {
-				best, bestEnd = g, p.to
-			}
+			gap(prev, p.to)
 		}
-		return time.Duration(best), bestEnd
+		return time.Duration(best), bestEnd, long
 	}
 	all := make([]int64, len(applies))
 	bySlot := make([][]int64, slots)
@@ -124,7 +134,7 @@ func computeStall(waiting map[string]int64, applies []apply, slots int, from, to
 	}
 	slices.Sort(all)
 	var st Stall
-	st.Max, st.MaxEnd = longest(all)
+	st.Max, st.MaxEnd, st.Gaps = longest(all)
 	for slot, ts := range bySlot {
 		slices.Sort(ts)
 		prev := from

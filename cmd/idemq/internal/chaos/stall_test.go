@@ -54,7 +54,7 @@ func TestComputeStall(t *testing.T) {
 	}
 }
 
-func TestSlotStallBound(t *testing.T) {
+func TestStallBound(t *testing.T) {
 	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
 	rabbit := Scenario{Broker: BrokerRabbitMQ, Cluster: true, StallBound: ClusterStallBound}
 	for _, c := range []struct {
@@ -67,8 +67,11 @@ func TestSlotStallBound(t *testing.T) {
 		// slot went 33.7s without an apply.
 		{nats, 20400 * time.Millisecond, 40400 * time.Millisecond},
 		{rabbit, 40 * time.Second, ClusterStallBound},
+		// A producer or cluster stuck longer than any election excuses no
+		// more than NATSElection.
+		{nats, 90 * time.Second, NATSElection + NATSClientFailover},
 	} {
-		if got := slotStallBound(c.s, c.outage); got != c.want {
+		if got := stallBound(c.s, c.outage); got != c.want {
 			t.Errorf("%s cluster, outage %s: slot bound %s, want %s", c.s.Broker, c.outage, got, c.want)
 		}
 	}
@@ -102,16 +105,16 @@ func TestOutageDuring(t *testing.T) {
 	}
 	// A slot stuck 35s after the outage fails; one whose gap held it passes.
 	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
-	if late := outageDuring(confirms, 37*s, 72*s); 35*time.Second <= slotStallBound(nats, late) {
-		t.Errorf("a 35s gap after the outage passes its bound %s", slotStallBound(nats, late))
+	if late := outageDuring(confirms, 37*s, 72*s); 35*time.Second <= stallBound(nats, late) {
+		t.Errorf("a 35s gap after the outage passes its bound %s", stallBound(nats, late))
 	}
-	if held := outageDuring(confirms, 5*s, 40*s); 35*time.Second > slotStallBound(nats, held) {
-		t.Errorf("a 35s gap holding the 26s outage fails its bound %s", slotStallBound(nats, held))
+	if held := outageDuring(confirms, 5*s, 40*s); 35*time.Second > stallBound(nats, held) {
+		t.Errorf("a 35s gap holding the 26s outage fails its bound %s", stallBound(nats, held))
 	}
 }
 
-// TestSlotGapsListed: every slot gap longer than longSlotGap is listed,
-// not only the longest.
+// TestSlotGapsListed: every gap longer than longSlotGap, overall and per
+// slot, is listed, not only the longest.
 func TestSlotGapsListed(t *testing.T) {
 	const s = int64(time.Second)
 	applies := []apply{{"a", 0, 1 * s}, {"b", 0, 9 * s}, {"c", 1, 2 * s}, {"d", 1, 30 * s}, {"e", 0, 10 * s}}
@@ -119,5 +122,10 @@ func TestSlotGapsListed(t *testing.T) {
 	want := []SlotGap{{0, 1 * s, 9 * s}, {0, 10 * s, 30 * s}, {1, 2 * s, 30 * s}}
 	if !slices.Equal(st.SlotGaps, want) {
 		t.Errorf("slot gaps %v, want %v", st.SlotGaps, want)
+	}
+	// Overall: x waits from 0s to its apply at 30s; applies at 1, 2, 9, 10.
+	st = computeStall(map[string]int64{"x": 0}, append(applies, apply{"x", 0, 30 * s}), 2, 0, 30*s, 40*s)
+	if want := []SlotGap{{-1, 2 * s, 9 * s}, {-1, 10 * s, 30 * s}}; !slices.Equal(st.Gaps, want) {
+		t.Errorf("overall gaps %v, want %v", st.Gaps, want)
 	}
 }
