@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"time"
@@ -179,4 +180,36 @@ func outageDuring(confirms []int64, from, to int64) time.Duration {
 		best = max(best, min(ts[i], to)-max(ts[i-1], from))
 	}
 	return time.Duration(best)
+}
+
+// holdStalls checks every long gap of st against its bound: stallBound of
+// s and of the time within the gap without a confirmed publish (confirms,
+// unix nanoseconds; start is the run's, for the messages). It returns the
+// bounds the longest gap overall and the longest of a worker slot were
+// held to, and a failure for the first gap over its bound of each kind.
+func holdStalls(s Scenario, st Stall, confirms []int64, start int64) (maxBound, slotBound time.Duration, failures []string) {
+	bound := func(from, to int64) (time.Duration, time.Duration) {
+		outage := outageDuring(confirms, from, to)
+		return stallBound(s, outage), outage
+	}
+	at := func(end int64) time.Duration { return time.Duration(end - start).Round(100 * time.Millisecond) }
+	for _, g := range st.Gaps {
+		d := time.Duration(g.To - g.From)
+		if b, outage := bound(g.From, g.To); d > b {
+			failures = append(failures, fmt.Sprintf("no message applied for %s (ending at +%s) while messages waited, more than the bound %s (no publish was confirmed for %s of that time)",
+				d.Round(time.Millisecond), at(g.To), b, outage.Round(time.Millisecond)))
+			break
+		}
+	}
+	for _, g := range st.SlotGaps {
+		d := time.Duration(g.To - g.From)
+		if b, outage := bound(g.From, g.To); d > b {
+			failures = append(failures, fmt.Sprintf("worker slot %d applied nothing for %s (ending at +%s) while messages were being published, more than the bound %s (no publish was confirmed for %s of that time)",
+				g.Slot, d.Round(time.Millisecond), at(g.To), b, outage.Round(time.Millisecond)))
+			break
+		}
+	}
+	maxBound, _ = bound(st.MaxEnd-int64(st.Max), st.MaxEnd)
+	slotBound, _ = bound(st.SlotEnd-int64(st.SlotMax), st.SlotEnd)
+	return maxBound, slotBound, failures
 }

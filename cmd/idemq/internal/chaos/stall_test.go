@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -127,5 +128,50 @@ func TestSlotGapsListed(t *testing.T) {
 	st = computeStall(map[string]int64{"x": 0}, append(applies, apply{"x", 0, 30 * s}), 2, 0, 30*s, 40*s)
 	if want := []SlotGap{{-1, 2 * s, 9 * s}, {-1, 10 * s, 30 * s}}; !slices.Equal(st.Gaps, want) {
 		t.Errorf("overall gaps %v, want %v", st.Gaps, want)
+	}
+}
+
+// TestHoldStalls: the bound each long gap is held to, and the bounds the
+// summary prints, are the ones that gap was checked against: for a NATS
+// cluster, raised by the outage within the gap; not the scenario's 30s.
+func TestHoldStalls(t *testing.T) {
+	const s = int64(time.Second)
+	// Publishes confirmed every second, except none from 10s to 30s.
+	var confirms []int64
+	for i := int64(0); i <= 80; i++ {
+		if i <= 10 || i >= 30 {
+			confirms = append(confirms, i*s)
+		}
+	}
+	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
+	// Overall, 34s without an apply holding the outage (bound 40s); a
+	// slot's longest, 33s well after it (bound 30s): the slot fails.
+	st := Stall{Max: 34 * time.Second, MaxEnd: 40 * s, SlotMax: 33 * time.Second, Slot: 3, SlotEnd: 78 * s,
+		Gaps:     []SlotGap{{-1, 6 * s, 40 * s}},
+		SlotGaps: []SlotGap{{3, 45 * s, 78 * s}, {1, 8 * s, 36 * s}}}
+	maxBound, slotBound, failures := holdStalls(nats, st, confirms, 0)
+	if maxBound != 40*time.Second || slotBound != NATSClusterStallBound {
+		t.Errorf("bounds %s overall, %s per slot; want 40s, 30s", maxBound, slotBound)
+	}
+	if len(failures) != 1 || !strings.Contains(failures[0], "worker slot 3 applied nothing for 33s (ending at +1m18s)") {
+		t.Errorf("failures %q, want worker slot 3's alone", failures)
+	}
+	r := Result{StallBound: nats.StallBound, MaxStallBound: maxBound, SlotStallBound: slotBound, Stall: st}
+	if got := stallString(r); !strings.Contains(got, "34s overall while messages waited (bound 40s: 20s without a confirmed publish in the gap, plus 20s)") ||
+		!strings.Contains(got, "33s in worker slot 3 while messages were published (bound 30s)") {
+		t.Errorf("summary %q names other bounds", got)
+	}
+	var md strings.Builder
+	WriteMarkdown(&md, []Result{r})
+	if !strings.Contains(md.String(), "34.0s / 33.0s (40s / 30s)") {
+		t.Errorf("markdown row without both bounds:\n%s", md.String())
+	}
+	// A scenario without a raised bound prints its one bound, as before.
+	rabbit := Scenario{Broker: BrokerRabbitMQ, Cluster: true, StallBound: ClusterStallBound}
+	st = Stall{Max: 4 * time.Second, MaxEnd: 40 * s, SlotMax: 6 * time.Second, SlotEnd: 60 * s, SlotGaps: []SlotGap{{0, 54 * s, 60 * s}}}
+	maxBound, slotBound, failures = holdStalls(rabbit, st, confirms, 0)
+	r = Result{StallBound: rabbit.StallBound, MaxStallBound: maxBound, SlotStallBound: slotBound, Stall: st}
+	if len(failures) != 0 || !strings.Contains(stallString(r), "4s overall while messages waited (bound 10s)") {
+		t.Errorf("rabbit: failures %q, summary %q", failures, stallString(r))
 	}
 }

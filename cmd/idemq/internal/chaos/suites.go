@@ -206,14 +206,21 @@ func injectedString(m map[string]int64) string {
 	return strings.Join(parts, " ")
 }
 
-// stallString describes r's stalls.
+// stallString describes r's stalls, each longest gap with the bound it
+// was held to.
 func stallString(r Result) string {
-	bound := "not checked"
-	if r.StallBound > 0 {
-		bound = "bound " + r.StallBound.String()
+	bound := func(b time.Duration) string {
+		switch {
+		case r.StallBound <= 0:
+			return "not checked"
+		case b > r.StallBound:
+			// Only a NATS cluster scenario raises its bound (stallBound).
+			return fmt.Sprintf("bound %s: %s without a confirmed publish in the gap, plus %s", b, b-NATSClientFailover, NATSClientFailover)
+		}
+		return "bound " + r.StallBound.String()
 	}
-	return fmt.Sprintf("longest without an apply: %s overall while messages waited, %s in worker slot %d while messages were published (%s); longest between confirmed publishes %s; %s in all",
-		r.Stall.Max.Round(time.Millisecond), r.Stall.SlotMax.Round(time.Millisecond), r.Stall.Slot, bound,
+	return fmt.Sprintf("longest without an apply: %s overall while messages waited (%s), %s in worker slot %d while messages were published (%s); longest between confirmed publishes %s; %s in all",
+		r.Stall.Max.Round(time.Millisecond), bound(r.MaxStallBound), r.Stall.SlotMax.Round(time.Millisecond), r.Stall.Slot, bound(r.SlotStallBound),
 		r.PublishStall.Round(time.Millisecond), r.Duration.Round(100*time.Millisecond))
 }
 
@@ -233,6 +240,9 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		stall := "-"
 		if r.StallBound > 0 {
 			stall = r.StallBound.String()
+			if max(r.MaxStallBound, r.SlotStallBound) > r.StallBound {
+				stall = max(r.MaxStallBound, r.StallBound).String() + " / " + max(r.SlotStallBound, r.StallBound).String()
+			}
 		}
 		stalls := fmt.Sprintf("%.1fs / %.1fs (%s)", r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), stall)
 		if r.Broker == BrokerChain {
