@@ -144,27 +144,34 @@ func TestHoldStalls(t *testing.T) {
 		}
 	}
 	nats := Scenario{Broker: BrokerNATS, Cluster: true, StallBound: NATSClusterStallBound}
-	// Overall, 34s without an apply holding the outage (bound 40s); a
-	// slot's longest, 33s well after it (bound 30s): the slot fails.
-	st := Stall{Max: 34 * time.Second, MaxEnd: 40 * s, SlotMax: 33 * time.Second, Slot: 3, SlotEnd: 78 * s,
+	// Overall, 34s without an apply holding the whole outage (bound 40s);
+	// a slot's longest, 35.5s holding 14.5s of it (bound 34.5s), over it;
+	// slot 3, 33s well after the outage (30s), is over it too and listed first.
+	st := Stall{Max: 34 * time.Second, MaxEnd: 40 * s, SlotMax: 35500 * time.Millisecond, Slot: 1, SlotEnd: 51 * s,
 		Gaps:     []SlotGap{{-1, 6 * s, 40 * s}},
-		SlotGaps: []SlotGap{{3, 45 * s, 78 * s}, {1, 8 * s, 36 * s}}}
+		SlotGaps: []SlotGap{{3, 45 * s, 78 * s}, {1, 15500 * time.Millisecond.Nanoseconds(), 51 * s}}}
 	maxBound, slotBound, failures := holdStalls(nats, st, confirms, 0)
-	if maxBound != 40*time.Second || slotBound != NATSClusterStallBound {
-		t.Errorf("bounds %s overall, %s per slot; want 40s, 30s", maxBound, slotBound)
+	if maxBound != 40*time.Second || slotBound != 34500*time.Millisecond {
+		t.Errorf("bounds %s overall, %s per slot; want 40s, 34.5s", maxBound, slotBound)
 	}
 	if len(failures) != 1 || !strings.Contains(failures[0], "worker slot 3 applied nothing for 33s (ending at +1m18s)") {
-		t.Errorf("failures %q, want worker slot 3's alone", failures)
+		t.Errorf("failures %q, want worker slot 3's alone (the first over its bound)", failures)
 	}
 	r := Result{StallBound: nats.StallBound, MaxStallBound: maxBound, SlotStallBound: slotBound, Stall: st}
-	if got := stallString(r); !strings.Contains(got, "34s overall while messages waited (bound 40s: 20s without a confirmed publish in the gap, plus 20s)") ||
-		!strings.Contains(got, "33s in worker slot 3 while messages were published (bound 30s)") {
+	raised := "(bound 40s: the time in the gap without a confirmed publish, up to 26s, plus 20s)"
+	if got := stallString(r); !strings.Contains(got, "34s overall while messages waited "+raised) ||
+		!strings.Contains(got, "35.5s in worker slot 1 while messages were published (bound 34.5s:") {
 		t.Errorf("summary %q names other bounds", got)
 	}
 	var md strings.Builder
 	WriteMarkdown(&md, []Result{r})
-	if !strings.Contains(md.String(), "34.0s / 33.0s (40s / 30s)") {
+	if !strings.Contains(md.String(), "34.0s / 35.5s (40s / 34.5s)") {
 		t.Errorf("markdown row without both bounds:\n%s", md.String())
+	}
+	// Shown to a tenth of a second.
+	r.SlotStallBound = 34512345678
+	if got := stallString(r); !strings.Contains(got, "(bound 34.5s:") {
+		t.Errorf("summary %q: a bound unrounded", got)
 	}
 	// A scenario without a raised bound prints its one bound, as before.
 	rabbit := Scenario{Broker: BrokerRabbitMQ, Cluster: true, StallBound: ClusterStallBound}

@@ -215,7 +215,8 @@ func stallString(r Result) string {
 			return "not checked"
 		case b > r.StallBound:
 			// Only a NATS cluster scenario raises its bound (stallBound).
-			return fmt.Sprintf("bound %s: %s without a confirmed publish in the gap, plus %s", b, b-NATSClientFailover, NATSClientFailover)
+			return fmt.Sprintf("bound %s: the time in the gap without a confirmed publish, up to %s, plus %s",
+				b.Round(100*time.Millisecond), NATSElection, NATSClientFailover)
 		}
 		return "bound " + r.StallBound.String()
 	}
@@ -241,7 +242,8 @@ func WriteMarkdown(w io.Writer, results []Result) {
 		if r.StallBound > 0 {
 			stall = r.StallBound.String()
 			if max(r.MaxStallBound, r.SlotStallBound) > r.StallBound {
-				stall = max(r.MaxStallBound, r.StallBound).String() + " / " + max(r.SlotStallBound, r.StallBound).String()
+				stall = max(r.MaxStallBound, r.StallBound).Round(100*time.Millisecond).String() + " / " +
+					max(r.SlotStallBound, r.StallBound).Round(100*time.Millisecond).String()
 			}
 		}
 		stalls := fmt.Sprintf("%.1fs / %.1fs (%s)", r.Stall.Max.Seconds(), r.Stall.SlotMax.Seconds(), stall)
