@@ -31,7 +31,7 @@ func TestClusterPartitionsTheConsumersServer(t *testing.T) {
 	cut := c.Node("n3")
 	// The Source knows the cut-off server only; the others it learns
 	// from it, as a client given one URL does.
-	runClusterFault(t, c, cut.URL, partitionStallBound, func(context.Context, jetstream.JetStream, string, string) {
+	runClusterFault(t, c, cut.URL, func() time.Duration { return partitionStallBound }, func(context.Context, jetstream.JetStream, string, string) {
 		if err := cut.Partition(); err != nil {
 			t.Fatal(err)
 		}
