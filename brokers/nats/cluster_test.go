@@ -46,14 +46,18 @@ func TestClusterLosesTheConsumerLeader(t *testing.T) {
 	}
 	t.Parallel()
 	c := startCluster(t, false)
-	var elected atomic.Int64 // after the kill, once the durable has a new leader
-	var leader atomic.Pointer[string]
+	type election struct {
+		leader string
+		after  time.Duration // since the kill
+	}
+	var elected atomic.Pointer[election] // once the durable has a new leader
 	bound := func() time.Duration {
-		after := time.Duration(elected.Load())
-		if l := leader.Load(); l != nil {
-			t.Logf("the durable's new leader: %s, %s after the kill", *l, after.Round(time.Millisecond))
+		e := elected.Load()
+		if e == nil {
+			return clusterStallBound
 		}
-		return max(clusterStallBound, after+clusterResumeSlack)
+		t.Logf("the durable's new leader: %s, %s after the kill", e.leader, e.after.Round(time.Millisecond))
+		return max(clusterStallBound, e.after+clusterResumeSlack)
 	}
 	runClusterFault(t, c, c.URLs(), bound, func(ctx context.Context, j jetstream.JetStream, stream, durable string) {
 		cons, err := j.Consumer(ctx, stream, durable)
@@ -75,8 +79,7 @@ func TestClusterLosesTheConsumerLeader(t *testing.T) {
 				info, err := cons.Info(actx)
 				cancel()
 				if err == nil && info.Cluster != nil && info.Cluster.Leader != "" && info.Cluster.Leader != lost {
-					elected.Store(int64(time.Since(killed)))
-					leader.Store(&info.Cluster.Leader)
+					elected.Store(&election{info.Cluster.Leader, time.Since(killed)})
 					return
 				}
 				time.Sleep(100 * time.Millisecond)
