@@ -197,7 +197,7 @@ func holdStalls(s Scenario, st Stall, confirms []int64, start int64) (maxBound, 
 		d := time.Duration(g.To - g.From)
 		if b, outage := bound(g.From, g.To); d > b {
 			failures = append(failures, fmt.Sprintf("no message applied for %s (ending at +%s) while messages waited, more than the bound %s (no publish was confirmed for %s of that time)",
-				d.Round(time.Millisecond), at(g.To), b, outage.Round(time.Millisecond)))
+				d.Round(time.Millisecond), at(g.To), b.Round(100*time.Millisecond), outage.Round(time.Millisecond)))
 			break
 		}
 	}
@@ -205,7 +205,7 @@ func holdStalls(s Scenario, st Stall, confirms []int64, start int64) (maxBound, 
 		d := time.Duration(g.To - g.From)
 		if b, outage := bound(g.From, g.To); d > b {
 			failures = append(failures, fmt.Sprintf("worker slot %d applied nothing for %s (ending at +%s) while messages were being published, more than the bound %s (no publish was confirmed for %s of that time)",
-				g.Slot, d.Round(time.Millisecond), at(g.To), b, outage.Round(time.Millisecond)))
+				g.Slot, d.Round(time.Millisecond), at(g.To), b.Round(100*time.Millisecond), outage.Round(time.Millisecond)))
 			break
 		}
 	}
